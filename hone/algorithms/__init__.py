@@ -1,0 +1,42 @@
+"""The algorithm layer: pure tensor functions, registered by name. No I/O, no models.
+
+Shapes: `B` sequences × `T` response positions, right-padded; `response_mask` is 1 on tokens that
+count in the loss.
+"""
+
+from hone.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    discounted_returns,
+    group_stats,
+    register_advantage,
+)
+from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
+from hone.algorithms.kl import KL_ESTIMATORS, register_kl
+from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
+from hone.algorithms.registry import Registry
+from hone.algorithms.utils import (
+    masked_mean,
+    masked_sum,
+    masked_whiten,
+    scores_to_token_rewards,
+    sequence_scores,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATION_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "Registry",
+    "aggregate_loss",
+    "discounted_returns",
+    "group_stats",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "register_advantage",
+    "register_kl",
+    "register_policy_loss",
+    "scores_to_token_rewards",
+    "sequence_scores",
+]

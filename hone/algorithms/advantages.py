@@ -1,0 +1,201 @@
+"""Advantage estimators: `(token_rewards, response_mask, ...) -> (advantages[B,T], returns[B,T])`.
+
+Every estimator is called with keyword arguments only and ignores the ones it does not use, so the
+trainer can call any registered name the same way. Outcome rewards arrive as `token_rewards`, with a
+sequence's score on its last valid token (`scores_to_token_rewards`); per-token terms such as a KL
+penalty in the reward may sit on any valid token. Both outputs are zero wherever `response_mask` is 0.
+
+Recurrences over time (returns-to-go, GAE) run over *valid tokens only*: a masked position (padding,
+or a tool/environment token inside a multi-turn response) is skipped as if absent, so it neither
+discounts nor resets the return. Rewards placed on masked positions are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hone.algorithms.registry import Registry
+from hone.algorithms.utils import masked_whiten, sequence_scores
+
+AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+register_advantage = ADVANTAGE_ESTIMATORS.register
+
+
+def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per-row (group sum, group mean, unbiased group std, group size) of `scores` [B].
+
+    The std of a singleton group is reported as 0 (it is undefined; callers give such rows advantage 0).
+    """
+    if not scores.is_floating_point():
+        scores = scores.float()
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    counts_f = counts.to(scores.dtype)
+    sums = torch.zeros_like(counts_f).index_add_(0, inverse, scores)
+    means = sums / counts_f
+    sq_dev = torch.zeros_like(counts_f).index_add_(0, inverse, (scores - means[inverse]) ** 2)
+    stds = (sq_dev / (counts_f - 1).clamp(min=1)).sqrt()
+    return sums[inverse], means[inverse], stds[inverse], counts[inverse]
+
+
+def _broadcast(per_seq: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return per_seq.unsqueeze(-1) * response_mask.to(per_seq.dtype)
+
+
+def _require_groups(group_ids: torch.Tensor | None, name: str) -> torch.Tensor:
+    if group_ids is None:
+        raise ValueError(f"advantage estimator {name!r} needs group_ids (the n rollouts of one prompt)")
+    return group_ids
+
+
+@register_advantage("grpo")
+def grpo(
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
+
+    std is the unbiased (n-1) std, as in the paper's reference code; a singleton group gets A = 0.
+    With `norm_by_std=False` this is Dr.GRPO's advantage. returns == advantages (no critic).
+    """
+    group_ids = _require_groups(group_ids, "grpo")
+    scores = sequence_scores(token_rewards, response_mask)
+    _, mean, std, count = group_stats(scores, group_ids)
+    adv = scores - mean
+    if norm_by_std:
+        adv = adv / (std + eps)
+    # Singleton groups, and equal-reward groups even with eps=0 (0/0), carry no signal.
+    adv = torch.where((count > 1) & (std > 0), adv, torch.zeros_like(adv))
+    advantages = _broadcast(adv, response_mask)
+    return advantages, advantages.clone()
+
+
+@register_advantage("dr_grpo")
+def dr_grpo(
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): A_i = r_i - mean(r_group).
+
+    Dropping the std division removes GRPO's question-difficulty bias; pair it with the
+    `seq-mean-token-sum-norm` aggregation to also remove the response-length bias.
+    """
+    return grpo(
+        token_rewards=token_rewards, response_mask=response_mask, group_ids=group_ids, norm_by_std=False
+    )
+
+
+@register_advantage("rloo")
+def rloo(
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024, "Back to Basics"): A_i = r_i - mean_{j != i} r_j.
+
+    Equivalently n/(n-1) * (r_i - mean(r_group)). A singleton group has no baseline: A = 0.
+    """
+    group_ids = _require_groups(group_ids, "rloo")
+    scores = sequence_scores(token_rewards, response_mask)
+    total, _, _, count = group_stats(scores, group_ids)
+    others = (count - 1).to(scores.dtype)
+    adv = torch.where(count > 1, scores - (total - scores) / others.clamp(min=1), torch.zeros_like(scores))
+    advantages = _broadcast(adv, response_mask)
+    return advantages, advantages.clone()
+
+
+def discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1}, over valid tokens only (masked tokens are skipped)."""
+    mask = response_mask.bool()
+    running = torch.zeros_like(rewards[:, 0])
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(mask[:, t], running, torch.zeros_like(running))
+    return returns
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp(
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): discounted return-to-go, whitened over the batch's valid tokens.
+
+    returns = the raw return-to-go; advantages = its global (batch) normalisation, which replaces
+    the critic's baseline. std is unbiased.
+    """
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask, eps), returns
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    eps: float = 1e-8,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline (Hu 2025): subtract the group-mean score, then whiten over the batch.
+
+    The group mean removes per-prompt difficulty; the batch whitening (not per-group std, unlike GRPO)
+    keeps the scale stable. A singleton group's centred score is 0.
+    """
+    group_ids = _require_groups(group_ids, "reinforce_pp_baseline")
+    scores = sequence_scores(token_rewards, response_mask)
+    _, mean, _, _ = group_stats(scores, group_ids)
+    centred = _broadcast(scores - mean, response_mask)
+    return masked_whiten(centred, response_mask, eps), centred
+
+
+@register_advantage("gae")
+def gae(
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+    eps: float = 1e-8,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2016), for PPO with a critic.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last valid token is 0),
+    A_t = delta_t + gamma * lam * A_{t+1};  returns = A + V (the critic's regression target).
+    `whiten=True` whitens the advantages over the batch afterwards (returns keep the raw A).
+    """
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs values=[B,T] from a critic")
+    mask = response_mask.bool()
+    zeros = torch.zeros_like(token_rewards[:, 0])
+    next_value, running = zeros, zeros
+    advantages = torch.zeros_like(token_rewards)
+    for t in reversed(range(token_rewards.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(mask[:, t], delta + gamma * lam * running, running)
+        next_value = torch.where(mask[:, t], values[:, t], next_value)
+        advantages[:, t] = torch.where(mask[:, t], running, zeros)
+    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
+    if whiten:
+        advantages = masked_whiten(advantages, response_mask, eps)
+    return advantages, returns

@@ -1,0 +1,38 @@
+"""Per-token KL estimators of KL(π ‖ π_ref) from samples of π (Schulman 2020, "Approximating KL").
+
+With log-ratio d = log π_ref(y) - log π(y) on tokens y ~ π:
+  k1 = -d                      unbiased, high variance, can be negative
+  k2 = d² / 2                  biased, low variance; its gradient is the true KL gradient on-policy
+  k3 = exp(d) - d - 1          unbiased, low variance, always >= 0 (GRPO's choice)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hone.algorithms.registry import Registry
+
+KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+register_kl = KL_ESTIMATORS.register
+
+# exp(d) of a log-ratio beyond this overflows float32 in practice; clamping keeps k3 finite.
+_MAX_LOG_RATIO = 20.0
+
+
+@register_kl("k1")
+def k1(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    return log_probs - ref_log_probs
+
+
+@register_kl("k2")
+def k2(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (log_probs - ref_log_probs) ** 2
+
+
+@register_kl("k3")
+def k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    d = (ref_log_probs - log_probs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.exp(d) - d - 1

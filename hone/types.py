@@ -1,0 +1,94 @@
+"""Core data types that flow between the stages (see DESIGN.md).
+
+Every arrow of the loop carries one of these plain dataclasses, never a back-channel:
+`data` makes `Sample`s, `rollout` turns them into `Rollout`s, `rewards` fills in `reward`,
+and `orchestration` collates scored rollouts into a training `Batch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One prompt record.
+
+    `prompt` is plain text fed to the model as is; `messages` is a chat to be rendered through the
+    tokenizer's chat template. Exactly one of them is set. `answer` is the reference a verifier checks
+    against; `meta` carries anything else a reward or environment needs (tests, numbers, target, ...).
+    """
+
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    answer: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. `seed` makes a `generate` call reproducible on the same engine."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Rollout:
+    """One trajectory, exactly as sampled.
+
+    `token_ids` holds prompt + response; `loss_mask`, `sampler_logprobs` are per *response* token
+    (length `len(token_ids) - prompt_len`). `loss_mask` is 1 on tokens the policy produced and is
+    trained on, 0 on tool/environment tokens spliced into a multi-turn response. `turns` lists
+    `(start, end)` response-token spans of each assistant turn (one span for single-turn).
+    """
+
+    sample_id: str
+    group_id: int
+    token_ids: list[int]
+    prompt_len: int
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    response_text: str = ""
+    finish_reason: str = "stop"  # "stop" (eos or stop string) | "length"
+    policy_version: int = 0
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def response_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+
+@dataclass
+class Batch:
+    """Collated tensors for one optimizer step's worth of rollouts (built by one collate function).
+
+    Sequences are right-padded to `L` total tokens; the response tensors (`response_mask`,
+    `old_log_probs`, `advantages`, ...) have `T = L - 1` columns aligned with next-token
+    predictions, i.e. column `t` scores token `input_ids[:, t + 1]`.
+    """
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    response_mask: torch.Tensor  # [B, T] float, 1 on trained response tokens
+    old_log_probs: torch.Tensor | None = None  # [B, T]
+    ref_log_probs: torch.Tensor | None = None  # [B, T]
+    advantages: torch.Tensor | None = None  # [B, T]
+    returns: torch.Tensor | None = None  # [B, T]
+    group_ids: torch.Tensor | None = None  # [B]
