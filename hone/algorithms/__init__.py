@@ -13,6 +13,7 @@ from hone.algorithms.advantages import (
 from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
 from hone.algorithms.kl import KL_ESTIMATORS, register_kl
 from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
+from hone.algorithms.metrics import pass_at_k
 from hone.algorithms.registry import Registry
 from hone.algorithms.utils import (
     masked_mean,
@@ -34,6 +35,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_whiten",
+    "pass_at_k",
     "register_advantage",
     "register_kl",
     "register_policy_loss",

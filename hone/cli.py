@@ -1,0 +1,162 @@
+"""`hone` command line: train, sft, eval.
+
+hone train [RECIPE] [section.key=value ...]     (no recipe: the embedded default)
+hone train --resume runs/<name> [overrides]
+hone sft [RECIPE] [overrides]                  (SFT only; the model lands in runs/<name>/sft)
+hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k for pass@k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from hone.config import ConfigError, HoneConfig, list_recipes, load_config
+
+MAIN_KEYS = """main keys (override any as section.key=value):
+  run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every
+  model.path (tiny | local dir | hub name) model.dtype model.lora.r
+  data.task data.task_args data.source data.eval_source data.prompts_per_step data.chat_template
+  rollout.n rollout.temperature rollout.top_p rollout.max_new_tokens rollout.stop
+  reward.fn (task | package.module:function)
+  algorithm.advantage (grpo dr_grpo rloo reinforce_pp reinforce_pp_baseline gae)
+  algorithm.policy_loss (ppo gspo cispo) algorithm.loss_agg algorithm.clip_low/clip_high/dual_clip
+  algorithm.kl.coef algorithm.kl.estimator (k1 k2 k3) algorithm.kl.placement (loss | reward)
+  trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
+  trainer.micro_batch_size trainer.grad_clip
+  sft.enabled sft.data sft.stop_at_accuracy   eval.n eval.k eval.temperature
+  logging.tensorboard logging.wandb"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hone",
+        description="RL post-training of language models.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"recipes: {', '.join(list_recipes())}\n\n{MAIN_KEYS}",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in [("train", "RL training"), ("sft", "supervised warm-start only"), ("eval", "evaluate")]:
+        sub = commands.add_parser(
+            name,
+            help=text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=f"recipes: {', '.join(list_recipes())}\n\n{MAIN_KEYS}",
+        )
+        sub.add_argument(
+            "args", nargs="*", metavar="RECIPE|key=value", help="recipe name/path, then overrides"
+        )
+        if name == "train":
+            sub.add_argument(
+                "--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint"
+            )
+        if name == "eval":
+            sub.add_argument(
+                "--model", help="model to evaluate (dir, hub name, or alias); default model.path"
+            )
+            sub.add_argument("--out", help="also write the metrics as JSON to this file")
+    return parser
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _config(ns: argparse.Namespace) -> HoneConfig:
+    recipe, overrides = _split(ns.args)
+    if getattr(ns, "resume", None):
+        if recipe is not None:
+            raise ConfigError("--resume takes the run's saved config; pass overrides only")
+        saved = Path(ns.resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {ns.resume}: no config.yaml there (is it a run directory?)")
+        run_dir = Path(ns.resume)
+        overrides = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", *overrides]
+        return load_config(saved, overrides)
+    return load_config(recipe, overrides)
+
+
+def _summary(result: object, seconds: float) -> str:
+    before = result.start_eval.get("eval/accuracy")  # type: ignore[attr-defined]
+    after = result.final_eval.get("eval/accuracy")  # type: ignore[attr-defined]
+    lines = [
+        "",
+        f"run directory   {result.run_dir}",  # type: ignore[attr-defined]
+        f"RL steps        {result.steps}",  # type: ignore[attr-defined]
+        f"wall time       {seconds:.0f} s",
+    ]
+    if before is not None and after is not None:
+        lines += [
+            f"held-out accuracy before RL  {100 * before:5.1f}%",
+            f"held-out accuracy after RL   {100 * after:5.1f}%   ({100 * (after - before):+.1f} points)",
+        ]
+    return "\n".join(lines)
+
+
+def _train(ns: argparse.Namespace) -> int:
+    from hone.orchestration.loop import train
+
+    cfg = _config(ns)
+    started = time.perf_counter()
+    result = train(cfg, resume=bool(ns.resume))
+    print(_summary(result, time.perf_counter() - started))
+    return 0
+
+
+def _sft(ns: argparse.Namespace) -> int:
+    from hone.orchestration.loop import train
+
+    cfg = _config(ns)
+    cfg.sft.enabled = True
+    cfg.run.steps = 0
+    result = train(cfg)
+    print(f"SFT model saved to {result.run_dir / 'sft'}")
+    print(f"held-out accuracy after SFT: {100 * result.start_eval['eval/accuracy']:.1f}%")
+    return 0
+
+
+def _eval(ns: argparse.Namespace) -> int:
+    from hone.orchestration.components import build_components
+    from hone.orchestration.loop import run_eval
+
+    cfg = _config(ns)
+    if ns.model:
+        cfg.model.path = ns.model
+    parts = build_components(cfg)
+    metrics = run_eval(parts, cfg)
+    for key, value in metrics.items():
+        print(f"{key:24s} {value:.4f}")
+    if ns.out:
+        Path(ns.out).write_text(json.dumps(metrics, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
+    # Hone reports its own progress; transformers' per-shard bars would drown it.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from hone.orchestration.loop import SetupError
+
+    handlers = {"train": _train, "sft": _sft, "eval": _eval}
+    try:
+        return handlers[ns.command](ns)
+    except (ConfigError, SetupError) as e:
+        if os.environ.get("HONE_DEBUG"):
+            raise
+        print(f"hone: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

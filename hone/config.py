@@ -1,0 +1,274 @@
+"""The typed config tree: one YAML recipe per run, dotted command-line overrides on top.
+
+Every section forbids unknown keys, so a typo (`algorithm.advantge`) fails before any work starts,
+with one line naming the key. Registry names (advantage estimator, policy loss, KL estimator,
+loss aggregation, task) are checked against what is registered.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hone.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
+_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot be used; the message is one line naming the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_registered(value: str, registry: dict[str, Any], kind: str) -> str:
+    if value not in registry:
+        raise ValueError(f"unknown {kind} {value!r}; registered: {', '.join(sorted(registry))}")
+    return value
+
+
+class RunConfig(Section):
+    name: str = "demo"
+    dir: str = "runs"
+    seed: int = 0
+    steps: int = Field(200, ge=0, description="RL steps (optimizer rounds of sample → score → update)")
+    time_limit_s: float | None = Field(None, gt=0, description="stop RL early after this wall time")
+    save_every: int = Field(50, ge=0, description="checkpoint cadence in steps; 0 = only at the end")
+    keep_last: int | None = Field(2, ge=1)
+    eval_every: int = Field(50, ge=0, description="held-out eval cadence in steps; 0 = start and end only")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
+
+
+class LoraConfig(Section):
+    r: int = Field(16, ge=1)
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+
+
+class ModelConfig(Section):
+    path: str = Field("tiny", description="local dir, hub name, or alias (tiny, tiny:<name>)")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: str = "auto"
+    lora: LoraConfig | None = None
+    gradient_checkpointing: bool = False
+
+
+class DataConfig(Section):
+    task: str | None = Field("arithmetic", description="built-in generated task; null when source is set")
+    task_args: dict[str, Any] = Field(default_factory=dict)
+    source: str | None = Field(None, description="jsonl/parquet file or HF dataset name (instead of task)")
+    eval_source: str | None = None
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    messages_field: str | None = None
+    chat_template: bool = Field(False, description="render prompts through the tokenizer's chat template")
+    train_size: int = Field(100_000, ge=1, description="generated training problems (task only)")
+    eval_size: int = Field(1000, ge=1, description="held-out problems for eval/accuracy")
+    prompts_per_step: int = Field(32, ge=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if (self.task is None) == (self.source is None):
+            raise ValueError("set exactly one of data.task (built-in) or data.source (dataset)")
+        return self
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf"] = "hf"
+    n: int = Field(8, ge=1, description="samples per prompt (the group size)")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(16, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    max_batch_size: int = Field(512, ge=1)
+
+
+class RewardConfig(Section):
+    fn: str = Field("task", description="'task' (the task's verifier) or a dotted path 'pkg.mod:fn'")
+
+
+class KLConfig(Section):
+    coef: float = Field(0.0, ge=0)
+    estimator: str = "k3"
+    placement: Literal["loss", "reward"] = "loss"
+
+    @field_validator("estimator")
+    @classmethod
+    def _estimator(cls, v: str) -> str:
+        return _check_registered(v, KL_ESTIMATORS, "KL estimator")
+
+
+class AlgorithmConfig(Section):
+    advantage: str = "grpo"
+    policy_loss: str = "ppo"
+    loss_agg: str = "token-mean"
+    clip_low: float | None = Field(None, ge=0, description="null = the loss's own default")
+    clip_high: float | None = Field(None, ge=0)
+    dual_clip: float | None = Field(None, gt=1)
+    norm_by_std: bool = True
+    eps: float = 1e-6
+    gamma: float = 1.0
+    lam: float = 1.0
+    entropy_coef: float = 0.0
+    kl: KLConfig = Field(default_factory=KLConfig)
+    old_log_probs: Literal["recompute", "sampler"] = Field(
+        "recompute", description="behaviour log-probs: trainer recomputation or the sampler's own"
+    )
+    skip_zero_variance_groups: bool = Field(
+        False, description="drop groups whose rewards are all equal (no learning signal; DAPO)"
+    )
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage(cls, v: str) -> str:
+        return _check_registered(v, ADVANTAGE_ESTIMATORS, "advantage estimator")
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: str) -> str:
+        return _check_registered(v, POLICY_LOSSES, "policy loss")
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _agg(cls, v: str) -> str:
+        if v not in AGGREGATION_MODES:
+            raise ValueError(f"unknown loss aggregation {v!r}; choose one of {', '.join(AGGREGATION_MODES)}")
+        return v
+
+
+class TrainerConfig(Section):
+    lr: float = Field(1e-4, gt=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up")
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch over one RL batch")
+    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
+    grad_clip: float | None = Field(1.0, gt=0)
+    mode: Literal["sync"] = "sync"
+
+
+class SFTConfig(Section):
+    enabled: bool = False
+    data: str | None = Field(None, description="jsonl of prompt/response pairs; null = task demonstrations")
+    examples: int = Field(20_000, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(128, ge=1)
+    max_steps: int = Field(1000, ge=1)
+    stop_at_accuracy: float | None = Field(None, ge=0, le=1, description="stop when val accuracy ≥ this")
+    eval_every: int = Field(25, ge=1)
+    val_size: int = Field(500, ge=1)
+
+
+class EvalConfig(Section):
+    size: int | None = Field(None, ge=1, description="defaults to data.eval_size")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy accuracy")
+    n: int = Field(1, ge=1, description="samples per problem for pass@k")
+    k: list[int] = Field(default_factory=lambda: [1])
+
+
+class LoggingConfig(Section):
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "hone"
+    progress: bool = True
+
+
+class ClusterConfig(Section):
+    backend: Literal["local"] = "local"
+
+
+class HoneConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def find_recipe(name_or_path: str | None) -> Path:
+    """A recipe file path, or the name of a packaged recipe (`hone train smollm2-math`)."""
+    if name_or_path is None:
+        return DEFAULT_RECIPE
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    packaged = RECIPES_DIR / f"{name_or_path}.yaml"
+    if packaged.is_file():
+        return packaged
+    raise ConfigError(f"recipe not found: {name_or_path} (packaged recipes: {', '.join(list_recipes())})")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'algorithm.kl.coef=0.01' → (['algorithm', 'kl', 'coef'], 0.01); the value is parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({e.__class__.__name__})") from None
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value):
+        value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; users mean a number
+    return key.split("."), value
+
+
+def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, origin: str) -> None:
+    node = tree
+    for depth, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: {'.'.join(keys[: depth + 1])} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def _format_error(error: ValidationError, origin: str) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{origin}: {key}: {msg}{more}"
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> HoneConfig:
+    """Load a recipe (default: the embedded one), apply dotted overrides, validate."""
+    path = find_recipe(str(recipe) if recipe is not None else None)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_dotted(tree, keys, value, f"override {text!r}")
+    try:
+        return HoneConfig.model_validate(tree)
+    except ValidationError as e:
+        origin = f"{path}" + (" + overrides" if overrides else "")
+        raise ConfigError(_format_error(e, origin)) from None

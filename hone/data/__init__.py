@@ -1,0 +1,16 @@
+"""Prompt data: file/hub loaders and built-in generated tasks, all producing `Sample`s."""
+
+from hone.data.datasets import load_samples
+from hone.data.errors import HoneDataError
+from hone.data.tasks import TASKS, Arithmetic, Countdown, Task, get_task, register_task
+
+__all__ = [
+    "TASKS",
+    "Arithmetic",
+    "Countdown",
+    "HoneDataError",
+    "Task",
+    "get_task",
+    "load_samples",
+    "register_task",
+]

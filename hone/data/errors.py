@@ -1,0 +1,5 @@
+"""The one error type for bad input data, so callers can catch it apart from bugs."""
+
+
+class HoneDataError(ValueError):
+    """Bad input data; the message names the file (or dataset), the row and the field at fault."""

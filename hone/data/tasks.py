@@ -1,0 +1,247 @@
+"""Built-in generated tasks with verifiable answers (arithmetic, countdown) and a registry of tasks.
+
+Why generated tasks: they need no download, come in unlimited supply, and are small enough for the tiny
+character-level model, so the whole RL loop can be tested end to end offline. Train and eval problems
+are split by a hash of the problem itself (not by seed or position), so an eval problem is never
+trained on, whatever `n` and `seed` the two calls use.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any, ClassVar, TypeVar
+
+from hone.types import Sample
+
+TASKS: dict[str, type[Task]] = {}
+T = TypeVar("T", bound="type[Task]")
+
+
+def register_task(name: str) -> Callable[[T], T]:
+    """Class decorator: make a `Task` subclass constructible as `TASKS[name](**options)`."""
+
+    def add(cls: T) -> T:
+        if name in TASKS:
+            raise ValueError(f"task {name!r} is already registered ({TASKS[name].__qualname__})")
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return add
+
+
+def get_task(name: str, **options: Any) -> Task:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
+    return TASKS[name](**options)
+
+
+def first_line(text: str) -> str:
+    """The response up to the first newline or literal eos marker, stripped: what the tasks grade."""
+    return text.split("\n", 1)[0].split("<eos>", 1)[0].strip()
+
+
+class Task(ABC):
+    """A problem generator with a verifier. Subclasses implement `_make`, `reward` and `demonstration`."""
+
+    name: ClassVar[str]
+    eval_fraction: ClassVar[float] = 0.1  # share of the problem space reserved for evaluation
+    # Draws per requested problem before giving up: only hit when the eval share of a small problem
+    # space has fewer distinct problems than asked for.
+    _max_draws_per_sample: ClassVar[int] = 1000
+
+    @abstractmethod
+    def _make(self, rng: random.Random) -> Sample:
+        """One random problem; its `id` is overwritten by the caller."""
+
+    @abstractmethod
+    def reward(self, response_text: str, sample: Sample) -> float:
+        """1.0 for a correct response to `sample`, else 0.0."""
+
+    @abstractmethod
+    def demonstration(self, sample: Sample) -> str:
+        """A correct response, for SFT warm-up."""
+
+    def _split_key(self, sample: Sample) -> str:
+        """What identifies a problem for the train/eval split; override to merge equivalent problems."""
+        return sample.prompt or ""
+
+    def is_eval(self, sample: Sample) -> bool:
+        digest = hashlib.sha256(f"{self.name}\0{self._split_key(sample)}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.eval_fraction
+
+    def train_samples(self, n: int, seed: int = 0) -> list[Sample]:
+        """`n` training problems (repeats allowed: small problem spaces are sampled with replacement)."""
+        return self._draw(n, seed, eval_split=False)
+
+    def eval_samples(self, n: int, seed: int = 0) -> list[Sample]:
+        """`n` distinct evaluation problems, disjoint from every `train_samples` result."""
+        return self._draw(n, seed, eval_split=True)
+
+    def _draw(self, n: int, seed: int, eval_split: bool) -> list[Sample]:
+        split = "eval" if eval_split else "train"
+        rng = random.Random(f"{self.name}/{split}/{seed}")
+        samples: list[Sample] = []
+        seen: set[str] = set()
+        for _ in range(n * self._max_draws_per_sample):
+            if len(samples) == n:
+                break
+            sample = self._make(rng)
+            key = self._split_key(sample)
+            if self.is_eval(sample) != eval_split or (eval_split and key in seen):
+                continue
+            seen.add(key)
+            sample.id = f"{self.name}-{split}-{seed}-{len(samples)}"
+            samples.append(sample)
+        if len(samples) < n:
+            raise ValueError(
+                f"task {self.name!r}: found only {len(samples)} distinct {split} problems of {n}"
+            )
+        return samples
+
+
+@register_task("arithmetic")
+class Arithmetic(Task):
+    """`a<op>b=` with the answer written straight after `=`, e.g. prompt "123+45=", answer "168".
+
+    Operands have `min_digits..max_digits` digits; for `-` the larger operand comes first, so answers
+    are never negative.
+    """
+
+    def __init__(self, min_digits: int = 2, max_digits: int = 3, ops: str = "+") -> None:
+        if not 1 <= min_digits <= max_digits:
+            raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+        if not ops or set(ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty string of '+', '-', '*', got {ops!r}")
+        self.min_digits, self.max_digits, self.ops = min_digits, max_digits, ops
+
+    def _operand(self, rng: random.Random) -> int:
+        digits = rng.randint(self.min_digits, self.max_digits)
+        return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+    def _make(self, rng: random.Random) -> Sample:
+        a, b, op = self._operand(rng), self._operand(rng), rng.choice(self.ops)
+        if op == "-" and a < b:
+            a, b = b, a
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return Sample(id="", prompt=f"{a}{op}{b}=", answer=str(value), meta={"a": a, "b": b, "op": op})
+
+    def _split_key(self, sample: Sample) -> str:
+        a, b, op = sample.meta["a"], sample.meta["b"], sample.meta["op"]
+        if op in "+*":  # a+b and b+a are the same problem
+            a, b = sorted((a, b))
+        return f"{a}{op}{b}"
+
+    def reward(self, response_text: str, sample: Sample) -> float:
+        return float(first_line(response_text) == sample.answer)
+
+    def demonstration(self, sample: Sample) -> str:
+        return sample.answer or ""
+
+
+_OPS: dict[type[ast.operator], tuple[str, int, Callable[[Fraction, Fraction], Fraction]]] = {
+    ast.Add: ("+", 1, lambda x, y: x + y),
+    ast.Sub: ("-", 1, lambda x, y: x - y),
+    ast.Mult: ("*", 2, lambda x, y: x * y),
+    ast.Div: ("/", 2, lambda x, y: x / y),
+}
+_SYMBOLS = {symbol: (node, precedence) for node, (symbol, precedence, _) in _OPS.items()}
+
+
+@register_task("countdown")
+class Countdown(Task):
+    """Reach a target with `+ - * /` over given numbers, each used at most once (TinyZero's task).
+
+    Prompt format: the numbers separated by spaces, `>`, the target, `:`; e.g. "19 36 55 7>72:". The
+    response is a bare expression such as "55-19+36" (first line graded; no `=`). Targets are built
+    from a random expression over all the numbers with integer intermediate results, so every problem
+    is solvable; `meta` holds `numbers`, `target` and that `solution`.
+    """
+
+    _max_response_chars: ClassVar[int] = 200  # bounds parser work on degenerate responses
+
+    def __init__(
+        self, min_numbers: int = 3, max_numbers: int = 4, max_number: int = 99, max_target: int = 999
+    ) -> None:
+        if not 2 <= min_numbers <= max_numbers:
+            raise ValueError(f"need 2 <= min_numbers <= max_numbers, got {min_numbers}, {max_numbers}")
+        if max_number < 1 or max_target < 1:
+            raise ValueError(f"max_number and max_target must be >= 1, got {max_number}, {max_target}")
+        self.min_numbers, self.max_numbers = min_numbers, max_numbers
+        self.max_number, self.max_target = max_number, max_target
+
+    def _make(self, rng: random.Random) -> Sample:
+        count = rng.randint(self.min_numbers, self.max_numbers)  # drawn once: retries must not skew it
+        while True:
+            numbers = [rng.randint(1, self.max_number) for _ in range(count)]
+            built = _random_expression(numbers, rng)
+            if built is not None and 1 <= built[0] <= self.max_target:
+                break
+        target, solution, _ = built
+        return Sample(
+            id="",
+            prompt=f"{' '.join(map(str, numbers))}>{target}:",
+            answer=str(target),
+            meta={"numbers": numbers, "target": target, "solution": solution},
+        )
+
+    def _split_key(self, sample: Sample) -> str:
+        return f"{sorted(sample.meta['numbers'])}>{sample.meta['target']}"  # number order is irrelevant
+
+    def reward(self, response_text: str, sample: Sample) -> float:
+        expression = first_line(response_text)
+        if len(expression) > self._max_response_chars:
+            return 0.0
+        try:
+            tree = ast.parse(expression, mode="eval")
+            value = _evaluate(tree.body, expression, Counter(sample.meta["numbers"]))
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+            return 0.0
+        return float(value == sample.meta["target"])
+
+    def demonstration(self, sample: Sample) -> str:
+        return str(sample.meta["solution"])
+
+
+def _random_expression(numbers: list[int], rng: random.Random) -> tuple[int, str, int] | None:
+    """Combine all numbers in a random order and tree with integer-valued steps.
+
+    Returns (value, text with minimal parentheses, precedence of the top operator), or None when a
+    random step was invalid (non-integer division or a negative difference).
+    """
+    items: list[tuple[int, str, int]] = [(n, str(n), 3) for n in numbers]
+    rng.shuffle(items)
+    while len(items) > 1:
+        i, j = rng.sample(range(len(items)), 2)
+        (x, x_text, x_prec), (y, y_text, y_prec) = items[i], items[j]
+        symbol = rng.choice(list(_SYMBOLS))
+        node, prec = _SYMBOLS[symbol]
+        if (symbol == "/" and (y == 0 or x % y)) or (symbol == "-" and x < y):
+            return None
+        value = int(_OPS[node][2](Fraction(x), Fraction(y)))
+        left = x_text if x_prec >= prec else f"({x_text})"
+        # The right operand of - and / also needs parentheses at equal precedence: a-(b-c) != a-b-c.
+        right = y_text if y_prec > prec or (y_prec == prec and symbol in "+*") else f"({y_text})"
+        rest = [item for k, item in enumerate(items) if k not in (i, j)]
+        items = [*rest, (value, left + symbol + right, prec)]
+    return items[0]
+
+
+def _evaluate(node: ast.expr, source: str, available: Counter[int]) -> Fraction:
+    """Exact value of an expression of the allowed numbers (consumed from `available`) and + - * /."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left = _evaluate(node.left, source, available)
+        return _OPS[type(node.op)][2](left, _evaluate(node.right, source, available))
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        # Only plain decimals: "0x13" or "1_9" would otherwise pass as 19.
+        if ast.get_source_segment(source, node) != str(node.value) or available[node.value] < 1:
+            raise ValueError(f"number {node.value} not available")
+        available[node.value] -= 1
+        return Fraction(node.value)
+    raise ValueError(f"disallowed syntax: {type(node).__name__}")

@@ -1,0 +1,107 @@
+"""Build a run's parts from its config: data, reward, policy (+ SFT warm-start), reference, sampler.
+
+Cheap checks come first (data files, rows, reward import, model path), so bad input fails in
+seconds with one clear line, before any model is loaded or trained.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+
+from hone.config import HoneConfig
+from hone.data import Task, get_task, load_samples
+from hone.models import resolve_model
+from hone.rewards import RewardFn, task_reward
+from hone.rollout import HFSampler
+from hone.training.policy import LoraSettings, Policy
+from hone.types import Sample
+
+log = logging.getLogger("hone")
+
+EVAL_SEED = 0  # fixed, so every run of a task is scored on the same held-out problems
+
+
+@dataclass
+class RunComponents:
+    policy: Policy
+    ref_policy: Policy | None
+    sampler: HFSampler
+    reward_fn: RewardFn
+    train_samples: list[Sample]
+    eval_samples: list[Sample]
+    task: Task | None
+    pad_id: int
+    model_path: str
+
+
+def load_data(cfg: HoneConfig) -> tuple[Task | None, list[Sample], list[Sample]]:
+    data = cfg.data
+    eval_size = cfg.eval.size or data.eval_size
+    if data.task is not None:
+        task = get_task(data.task, **data.task_args)
+        return (
+            task,
+            task.train_samples(data.train_size, seed=cfg.run.seed),
+            task.eval_samples(eval_size, EVAL_SEED),
+        )
+    assert data.source is not None
+    fields = dict(
+        prompt_field=data.prompt_field, answer_field=data.answer_field, messages_field=data.messages_field
+    )
+    train = load_samples(data.source, split="train", **fields)
+    if data.eval_source is None:
+        raise ValueError("data.eval_source is required with data.source (a held-out split to evaluate on)")
+    return None, train, load_samples(data.eval_source, split="test", limit=eval_size, **fields)
+
+
+def load_reward(cfg: HoneConfig, task: Task | None) -> RewardFn:
+    spec = cfg.reward.fn
+    if spec == "task":
+        if task is None:
+            raise ValueError(
+                "reward.fn 'task' needs data.task; for a dataset set reward.fn to 'module:function'"
+            )
+        return task_reward(task)
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        raise ValueError(f"reward.fn {spec!r}: expected 'task' or a dotted path 'package.module:function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"reward.fn {spec!r} cannot be imported: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"reward.fn {spec!r} is not callable")
+    return fn
+
+
+def load_policy(cfg: HoneConfig, path: str) -> Policy:
+    lora = cfg.model.lora
+    return Policy.from_pretrained(
+        path,
+        dtype=cfg.model.dtype,
+        lora=None if lora is None else LoraSettings(lora.r, lora.alpha, lora.dropout, lora.target_modules),
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        device=cfg.model.device,
+    )
+
+
+def load_reference(cfg: HoneConfig, start_dir: str) -> Policy:
+    """A frozen copy of the policy where RL started (the SFT result when there was one)."""
+    ref = load_policy(cfg, start_dir)
+    ref.model.eval().requires_grad_(False)
+    return ref
+
+
+def build_components(cfg: HoneConfig) -> RunComponents:
+    task, train_samples, eval_samples = load_data(cfg)
+    reward_fn = load_reward(cfg, task)
+    model_path = resolve_model(cfg.model.path)
+    policy = load_policy(cfg, model_path)
+    tokenizer = policy.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sampler = HFSampler(policy.model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+    return RunComponents(
+        policy, None, sampler, reward_fn, train_samples, eval_samples, task, pad_id, model_path
+    )

@@ -1,0 +1,52 @@
+"""Held-out evaluation: greedy accuracy and sampled pass@k of the current policy on a task."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from hone.algorithms import pass_at_k
+from hone.orchestration.prompts import encode_prompt
+from hone.rewards import RewardFn, score_rollouts
+from hone.rollout import GenerationRequest, Sampler
+from hone.types import Sample, SamplingParams
+
+# A response counts as correct when it earns full marks; composite rewards with bonuses exceed 1.
+CORRECT_AT = 1.0 - 1e-6
+
+
+def evaluate(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    samples: Sequence[Sample],
+    reward_fn: RewardFn,
+    params: SamplingParams,
+    *,
+    chat_template: bool = False,
+    ks: Sequence[int] = (1,),
+) -> dict[str, float]:
+    """`eval/accuracy` (share of all samples correct), `eval/reward`, and `eval/pass@k` for each k ≤ n.
+
+    With `params.n == 1` and temperature 0 this is greedy accuracy; pass@k uses the unbiased estimator
+    over `params.n` samples per problem.
+    """
+    requests = [
+        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, chat_template)) for i, s in enumerate(samples)
+    ]
+    rollouts = sampler.generate(requests, params)
+    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward_fn)
+    correct = [0] * len(samples)
+    for r in rollouts:
+        correct[r.group_id] += r.reward >= CORRECT_AT
+    n = params.n
+    out = {
+        "eval/accuracy": sum(correct) / (n * len(samples)),
+        "eval/reward": metrics["reward/mean"],
+        "eval/errors": metrics["reward/errors"],
+        "eval/response_length": sum(r.response_len for r in rollouts) / len(rollouts),
+    }
+    for k in ks:
+        if k <= n:
+            out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
+    return out

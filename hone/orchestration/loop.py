@@ -1,0 +1,256 @@
+"""The synchronous RL loop: sample → score → advantages → update → sync weights → log.
+
+This is the only module that knows the order of the stages. Each step is a pure function of
+(seed, step, weights, optimizer state): prompts come from `PromptStream.batch(step)` and sampling is
+seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
+from hone.config import HoneConfig
+from hone.logging import MetricsLogger, Progress
+from hone.orchestration.collate import collate
+from hone.orchestration.components import RunComponents, build_components, load_reference
+from hone.orchestration.evaluate import evaluate
+from hone.orchestration.prompts import PromptStream, encode_prompt
+from hone.orchestration.warmstart import sft_pairs, warm_start_sft
+from hone.rewards import score_rollouts
+from hone.rollout import GenerationRequest
+from hone.training.checkpoint import Checkpointer
+from hone.training.policy import Policy
+from hone.training.trainer import RLTrainer
+from hone.types import Batch, Rollout, SamplingParams
+
+log = logging.getLogger("hone")
+
+
+class SetupError(RuntimeError):
+    """Bad input found while building a run (before any training): one line, naming the thing."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    start_eval: dict[str, float]
+    final_eval: dict[str, float]
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % (2**63)
+
+
+def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
+    """Keep only groups whose rewards differ (DAPO's dynamic sampling filter, without resampling)."""
+    by_group: dict[int, list[Rollout]] = {}
+    for r in rollouts:
+        by_group.setdefault(r.group_id, []).append(r)
+    kept = [r for group in by_group.values() if len({x.reward for x in group}) > 1 for r in group]
+    return kept, 1.0 - len(kept) / max(1, len(rollouts))
+
+
+@torch.no_grad()
+def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> torch.Tensor:
+    policy.model.eval()
+    log_probs, _ = policy.token_log_probs(
+        batch.input_ids, batch.attention_mask, temperature=temperature, micro_batch_size=micro
+    )
+    return log_probs
+
+
+def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -> dict[str, float]:
+    """Fill `batch.advantages`/`returns` from rewards (minus a per-token KL penalty when placed there)."""
+    algo = cfg.algorithm
+    scores = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
+    metrics: dict[str, float] = {}
+    if algo.kl.coef > 0 and algo.kl.placement == "reward":
+        assert batch.ref_log_probs is not None and batch.old_log_probs is not None
+        kl = KL_ESTIMATORS[algo.kl.estimator](batch.old_log_probs, batch.ref_log_probs) * batch.response_mask
+        token_rewards = token_rewards - algo.kl.coef * kl
+        metrics["kl"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
+    batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+        token_rewards=token_rewards,
+        response_mask=batch.response_mask,
+        group_ids=batch.group_ids,
+        eps=algo.eps,
+        norm_by_std=algo.norm_by_std,
+        gamma=algo.gamma,
+        lam=algo.lam,
+    )
+    return metrics
+
+
+def sync_weights(parts: RunComponents, version: int) -> None:
+    """Hand the new weights to the sampler. A sampler sharing the policy's model object (synchronous,
+    in-process) already sees them: only its version moves."""
+    shared = getattr(parts.sampler, "model", None) is parts.policy.model
+    parts.sampler.load_weights({} if shared else parts.policy.state_dict_for_sampler(), version)
+
+
+def rl_step(
+    step: int, parts: RunComponents, trainer: RLTrainer, stream: PromptStream, cfg: HoneConfig
+) -> dict[str, float]:
+    t0 = time.perf_counter()
+    samples = stream.batch(step)
+    tokenizer = parts.policy.tokenizer
+    requests = [
+        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, cfg.data.chat_template))
+        for i, s in enumerate(samples)
+    ]
+    params = SamplingParams(
+        n=cfg.rollout.n,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        stop=cfg.rollout.stop,
+        seed=_step_seed(cfg.run.seed, step),
+    )
+    rollouts = parts.sampler.generate(requests, params)
+    t_sample = time.perf_counter()
+    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, parts.reward_fn)
+    metrics["response_length/mean"] = sum(r.response_len for r in rollouts) / len(rollouts)
+    metrics["response_length/clip_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
+    new_tokens = sum(r.response_len for r in rollouts)
+
+    if cfg.algorithm.skip_zero_variance_groups:
+        rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
+    if rollouts:
+        batch = collate(rollouts, pad_id=parts.pad_id)
+        micro = cfg.trainer.micro_batch_size
+        if cfg.algorithm.old_log_probs == "recompute":
+            sampler_lp = batch.old_log_probs
+            batch.old_log_probs = _log_probs(parts.policy, batch, cfg.rollout.temperature, micro)
+            diff = (batch.old_log_probs - sampler_lp).abs() * batch.response_mask
+            metrics["mismatch/logprob_abs"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+        if parts.ref_policy is not None:
+            batch.ref_log_probs = _log_probs(parts.ref_policy, batch, cfg.rollout.temperature, micro)
+        metrics.update(compute_advantages(batch, rollouts, cfg))
+        metrics.update(trainer.update(batch))
+        sync_weights(parts, version=step + 1)
+    t_end = time.perf_counter()
+    metrics["time/sample_s"] = t_sample - t0
+    metrics["time/train_s"] = t_end - t_sample
+    metrics["time/step_s"] = t_end - t0
+    metrics["throughput/tokens_per_s"] = new_tokens / max(t_end - t0, 1e-9)
+    return metrics
+
+
+def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
+    params = SamplingParams(
+        n=cfg.eval.n,
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        stop=cfg.rollout.stop,
+        seed=cfg.run.seed,
+    )
+    return evaluate(
+        parts.sampler,
+        parts.policy.tokenizer,
+        parts.eval_samples,
+        parts.reward_fn,
+        params,
+        chat_template=cfg.data.chat_template,
+        ks=cfg.eval.k,
+    )
+
+
+def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
+    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`."""
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    run_dir = Path(cfg.run.dir) / cfg.run.name
+    checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last)
+    latest = checkpointer.latest() if resume else None
+    if not resume and checkpointer.latest() is not None:
+        raise SetupError(
+            f"{run_dir} already has checkpoints; resume with `hone train --resume {run_dir}` "
+            "or choose another run.name"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    torch.manual_seed(cfg.run.seed)
+
+    try:
+        parts = build_components(cfg)
+        sft_data = sft_pairs(cfg, parts.task) if cfg.sft.enabled and latest is None else None
+    except (ValueError, KeyError, OSError) as e:
+        raise SetupError(e.args[0] if e.args else repr(e)) from e
+    sft_dir = run_dir / "sft"
+    if sft_data is not None:
+        warm_start_sft(
+            cfg, parts.policy, parts.sampler, sft_data, parts.train_samples, parts.reward_fn, sft_dir
+        )
+    if cfg.algorithm.kl.coef > 0:
+        parts.ref_policy = load_reference(cfg, str(sft_dir) if sft_dir.is_dir() else parts.model_path)
+    trainer = RLTrainer(
+        parts.policy,
+        cfg.algorithm,
+        cfg.trainer,
+        total_rl_steps=cfg.run.steps,
+        temperature=cfg.rollout.temperature,
+        norm_len=cfg.rollout.max_new_tokens,
+        seed=cfg.run.seed,
+    )
+    start_step, start_eval = 0, {}
+    if latest is not None:
+        state = checkpointer.load(latest, parts.policy, trainer.optimizer, trainer.scheduler)
+        start_step, start_eval = int(state["step"]), dict(state.get("start_eval", {}))
+        trainer.load_state_dict(state["trainer"])
+        sync_weights(parts, version=start_step)
+        log.info("resumed %s at step %d", run_dir, start_step)
+    metrics_log = MetricsLogger(
+        run_dir,
+        tensorboard=cfg.logging.tensorboard,
+        wandb={"project": cfg.logging.wandb_project, "name": cfg.run.name} if cfg.logging.wandb else None,
+        resume_step=start_step if latest is not None else None,
+    )
+    if latest is None:
+        start_eval = run_eval(parts, cfg)
+        metrics_log.log(0, start_eval)
+        log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
+
+    def save(step: int) -> None:
+        checkpointer.save(
+            step,
+            parts.policy,
+            trainer.optimizer,
+            trainer.scheduler,
+            {"step": step, "trainer": trainer.state_dict(), "start_eval": start_eval},
+        )
+
+    stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
+    started = time.perf_counter()
+    step = start_step
+    final_eval: dict[str, float] = {}
+    with Progress(total=cfg.run.steps, initial=start_step, enabled=cfg.logging.progress) as progress:
+        while step < cfg.run.steps:
+            metrics = rl_step(step, parts, trainer, stream, cfg)
+            step += 1
+            out_of_time = (
+                cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s
+            )
+            last = step == cfg.run.steps or out_of_time
+            if last or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+                final_eval = run_eval(parts, cfg)
+                metrics.update(final_eval)
+            metrics_log.log(step, metrics)
+            progress.update(step, metrics)
+            if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
+                save(step)
+            if out_of_time:
+                log.info("time limit of %.0f s reached after step %d", cfg.run.time_limit_s, step)
+                break
+    if not final_eval:  # resumed at the end, or zero steps
+        final_eval = run_eval(parts, cfg)
+    metrics_log.close()
+    return RunResult(run_dir, step, start_eval, final_eval)

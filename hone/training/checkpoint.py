@@ -1,0 +1,167 @@
+"""Crash-safe training checkpoints: model, optimizer, scheduler, RNG and run state in one directory.
+
+A checkpoint is built under a hidden temp name, fsynced, and only then renamed to `step-N`. Rename is
+atomic, so `latest()` sees either a complete checkpoint or none: a run killed mid-save resumes from
+the previous one instead of loading half-written tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hone.training.policy import Policy
+
+CHECKPOINTS = "checkpoints"
+MODEL_DIR = "model"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_TEMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` (and `root` itself) to disk."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        # As a tensor, so the file loads with `weights_only=True` (no pickled numpy objects).
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves `run_dir/checkpoints/step-N/` and restores from it; keeps only the newest `keep_last` if set.
+
+    Layout: `model/` (an HF directory from `Policy.save_pretrained`), `optimizer.pt`, `scheduler.pt`,
+    `rng.pt` (python, numpy, torch CPU and CUDA generators) and `state.json` (`step` + `extra_state`).
+    One writer per run directory is assumed.
+    """
+
+    def __init__(self, run_dir: str | Path, *, keep_last: int | None = None) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        self.root = Path(run_dir) / CHECKPOINTS
+        self.keep_last = keep_last
+
+    def _complete(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and path.is_dir() and (path / "state.json").is_file():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, or None. Temp and half-deleted directories are never returned."""
+        found = self._complete()
+        return found[-1][1] if found else None
+
+    def save(
+        self,
+        step: int,
+        policy: Policy,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        extra_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write checkpoint `step` atomically and return its path. `extra_state` must be JSON-serialisable."""
+        extra_state = dict(extra_state or {})
+        if extra_state.get("step", step) != step:
+            raise ValueError("extra_state['step'] conflicts with the step being saved")
+        state_json = json.dumps({**extra_state, "step": step}, indent=2)  # fail before touching disk
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+
+        final = self.root / f"step-{step}"
+        tmp = self.root / f"{_TEMP_PREFIX}step-{step}"
+        tmp.mkdir()
+        policy.save_pretrained(tmp / MODEL_DIR)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        (tmp / "state.json").write_text(state_json)
+        _fsync_tree(tmp)
+
+        if final.exists():  # re-saving a step (e.g. after resuming from it): retire the old copy first
+            self._discard(final)
+        tmp.rename(final)
+        _fsync_dir(self.root)
+        self._prune()
+        return final
+
+    def load(
+        self,
+        path: str | Path,
+        policy: Policy,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    ) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler and RNG from `path`; return `extra_state` plus `step`."""
+        path = Path(path)
+        policy.load_weights(path / MODEL_DIR)
+        if optimizer is not None:
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        if scheduler is not None:
+            scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        return json.loads((path / "state.json").read_text())
+
+    def _discard(self, path: Path) -> None:
+        # Rename first so a crash mid-delete leaves a hidden name that `latest()` ignores.
+        trash = self.root / f"{_TRASH_PREFIX}{path.name}"
+        shutil.rmtree(trash, ignore_errors=True)
+        path.rename(trash)
+        shutil.rmtree(trash)
+
+    def _remove_leftovers(self) -> None:
+        for path in self.root.iterdir():
+            if path.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _prune(self) -> None:
+        if self.keep_last is None:
+            return
+        for _, path in self._complete()[: -self.keep_last]:
+            self._discard(path)

@@ -1,0 +1,224 @@
+"""The trainable policy: an HF causal LM (optionally with LoRA) plus its tokenizer.
+
+Everything the RL and SFT loops need from the model goes through `token_log_probs`, so masking,
+temperature and micro-batching are decided in exactly one place and the trainer, the reference model
+and the sampler-mismatch check all score tokens the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+DType = Literal["float32", "bfloat16", "auto"]
+Device = Literal["cpu", "cuda", "auto"]
+
+ADAPTER_DIR = "adapter"
+
+
+@dataclass
+class LoraSettings:
+    """LoRA hyper-parameters, passed to `peft.LoraConfig` (`alpha` is `lora_alpha`)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = field(default="all-linear")
+
+
+def _resolve_device(device: Device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _enable_checkpointing(model: PreTrainedModel) -> None:
+    # Non-reentrant checkpointing works with frozen inputs (LoRA) without `enable_input_require_grads`.
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+class Policy:
+    """An HF causal LM and its tokenizer, with the scoring, export and save operations training needs."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: DType = "float32",
+        lora: LoraSettings | None = None,
+        gradient_checkpointing: bool = False,
+        device: Device = "cpu",
+    ) -> Policy:
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+        model.to(_resolve_device(device))
+        model.config.use_cache = False  # training never reuses a KV cache; it only costs memory
+        if gradient_checkpointing:
+            _enable_checkpointing(model)
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, config)
+        return cls(model, AutoTokenizer.from_pretrained(str(path)))
+
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def token_log_probs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs (and optionally entropies) of `input_ids` under the model, `[B, L-1]` float32.
+
+        Column `t` is `log p(input_ids[:, t+1] | input_ids[:, :t+1])` from `logits / temperature`, matching
+        `Batch`. Columns whose target is padding are 0. Positions come from the attention mask, so right
+        padding never touches a real token and left padding also scores correctly. Differentiable when
+        called under grad; with `micro_batch_size` the rows are scored in chunks (under grad the graphs of
+        all chunks are still kept, so the trainer should call this per micro-batch instead).
+        """
+        if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+            raise ValueError(
+                f"expected matching [B, L] tensors, got {input_ids.shape} / {attention_mask.shape}"
+            )
+        chunk = micro_batch_size or input_ids.shape[0]
+        device = self.device
+        log_probs: list[torch.Tensor] = []
+        entropies: list[torch.Tensor] = []
+        for start in range(0, input_ids.shape[0], chunk):
+            ids = input_ids[start : start + chunk].to(device)
+            mask = attention_mask[start : start + chunk].to(device)
+            lp, ent = self._score(ids, mask, temperature, with_entropy)
+            log_probs.append(lp)
+            if ent is not None:
+                entropies.append(ent)
+        return torch.cat(log_probs), (torch.cat(entropies) if with_entropy else None)
+
+    def _score(
+        self, ids: torch.Tensor, mask: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        full_len = ids.shape[1]
+        # Trailing columns that are padding in every row need no forward pass.
+        real_cols = mask.any(dim=0).nonzero()
+        keep = int(real_cols[-1]) + 1 if real_cols.numel() else 1
+        ids, mask = ids[:, :keep], mask[:, :keep]
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+        ).logits[:, :-1]
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        targets = ids[:, 1:]
+        target_mask = mask[:, 1:].to(logits.dtype)
+        # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
+        lse = torch.logsumexp(logits, dim=-1)
+        lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
+        ent = None
+        if with_entropy:
+            ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
+        pad = full_len - keep
+        if pad:
+            lp = torch.nn.functional.pad(lp, (0, pad))
+            ent = None if ent is None else torch.nn.functional.pad(ent, (0, pad))
+        return lp, ent
+
+    def state_dict_for_sampler(self) -> dict[str, torch.Tensor]:
+        """Plain HF-named weights a sampler can load: LoRA deltas merged in, adapter tensors dropped.
+
+        Merging is computed out of place, so the trainable model is never merged/unmerged (which would
+        drift the frozen base weights by rounding every sync). Tensors are detached and may alias live
+        parameters: copy them (as `load_state_dict` does) before the next optimizer step if kept.
+        """
+        if not self.is_lora:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        merged: dict[str, torch.Tensor] = {}
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                weight = module.get_base_layer().weight.detach()
+                for adapter in module.active_adapters:
+                    weight = weight + module.get_delta_weight(adapter).detach().to(weight.dtype)
+                merged[f"{name}.weight"] = weight
+        out: dict[str, torch.Tensor] = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            out[key] = merged.get(key, value.detach())
+        return out
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write a loadable HF model directory (safetensors + tokenizer).
+
+        With LoRA the top-level weights are the merged model (so samplers and `from_pretrained` need no
+        peft) and the adapter alone goes to `adapter/` (what `load_weights` restores when resuming).
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.is_lora:
+            self.model.get_base_model().save_pretrained(directory, state_dict=self.state_dict_for_sampler())
+            self.model.save_pretrained(directory / ADAPTER_DIR)
+        else:
+            self.model.save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+        return directory
+
+    def load_weights(self, directory: str | Path) -> None:
+        """Restore the trainable weights from a `save_pretrained` directory into this (same-shaped) policy."""
+        directory = Path(directory)
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            state = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors", device=str(self.device))
+            result = set_peft_model_state_dict(self.model, state)
+            if result.unexpected_keys:
+                raise ValueError(f"adapter in {directory} does not fit this policy: {result.unexpected_keys}")
+            return
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(directory.glob("*.safetensors")):
+            state.update(load_file(shard, device=str(self.device)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        # Tied weights (e.g. lm_head ↔ embed_tokens) are saved once; a missing key is fine only if it
+        # shares storage with a tensor that was loaded.
+        current = self.model.state_dict()
+        loaded_ptrs = {current[k].data_ptr() for k in state if k in current}
+        untied = [k for k in missing if current[k].data_ptr() not in loaded_ptrs]
+        if unexpected or untied:
+            raise ValueError(f"weights in {directory} do not fit: missing {untied}, unexpected {unexpected}")

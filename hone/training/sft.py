@@ -1,0 +1,169 @@
+"""Supervised fine-tuning on (prompt, response) pairs, the warm start before RL.
+
+The loss covers only response tokens (plus the final eos, so the model learns to stop); prompts are
+context. Prompt and response are tokenised separately and their ids concatenated, so the boundary is
+exactly where the prompt ends, as at sampling time when the sampler continues the prompt's ids.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from hone.training.policy import Policy
+from hone.training.trainer import build_scheduler
+
+
+def encode_pair(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> tuple[list[int], int]:
+    """Token ids of prompt + response + eos, and the prompt length.
+
+    The prompt gets the tokenizer's usual special tokens (e.g. a BOS), as when it is sampled from; the
+    response gets none except the closing eos.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("SFT needs a tokenizer with an eos token so the model learns to stop")
+    prompt_ids = tokenizer(prompt).input_ids
+    response_ids = tokenizer(response, add_special_tokens=False).input_ids
+    return [*prompt_ids, *response_ids, tokenizer.eos_token_id], len(prompt_ids)
+
+
+def collate_sft(
+    examples: Sequence[tuple[list[int], int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad encoded pairs into `input_ids`, `attention_mask` `[B, L]` and a loss mask `[B, L-1]`.
+
+    Loss-mask column `t` scores token `t+1` (the `Batch` convention), so it is 1 for `t+1` in
+    `[prompt_len, len)`: every response token and the eos, never a prompt token or padding.
+    """
+    length = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(examples), length, dtype=torch.long)
+    loss_mask = torch.zeros(len(examples), length - 1)
+    for row, (ids, prompt_len) in enumerate(examples):
+        if not 0 < prompt_len < len(ids):
+            raise ValueError(
+                f"need a non-empty prompt and response, got prompt_len={prompt_len}, len={len(ids)}"
+            )
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        loss_mask[row, prompt_len - 1 : len(ids) - 1] = 1
+    return input_ids, attention_mask, loss_mask
+
+
+def sft_loss(
+    policy: Policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed response-token NLL and the number of response tokens (divide once per optimizer step)."""
+    log_probs, _ = policy.token_log_probs(input_ids, attention_mask)
+    loss_mask = loss_mask.to(log_probs.device)
+    return -(log_probs * loss_mask).sum(), loss_mask.sum()
+
+
+def run_sft(
+    policy: Policy,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = 8,
+    micro_batch_size: int | None = None,
+    lr: float = 1e-4,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    schedule: str = "cosine",
+    grad_clip: float | None = 1.0,
+    max_steps: int = 100,
+    eval_fn: Callable[[], float] | None = None,
+    eval_every: int = 10,
+    stop_at: float | None = None,
+    log: Callable[[dict[str, float]], None] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Fine-tune `policy` in place on `pairs` for up to `max_steps` optimizer steps.
+
+    The learning rate warms up linearly over `warmup_steps`, then follows `schedule` (the RL trainer's
+    `build_scheduler`: "cosine", "linear" or "constant") over `max_steps`.
+
+    Each step takes `batch_size` pairs (reshuffled every epoch with `seed`), accumulating gradients over
+    `micro_batch_size` chunks; the loss is the mean NLL over all response tokens of the batch. Every
+    `eval_every` steps and after the last, `eval_fn()` is called (the model in eval mode) and training
+    stops once it reaches `stop_at`. `log` receives `{"step", "sft/loss", "sft/lr", "sft/grad_norm",
+    "sft/tokens"}` per step and `{"step", "sft/eval"}` per evaluation. Returns `{"steps", "loss", "eval",
+    "stopped_early"}` (`eval` is the last score, or None).
+    """
+    if policy.tokenizer is None:
+        raise ValueError("run_sft needs a policy with a tokenizer")
+    if not pairs:
+        raise ValueError("run_sft needs at least one (prompt, response) pair")
+    tokenizer = policy.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    encoded = [encode_pair(tokenizer, prompt, response) for prompt, response in pairs]
+    params = policy.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    scheduler = build_scheduler(optimizer, schedule, warmup_steps, max_steps)
+    rng = random.Random(seed)
+    order: list[int] = []
+    was_training = policy.model.training
+    result: dict[str, Any] = {"steps": 0, "loss": float("nan"), "eval": None, "stopped_early": False}
+
+    policy.model.train()
+    try:
+        for step in range(1, max_steps + 1):
+            while len(order) < batch_size:
+                epoch = list(range(len(encoded)))
+                rng.shuffle(epoch)
+                order += epoch
+            batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
+            loss, tokens, grad_norm = _step(policy, batch, pad_id, micro_batch_size, params, grad_clip)
+            lr_now = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            result.update(steps=step, loss=loss)
+            if log is not None:
+                log(
+                    {
+                        "step": step,
+                        "sft/loss": loss,
+                        "sft/lr": lr_now,
+                        "sft/grad_norm": grad_norm,
+                        "sft/tokens": tokens,
+                    }
+                )
+            if eval_fn is not None and (step % eval_every == 0 or step == max_steps):
+                policy.model.eval()
+                result["eval"] = score = float(eval_fn())
+                policy.model.train()
+                if log is not None:
+                    log({"step": step, "sft/eval": score})
+                if stop_at is not None and score >= stop_at:
+                    result["stopped_early"] = step < max_steps
+                    break
+    finally:
+        policy.model.train(was_training)
+    return result
+
+
+def _step(
+    policy: Policy,
+    batch: list[tuple[list[int], int]],
+    pad_id: int,
+    micro_batch_size: int | None,
+    params: list[torch.nn.Parameter],
+    grad_clip: float | None,
+) -> tuple[float, float, float]:
+    """Accumulate gradients of the batch's token-mean NLL; return (loss, response tokens, grad norm)."""
+    chunk = micro_batch_size or len(batch)
+    total_tokens = sum(len(ids) - prompt_len for ids, prompt_len in batch)
+    total_loss = 0.0
+    for start in range(0, len(batch), chunk):
+        input_ids, attention_mask, loss_mask = collate_sft(batch[start : start + chunk], pad_id)
+        nll, _ = sft_loss(policy, input_ids, attention_mask, loss_mask)
+        (nll / total_tokens).backward()
+        total_loss += nll.item()
+    max_norm = grad_clip if grad_clip is not None else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return total_loss / total_tokens, float(total_tokens), float(grad_norm)

@@ -1,0 +1,235 @@
+"""The synchronous loop: collate alignment, prompt order, end-to-end run, bad input, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hone.config import load_config
+from hone.orchestration.collate import collate
+from hone.orchestration.loop import SetupError, drop_zero_variance_groups, train
+from hone.orchestration.prompts import PromptStream
+from hone.types import Rollout, Sample
+
+
+def rollout(prompt: list[int], response: list[int], group: int = 0, reward: float = 0.0) -> Rollout:
+    return Rollout(
+        sample_id="s",
+        group_id=group,
+        token_ids=prompt + response,
+        prompt_len=len(prompt),
+        loss_mask=[1] * len(response),
+        sampler_logprobs=[-0.5 - i for i in range(len(response))],
+        reward=reward,
+    )
+
+
+def test_collate_aligns_response_columns_with_next_token_targets() -> None:
+    batch = collate([rollout([5, 6, 7], [8, 9]), rollout([5], [8, 9, 10, 11])], pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 11]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+    # column t scores token t+1: response tokens of row 0 sit at indices 3, 4 → columns 2, 3
+    assert batch.response_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert batch.old_log_probs[0].tolist() == [0, 0, -0.5, -1.5]
+    short = collate([rollout([5, 6], [8]), rollout([5], [8, 9, 10])], pad_id=0)
+    assert short.input_ids[0].tolist() == [5, 6, 8, 0] and short.attention_mask[0].tolist() == [1, 1, 1, 0]
+    assert short.response_mask[0].tolist() == [0, 1, 0]
+
+
+def test_collate_rejects_inconsistent_rollouts() -> None:
+    bad = rollout([5], [8, 9])
+    bad.loss_mask = [1]
+    with pytest.raises(ValueError, match="loss_mask"):
+        collate([bad], pad_id=0)
+
+
+def test_prompt_stream_is_a_pure_function_of_seed_and_step() -> None:
+    samples = [Sample(id=str(i), prompt=str(i)) for i in range(10)]
+    a, b = PromptStream(samples, 4, seed=3), PromptStream(samples, 4, seed=3)
+    order = [s.id for step in range(5) for s in a.batch(step)]
+    assert [s.id for s in b.batch(4)] == order[16:20]  # random access equals sequential
+    assert sorted(order[:10]) == sorted(s.id for s in samples)  # first epoch is a permutation
+    assert (
+        order[:10] != [s.id for step in range(3) for s in PromptStream(samples, 4, seed=4).batch(step)][:10]
+    )
+
+
+def test_zero_variance_groups_are_dropped() -> None:
+    rs = [rollout([1], [2], group=g, reward=r) for g, r in [(0, 1), (0, 1), (1, 0), (1, 1)]]
+    kept, frac = drop_zero_variance_groups(rs)
+    assert [r.group_id for r in kept] == [1, 1] and frac == 0.5
+
+
+def tiny_overrides(run_dir: Path, model_dir: Path, name: str, **extra: object) -> list[str]:
+    base = {
+        "run.dir": str(run_dir),
+        "run.name": name,
+        "run.threads": 1,
+        "run.time_limit_s": "null",
+        "model.path": str(model_dir),
+        "data.eval_size": 16,
+        "data.train_size": 64,
+        "data.prompts_per_step": 4,
+        "rollout.n": 4,
+        "rollout.max_new_tokens": 5,
+        "sft.enabled": "false",
+        "logging.progress": "false",
+        "trainer.lr": 1e-3,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+REQUIRED_KEYS = {
+    "step",
+    "reward/mean",
+    "loss/policy",
+    "entropy",
+    "clip_frac",
+    "response_length/mean",
+    "time/step_s",
+    "throughput/tokens_per_s",
+    "kl",
+    "mismatch/logprob_abs",
+}
+
+
+def test_end_to_end_run_writes_metrics_checkpoints_and_changes_weights(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tmp_path,
+            micro_model_dir,
+            "e2e",
+            **{
+                "run.steps": 3,
+                "run.save_every": 2,
+                "run.eval_every": 0,
+                "algorithm.kl.coef": 0.01,
+                "algorithm.old_log_probs": "recompute",
+                "trainer.mini_batches": 2,
+                "trainer.micro_batch_size": 3,
+                # a reward that always varies within a group, so every step has a gradient
+                "reward.fn": "tests.rewards_for_tests:length_reward",
+            },
+        ),
+    )
+    result = train(cfg)
+    run = tmp_path / "e2e"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
+    for row in rows[1:]:
+        assert row.keys() >= REQUIRED_KEYS, REQUIRED_KEYS - row.keys()
+        assert row["mismatch/logprob_abs"] < 1e-4  # sampler and trainer score tokens alike
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2", "step-3"]
+    assert load_config(run / "config.yaml") == cfg
+    start = load_file(str(micro_model_dir / "model.safetensors"))
+    end = load_file(str(run / "checkpoints" / "step-3" / "model" / "model.safetensors"))
+    assert any(not torch.equal(start[k], end[k]) for k in start)
+    assert result.steps == 3 and set(result.final_eval) >= {"eval/accuracy", "eval/pass@1"}
+
+
+def test_bad_input_fails_before_training(tmp_path: Path, micro_model_dir: Path) -> None:
+    missing = tiny_overrides(
+        tmp_path,
+        micro_model_dir,
+        "bad1",
+        **{"data.task": "null", "data.source": "nope.jsonl", "data.eval_source": "nope.jsonl"},
+    )
+    with pytest.raises(SetupError, match=r"nope\.jsonl"):
+        train(load_config(None, missing))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    no_answer = tiny_overrides(
+        tmp_path,
+        micro_model_dir,
+        "bad2",
+        **{"data.task": "null", "data.source": str(rows), "data.eval_source": str(rows), "reward.fn": "x:y"},
+    )
+    with pytest.raises(SetupError, match=r"rows\.jsonl.*2.*answer"):
+        train(load_config(None, no_answer))
+    no_model = tiny_overrides(tmp_path, tmp_path / "no-such-model", "bad3")
+    with pytest.raises(SetupError, match="no-such-model"):
+        train(load_config(None, no_model))
+    for name in ("bad1", "bad2", "bad3"):
+        assert not (tmp_path / name / "checkpoints").exists()
+
+
+def test_a_failing_reward_scores_zero_and_is_counted(tmp_path: Path, micro_model_dir: Path) -> None:
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tmp_path,
+            micro_model_dir,
+            "flaky",
+            **{
+                "run.steps": 1,
+                "run.eval_every": 0,
+                "reward.fn": "tests.rewards_for_tests:fails_on_odd_length",
+            },
+        ),
+    )
+    train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "flaky" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["reward/errors"] > 0
+
+
+def _run_cli(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hone.cli", "train", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    common = {"run.steps": 8, "run.save_every": 4, "run.eval_every": 0}
+    straight = _run_cli(tiny_overrides(tmp_path, micro_model_dir, "straight", **common), tmp_path)
+    assert straight.wait(timeout=300) == 0, straight.stderr.read().decode()  # type: ignore[union-attr]
+
+    killed = _run_cli(tiny_overrides(tmp_path, micro_model_dir, "killed", **common), tmp_path)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # kill as soon as step 5 is logged: after checkpoint 4, before 8
+        if metrics.exists() and any(
+            json.loads(x)["step"] == 5 for x in metrics.read_text().splitlines() if x
+        ):
+            break
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    checkpoints = sorted(
+        p.name for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith("step-")
+    )
+    assert checkpoints == ["step-4"], "the kill did not land between the two checkpoints"
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hone.cli", "train", "--resume", str(tmp_path / "killed")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        capture_output=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-8" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "checkpoints" / "step-8" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == list(range(9))  # no duplicate or missing rows after resume

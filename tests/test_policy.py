@@ -1,0 +1,214 @@
+"""Policy: log-prob alignment, padding isolation, micro-batching, LoRA merge and save/load round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from hone.training.policy import LoraSettings, Policy
+
+
+def _tiny_model() -> transformers.Qwen2ForCausalLM:
+    config = transformers.Qwen2Config(
+        vocab_size=32,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=128,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def _char_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} | {
+        c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz=>")
+    }
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path / "tiny"
+    _tiny_model().save_pretrained(path)
+    _char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def policy() -> Policy:
+    torch.manual_seed(0)
+    return Policy(_tiny_model(), _char_tokenizer())
+
+
+def _reference_log_probs(model: torch.nn.Module, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    logits = model(input_ids=ids).logits[:, :-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def _perturb_lora(policy: Policy) -> None:
+    """peft initialises lora_B to zero; make the adapter non-trivial so merges are actually tested."""
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_" in name:
+                param.normal_(0, 0.2)
+
+
+def test_log_probs_match_log_softmax_with_temperature(policy: Policy) -> None:
+    ids = torch.randint(3, 32, (2, 9))
+    with torch.no_grad():
+        for temperature in (1.0, 0.7):
+            lp, ent = policy.token_log_probs(ids, torch.ones_like(ids), temperature=temperature)
+            torch.testing.assert_close(lp, _reference_log_probs(policy.model, ids, temperature))
+            assert ent is None and lp.shape == (2, 8) and lp.dtype == torch.float32
+
+
+def test_entropy_matches_distribution(policy: Policy) -> None:
+    ids = torch.randint(3, 32, (2, 7))
+    with torch.no_grad():
+        _, ent = policy.token_log_probs(ids, torch.ones_like(ids), with_entropy=True)
+        logp = torch.log_softmax(policy.model(input_ids=ids).logits[:, :-1].float(), -1)
+    assert ent is not None
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1))
+    assert bool((ent > 0).all()) and bool((ent <= torch.log(torch.tensor(32.0)) + 1e-5).all())
+
+
+def test_padding_never_leaks_into_real_tokens(policy: Policy) -> None:
+    short = torch.randint(3, 32, (1, 5))
+    long = torch.randint(3, 32, (1, 11))
+    ids = torch.zeros(2, 11, dtype=torch.long)
+    mask = torch.zeros(2, 11, dtype=torch.long)
+    ids[0, :5], mask[0, :5] = short[0], 1
+    ids[1], mask[1] = long[0], 1
+    with torch.no_grad():
+        alone, alone_ent = policy.token_log_probs(short, torch.ones_like(short), with_entropy=True)
+        batched, batched_ent = policy.token_log_probs(ids, mask, with_entropy=True)
+        # Left padding scores the same tokens too (positions come from the mask).
+        left_ids = torch.cat([torch.zeros(1, 6, dtype=torch.long), short], 1)
+        left_mask = torch.cat([torch.zeros(1, 6, dtype=torch.long), torch.ones_like(short)], 1)
+        left, _ = policy.token_log_probs(left_ids, left_mask)
+    torch.testing.assert_close(batched[0, :4], alone[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(batched_ent[0, :4], alone_ent[0], rtol=0, atol=1e-5)
+    assert bool((batched[0, 4:] == 0).all()) and bool((batched_ent[0, 4:] == 0).all())
+    torch.testing.assert_close(left[0, 6:], alone[0], rtol=0, atol=1e-5)
+
+
+def test_micro_batches_and_all_padding_columns_give_same_result(policy: Policy) -> None:
+    ids = torch.randint(3, 32, (5, 10))
+    mask = torch.ones_like(ids)
+    mask[:, 7:] = 0  # every row padded at the end: these columns are skipped, then re-padded
+    mask[0, 4:] = 0
+    with torch.no_grad():
+        full, _ = policy.token_log_probs(ids, mask)
+        chunked, _ = policy.token_log_probs(ids, mask, micro_batch_size=2)
+    assert chunked.shape == (5, 9)
+    torch.testing.assert_close(chunked, full, rtol=0, atol=1e-5)
+    assert bool((full[:, 6:] == 0).all()) and bool((full[0, 3:] == 0).all())
+    assert bool((full[1:, :6] != 0).all())
+
+
+def test_log_probs_carry_gradient_only_under_grad(policy: Policy) -> None:
+    ids = torch.randint(3, 32, (2, 6))
+    lp, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+    lp.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+    with torch.no_grad():
+        lp, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+    assert not lp.requires_grad
+
+
+def test_from_pretrained_dtype_and_gradient_checkpointing(model_dir: Path) -> None:
+    ids = torch.randint(3, 32, (2, 6))
+    plain = Policy.from_pretrained(model_dir)
+    ckpt = Policy.from_pretrained(model_dir, gradient_checkpointing=True)
+    ckpt.model.train()  # checkpointing is only active in train mode
+    grads, layer_calls = [], []
+    for pol in (plain, ckpt):
+        mlp, calls = pol.model.model.layers[0].mlp, []
+        mlp.forward = lambda *a, _f=mlp.forward, _c=calls, **k: _c.append(1) or _f(*a, **k)
+        lp, _ = pol.token_log_probs(ids, torch.ones_like(ids))
+        lp.sum().backward()
+        grads.append(pol.model.model.embed_tokens.weight.grad)
+        layer_calls.append(len(calls))
+    assert layer_calls == [1, 2]  # checkpointing re-runs the layer in backward
+    torch.testing.assert_close(grads[0], grads[1])
+    bf16 = Policy.from_pretrained(model_dir, dtype="bfloat16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        lp, _ = bf16.token_log_probs(ids, torch.ones_like(ids))
+    assert lp.dtype == torch.float32 and bool(torch.isfinite(lp).all())
+    assert plain.tokenizer is not None and plain.tokenizer("ab=").input_ids == [3, 4, 29]
+
+
+def test_lora_sampler_weights_are_merged_without_touching_the_model(model_dir: Path) -> None:
+    policy = Policy.from_pretrained(
+        model_dir, lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    _perturb_lora(policy)
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    merged = policy.state_dict_for_sampler()
+    assert all(torch.equal(v, policy.model.state_dict()[k]) for k, v in before.items())
+
+    plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    assert set(merged) == set(plain.state_dict())
+    plain.load_state_dict(merged)
+    ids = torch.randint(3, 32, (2, 8))
+    with torch.no_grad():
+        lp, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+        torch.testing.assert_close(lp, _reference_log_probs(plain, ids))
+        # ...and the merge actually changed the base: the un-merged base scores differently.
+        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+        assert not torch.allclose(lp, _reference_log_probs(base, ids), atol=1e-3)
+
+
+def test_save_pretrained_and_load_weights_round_trip(model_dir: Path, tmp_path: Path) -> None:
+    ids = torch.randint(3, 32, (2, 8))
+    for lora in (None, LoraSettings(r=4, alpha=8)):
+        policy = Policy.from_pretrained(model_dir, lora=lora)
+        with torch.no_grad():
+            if lora is None:
+                for p in policy.model.parameters():
+                    p.add_(torch.randn_like(p) * 0.1)
+            else:
+                _perturb_lora(policy)
+            expected, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+        out = policy.save_pretrained(tmp_path / f"saved-{lora is not None}")
+        assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+        assert (out / "adapter").exists() == (lora is not None)
+
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)  # merged weights, no peft needed
+        fresh = Policy.from_pretrained(model_dir, lora=lora)
+        fresh.load_weights(out)
+        with torch.no_grad():
+            torch.testing.assert_close(_reference_log_probs(reloaded, ids), expected)
+            torch.testing.assert_close(fresh.token_log_probs(ids, torch.ones_like(ids))[0], expected)
+
+
+def test_load_weights_rejects_a_different_architecture(policy: Policy, tmp_path: Path) -> None:
+    other = transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            vocab_size=32,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=128,
+            tie_word_embeddings=False,
+        )
+    )
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="do not fit"):
+        policy.load_weights(tmp_path / "other")

@@ -1,0 +1,271 @@
+"""HFSampler against transformers' own generation and a full forward pass on a tiny random model."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from hone.rollout import GenerationRequest, HFSampler, Sampler
+from hone.rollout.hf import sample_next
+from hone.types import Rollout, SamplingParams
+
+CHARS = "abcdefghijklmnopqrstuvwxyz .!?"
+PAD, EOS = 0, 1
+PROMPTS = ["ab", "hello world", "x", "the quick brown", "zz top"]
+
+
+def make_model(seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    # A large init range: with the default one a tied tiny model just repeats its last input token, which
+    # would hide position and padding bugs.
+    config = Qwen2Config(
+        vocab_size=32,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=128,
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    vocab = {"<pad>": PAD, "<eos>": EOS, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(["<pad>", "<eos>"])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen2ForCausalLM:
+    return make_model(0)
+
+
+@pytest.fixture()
+def sampler(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase) -> HFSampler:
+    return HFSampler(model, tokenizer)
+
+
+def requests(tokenizer: PreTrainedTokenizerBase, prompts: list[str] = PROMPTS) -> list[GenerationRequest]:
+    return [GenerationRequest(f"s{i}", 10 + i, tokenizer(p)["input_ids"]) for i, p in enumerate(prompts)]
+
+
+def greedy(max_new_tokens: int = 12, **kwargs: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, **kwargs)
+
+
+def full_forward_logprobs(model: Qwen2ForCausalLM, rollout: Rollout, temperature: float) -> torch.Tensor:
+    """What the trainer computes: one unpadded forward over prompt + response."""
+    with torch.no_grad():
+        logits = model(torch.tensor([rollout.token_ids])).logits[0, rollout.prompt_len - 1 : -1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, -1)
+    return logprobs.gather(-1, torch.tensor(rollout.response_ids)[:, None]).squeeze(-1)
+
+
+def test_is_a_sampler(sampler: HFSampler) -> None:
+    assert isinstance(sampler, Sampler)
+
+
+@pytest.mark.parametrize("max_batch_size", [256, 2])
+def test_greedy_matches_hf_generate_with_left_padding(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, max_batch_size: int
+) -> None:
+    reqs = requests(tokenizer)
+    rollouts = HFSampler(model, tokenizer, max_batch_size=max_batch_size).generate(reqs, greedy())
+
+    width = max(len(r.prompt_ids) for r in reqs)
+    input_ids = torch.tensor([[PAD] * (width - len(r.prompt_ids)) + r.prompt_ids for r in reqs])
+    mask = (input_ids != PAD).long()
+    out = model.generate(
+        input_ids=input_ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=PAD
+    )
+    for rollout, row in zip(rollouts, out[:, width:].tolist(), strict=True):
+        expected = row[: row.index(EOS) + 1] if EOS in row else row
+        assert rollout.response_ids == expected
+    # Both endings occur, so rows leaving the batch mid-decode are exercised too.
+    assert {r.finish_reason for r in rollouts} == {"stop", "length"}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=3, temperature=0.8, top_p=0.9, top_k=12, max_new_tokens=10, seed=1),
+        SamplingParams(n=2, temperature=1.3, max_new_tokens=10, seed=2),
+        greedy(max_new_tokens=10),
+    ],
+)
+def test_sampler_logprobs_match_a_full_forward_pass(
+    sampler: HFSampler, model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, params: SamplingParams
+) -> None:
+    for rollout in sampler.generate(requests(tokenizer), params):
+        recomputed = full_forward_logprobs(model, rollout, params.temperature)
+        torch.testing.assert_close(torch.tensor(rollout.sampler_logprobs), recomputed, atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_output_other_seed_differs(
+    sampler: HFSampler, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    def run(seed: int) -> list[tuple[list[int], list[float]]]:
+        params = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=seed)
+        return [(r.token_ids, r.sampler_logprobs) for r in sampler.generate(requests(tokenizer), params)]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_stop_string_ends_response_and_is_included(
+    sampler: HFSampler, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    free = sampler.generate(requests(tokenizer), greedy())
+    stop = free[0].response_text[4:6]
+    stopped = sampler.generate(requests(tokenizer), greedy(stop=["never", stop]))
+    for f, s in zip(free, stopped, strict=True):
+        if stop in f.response_text:
+            end = f.response_text.find(stop) + len(stop)
+            assert s.finish_reason == "stop"
+            assert s.response_text == f.response_text[:end]
+            assert s.response_ids == f.response_ids[:end]  # char-level: one token per char
+        else:  # rows that do not hit it are unaffected by the others leaving the batch
+            assert (s.response_ids, s.finish_reason) == (f.response_ids, f.finish_reason)
+    assert sum(stop in f.response_text for f in free) < len(free)
+
+
+def test_stop_string_in_prompt_does_not_stop(sampler: HFSampler, tokenizer: PreTrainedTokenizerBase) -> None:
+    (rollout,) = sampler.generate(requests(tokenizer, ["the quick brown"]), greedy(stop=["quick"]))
+    assert rollout.finish_reason == "length"
+    assert rollout.response_len == 12
+
+
+def test_max_new_tokens_and_finish_reason(sampler: HFSampler, tokenizer: PreTrainedTokenizerBase) -> None:
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=5, seed=0)
+    rollouts = sampler.generate(requests(tokenizer), params)
+    for r in rollouts:
+        if r.finish_reason == "length":
+            assert r.response_len == 5
+            assert EOS not in r.response_ids
+        else:
+            assert r.finish_reason == "stop"
+            assert r.response_ids.index(EOS) == r.response_len - 1  # eos is part of the response
+            assert "<eos>" not in r.response_text
+    assert {r.finish_reason for r in rollouts} == {"stop", "length"}
+
+
+def test_n_rollouts_per_request_grouped_in_request_order(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    sampler = HFSampler(model, tokenizer, max_batch_size=5)  # 12 rows -> chunks of 5, 5, 2
+    sampler.policy_version = 3
+    reqs = requests(tokenizer)[:3]
+    rollouts = sampler.generate(reqs, SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=0))
+    assert len(rollouts) == 12
+    for i, r in enumerate(rollouts):
+        req = reqs[i // 4]
+        assert (r.sample_id, r.group_id, r.policy_version) == (req.sample_id, req.group_id, 3)
+        assert r.token_ids[: r.prompt_len] == req.prompt_ids
+        assert len(r.sampler_logprobs) == r.response_len > 0
+        assert r.loss_mask == [1] * r.response_len
+        assert r.turns == [(0, r.response_len)]
+        assert r.response_text == tokenizer.decode(r.response_ids, skip_special_tokens=True)
+    # The n samples of a group are independent draws, not copies.
+    assert len({tuple(r.response_ids) for r in rollouts[:4]}) > 1
+
+
+def test_top_k_one_and_tiny_top_p_equal_greedy(
+    sampler: HFSampler, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    reference = sampler.generate(requests(tokenizer), greedy())
+    for params in (
+        SamplingParams(top_k=1, max_new_tokens=12, seed=0),
+        SamplingParams(top_p=1e-6, max_new_tokens=12),
+    ):
+        rollouts = sampler.generate(requests(tokenizer), params)
+        assert [r.token_ids for r in rollouts] == [r.token_ids for r in reference]
+        # Log-probs are taken before truncation: at temperature 1 they are greedy's, not log(1) = 0.
+        for r, g in zip(rollouts, reference, strict=True):
+            assert r.sampler_logprobs == pytest.approx(g.sampler_logprobs, abs=1e-6)
+            assert max(r.sampler_logprobs) < 0
+
+
+def test_top_p_samples_only_from_the_nucleus() -> None:
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(400, 4)
+    gen = torch.Generator().manual_seed(0)
+    tokens, logprobs = sample_next(logits, SamplingParams(top_p=0.75), gen)
+    assert set(tokens.tolist()) == {0, 1}  # 0.5 + 0.3 is the smallest set holding 0.75
+    torch.testing.assert_close(logprobs, logits[0].log_softmax(-1)[tokens])
+
+
+def test_restores_each_modules_mode(
+    sampler: HFSampler, model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    model.train()
+    model.model.layers[0].eval()
+    try:
+        sampler.generate(requests(tokenizer)[:1], greedy(max_new_tokens=2))
+        assert model.training and model.lm_head.training
+        assert not model.model.layers[0].training and not model.model.layers[0].mlp.training
+    finally:
+        model.eval()
+
+
+def test_load_weights_shared_is_noop_and_foreign_is_copied(tokenizer: PreTrainedTokenizerBase) -> None:
+    model, other = make_model(0), make_model(1)
+    sampler = HFSampler(model, tokenizer)
+    before = [r.token_ids for r in sampler.generate(requests(tokenizer), greedy())]
+
+    embed = model.model.embed_tokens.weight
+    sampler.load_weights(model.state_dict(), version=1)  # synchronous mode: the trainer's own tensors
+    assert sampler.policy_version == 1
+    assert model.model.embed_tokens.weight is embed
+
+    sampler.load_weights(other.state_dict(), version=2)
+    assert sampler.policy_version == 2
+    assert model.model.embed_tokens.weight is embed  # copied in place, not replaced
+    after = [r.token_ids for r in sampler.generate(requests(tokenizer), greedy())]
+    expected = [r.token_ids for r in HFSampler(other, tokenizer).generate(requests(tokenizer), greedy())]
+    assert after == expected != before
+    assert all(r.policy_version == 2 for r in sampler.generate(requests(tokenizer), greedy(max_new_tokens=1)))
+
+    with pytest.raises(KeyError):
+        sampler.load_weights({"not.a.weight": torch.zeros(1)}, version=3)
+    with pytest.raises(ValueError, match="shape"):
+        sampler.load_weights({"lm_head.weight": torch.zeros(1, 64)}, version=3)
+
+
+def test_runs_a_peft_wrapped_model_with_its_cache(tokenizer: PreTrainedTokenizerBase) -> None:
+    model = make_model(0)
+    expected = [r.token_ids for r in HFSampler(model, tokenizer).generate(requests(tokenizer), greedy())]
+    # A fresh LoRA adapter is zero, so outputs must not change; they would if the cache kwarg were dropped.
+    wrapped = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the deprecated `past_key_values` name is not used
+        rollouts = HFSampler(wrapped, tokenizer).generate(requests(tokenizer), greedy())
+    assert [r.token_ids for r in rollouts] == expected
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=0),
+        SamplingParams(temperature=-1),
+        SamplingParams(top_p=0),
+        SamplingParams(max_new_tokens=0),
+    ],
+)
+def test_rejects_invalid_params(
+    sampler: HFSampler, tokenizer: PreTrainedTokenizerBase, params: SamplingParams
+) -> None:
+    with pytest.raises(ValueError):
+        sampler.generate(requests(tokenizer), params)
