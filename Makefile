@@ -23,7 +23,7 @@ demo: setup
 	.venv/bin/hone train
 
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) bench/sampler_bench.py
 
 clean:
 	rm -rf .venv runs .pytest_cache

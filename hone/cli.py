@@ -15,8 +15,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hone.config import ConfigError, HoneConfig, list_recipes, load_config
+
+if TYPE_CHECKING:
+    from hone.orchestration.loop import RunResult
 
 MAIN_KEYS = """main keys (override any as section.key=value):
   run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every
@@ -83,13 +87,13 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
     return load_config(recipe, overrides)
 
 
-def _summary(result: object, seconds: float) -> str:
-    before = result.start_eval.get("eval/accuracy")  # type: ignore[attr-defined]
-    after = result.final_eval.get("eval/accuracy")  # type: ignore[attr-defined]
+def _summary(result: RunResult, seconds: float) -> str:
+    before = result.start_eval.get("eval/accuracy")
+    after = result.final_eval.get("eval/accuracy")
     lines = [
         "",
-        f"run directory   {result.run_dir}",  # type: ignore[attr-defined]
-        f"RL steps        {result.steps}",  # type: ignore[attr-defined]
+        f"run directory   {result.run_dir}",
+        f"RL steps        {result.steps}",
         f"wall time       {seconds:.0f} s",
     ]
     if before is not None and after is not None:
@@ -123,13 +127,12 @@ def _sft(ns: argparse.Namespace) -> int:
 
 
 def _eval(ns: argparse.Namespace) -> int:
-    from hone.orchestration.components import build_components
-    from hone.orchestration.loop import run_eval
+    from hone.orchestration.loop import run_eval, setup_components
 
     cfg = _config(ns)
     if ns.model:
         cfg.model.path = ns.model
-    parts = build_components(cfg)
+    parts = setup_components(cfg)
     metrics = run_eval(parts, cfg)
     for key, value in metrics.items():
         print(f"{key:24s} {value:.4f}")

@@ -40,7 +40,9 @@ class RunConfig(Section):
     dir: str = "runs"
     seed: int = 0
     steps: int = Field(200, ge=0, description="RL steps (optimizer rounds of sample → score → update)")
-    time_limit_s: float | None = Field(None, gt=0, description="stop RL early after this wall time")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="wall-time budget of this session (SFT included); RL stops when it is spent"
+    )
     save_every: int = Field(50, ge=0, description="checkpoint cadence in steps; 0 = only at the end")
     keep_last: int | None = Field(2, ge=1)
     eval_every: int = Field(50, ge=0, description="held-out eval cadence in steps; 0 = start and end only")

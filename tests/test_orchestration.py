@@ -233,3 +233,29 @@ def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == list(range(9))  # no duplicate or missing rows after resume
+
+
+def test_lora_run_trains_adapter_and_saves_merged_weights(tmp_path: Path, micro_model_dir: Path) -> None:
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tmp_path,
+            micro_model_dir,
+            "lora",
+            **{
+                "run.steps": 2,
+                "run.eval_every": 0,
+                "model.lora.r": 4,
+                "model.lora.alpha": 8,
+                "trainer.lr": 1e-2,
+                "reward.fn": "tests.rewards_for_tests:length_reward",
+            },
+        ),
+    )
+    train(cfg)
+    ckpt = tmp_path / "lora" / "checkpoints" / "step-2" / "model"
+    start = load_file(str(micro_model_dir / "model.safetensors"))
+    merged = load_file(str(ckpt / "model.safetensors"))
+    assert start.keys() == merged.keys()  # plain HF names: loadable without peft
+    changed = [k for k in start if not torch.equal(start[k], merged[k])]
+    assert changed and all("proj" in k for k in changed)  # only LoRA-wrapped linears moved

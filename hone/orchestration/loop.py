@@ -164,10 +164,19 @@ def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
     )
 
 
+def setup_components(cfg: HoneConfig) -> RunComponents:
+    """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s."""
+    try:
+        return build_components(cfg)
+    except (ValueError, KeyError, OSError) as e:
+        raise SetupError(e.args[0] if e.args else repr(e)) from e
+
+
 def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`."""
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    started = time.perf_counter()
     run_dir = Path(cfg.run.dir) / cfg.run.name
     checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last)
     latest = checkpointer.latest() if resume else None
@@ -180,11 +189,11 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     torch.manual_seed(cfg.run.seed)
 
+    parts = setup_components(cfg)
     try:
-        parts = build_components(cfg)
         sft_data = sft_pairs(cfg, parts.task) if cfg.sft.enabled and latest is None else None
-    except (ValueError, KeyError, OSError) as e:
-        raise SetupError(e.args[0] if e.args else repr(e)) from e
+    except (ValueError, OSError) as e:
+        raise SetupError(str(e)) from e
     sft_dir = run_dir / "sft"
     if sft_data is not None:
         warm_start_sft(
@@ -229,7 +238,6 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
         )
 
     stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
-    started = time.perf_counter()
     step = start_step
     final_eval: dict[str, float] = {}
     with Progress(total=cfg.run.steps, initial=start_step, enabled=cfg.logging.progress) as progress:
