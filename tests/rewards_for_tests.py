@@ -5,11 +5,12 @@ from __future__ import annotations
 from hone.types import Rollout, Sample
 
 
-def length_reward(rollout: Rollout, sample: Sample) -> float:
-    return float(rollout.response_len)
-
-
 def fails_on_odd_length(rollout: Rollout, sample: Sample) -> float:
     if rollout.response_len % 2:
         raise RuntimeError("verifier crashed")
     return 1.0
+
+
+def token_id_reward(rollout: Rollout, sample: Sample) -> float:
+    """Varies within almost every group of a random model, so every step has a gradient."""
+    return float(sum(rollout.response_ids) % 7)

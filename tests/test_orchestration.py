@@ -84,6 +84,7 @@ def tiny_overrides(run_dir: Path, model_dir: Path, name: str, **extra: object) -
         "sft.enabled": "false",
         "logging.progress": "false",
         "trainer.lr": 1e-3,
+        "algorithm.skip_zero_variance_groups": "false",
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
@@ -121,7 +122,7 @@ def test_end_to_end_run_writes_metrics_checkpoints_and_changes_weights(
                 "trainer.mini_batches": 2,
                 "trainer.micro_batch_size": 3,
                 # a reward that always varies within a group, so every step has a gradient
-                "reward.fn": "tests.rewards_for_tests:length_reward",
+                "reward.fn": "tests.rewards_for_tests:token_id_reward",
             },
         ),
     )
@@ -248,7 +249,7 @@ def test_lora_run_trains_adapter_and_saves_merged_weights(tmp_path: Path, micro_
                 "model.lora.r": 4,
                 "model.lora.alpha": 8,
                 "trainer.lr": 1e-2,
-                "reward.fn": "tests.rewards_for_tests:length_reward",
+                "reward.fn": "tests.rewards_for_tests:token_id_reward",
             },
         ),
     )
