@@ -1,7 +1,8 @@
 """Throughput of HFSampler vs `model.generate` on a ~1M-parameter model on CPU.
 
-Why: for tiny models the per-step Python overhead of `generate` dominates the forward pass, which is what
-the hand-written decode loop in hone/rollout/hf.py is for. This measures that claim.
+Why: the hand-written decode loop in hone/rollout/hf.py is only worth keeping if it is at least as fast as
+transformers' own; it wins mainly when responses end early (finished rows are dropped from the batch and
+the KV cache, while `generate` keeps decoding them).
 Counted tokens are the ones a rollout keeps (up to and including eos), so padding that `generate` keeps
 decoding for finished rows is not counted as throughput.
 

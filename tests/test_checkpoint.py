@@ -9,28 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from hone.training.checkpoint import Checkpointer
 from hone.training.policy import LoraSettings, Policy
-
-
-def _tiny_model() -> transformers.Qwen2ForCausalLM:
-    config = transformers.Qwen2Config(
-        vocab_size=32,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        tie_word_embeddings=True,
-    )
-    return transformers.Qwen2ForCausalLM(config)
+from tests.conftest import tiny_qwen2
 
 
 def _new_policy(seed: int) -> Policy:
     torch.manual_seed(seed)
-    return Policy(_tiny_model())
+    return Policy(tiny_qwen2(train_mode=True))
 
 
 def _trainer(policy: Policy) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -131,7 +118,7 @@ def test_keep_last_prunes_oldest_and_resave_replaces(tmp_path: Path) -> None:
 
 def test_lora_checkpoint_restores_adapter(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    _tiny_model().save_pretrained(tmp_path / "base")
+    tiny_qwen2(train_mode=True).save_pretrained(tmp_path / "base")
     lora = LoraSettings(r=4, alpha=8)
     policy = Policy.from_pretrained(tmp_path / "base", lora=lora)
     opt, sched = _trainer(policy)

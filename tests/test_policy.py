@@ -7,49 +7,24 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hone.training.policy import LoraSettings, Policy
-
-
-def _tiny_model() -> transformers.Qwen2ForCausalLM:
-    config = transformers.Qwen2Config(
-        vocab_size=32,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        tie_word_embeddings=True,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
-
-
-def _char_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} | {
-        c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz=>")
-    }
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
+from tests.conftest import char_tokenizer, tiny_qwen2
 
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     path = tmp_path / "tiny"
-    _tiny_model().save_pretrained(path)
-    _char_tokenizer().save_pretrained(path)
+    tiny_qwen2().save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
     return path
 
 
 @pytest.fixture
 def policy() -> Policy:
     torch.manual_seed(0)
-    return Policy(_tiny_model(), _char_tokenizer())
+    return Policy(tiny_qwen2(), char_tokenizer())
 
 
 def _reference_log_probs(model: torch.nn.Module, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -198,17 +173,7 @@ def test_save_pretrained_and_load_weights_round_trip(model_dir: Path, tmp_path: 
 
 
 def test_load_weights_rejects_a_different_architecture(policy: Policy, tmp_path: Path) -> None:
-    other = transformers.Qwen2ForCausalLM(
-        transformers.Qwen2Config(
-            vocab_size=32,
-            hidden_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            intermediate_size=128,
-            tie_word_embeddings=False,
-        )
-    )
+    other = tiny_qwen2(train_mode=True, num_hidden_layers=1, tie_word_embeddings=False)
     other.save_pretrained(tmp_path / "other")
     with pytest.raises(ValueError, match="do not fit"):
         policy.load_weights(tmp_path / "other")

@@ -7,12 +7,12 @@ import warnings
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tokenizers import Tokenizer, decoders, models
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from hone.rollout import GenerationRequest, HFSampler, Sampler
 from hone.rollout.hf import sample_next
 from hone.types import Rollout, SamplingParams
+from tests.conftest import char_tokenizer, tiny_qwen2
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .!?"
 PAD, EOS = 0, 1
@@ -23,28 +23,14 @@ def make_model(seed: int) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     # A large init range: with the default one a tied tiny model just repeats its last input token, which
     # would hide position and padding bugs.
-    config = Qwen2Config(
-        vocab_size=32,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        tie_word_embeddings=True,
-        initializer_range=0.3,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return tiny_qwen2(initializer_range=0.3, pad_token_id=PAD, eos_token_id=EOS)
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerBase:
-    vocab = {"<pad>": PAD, "<eos>": EOS, **{c: i + 2 for i, c in enumerate(CHARS)}}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.add_special_tokens(["<pad>", "<eos>"])
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    tokenizer = char_tokenizer(CHARS, unk_token=None)
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (PAD, EOS)
+    return tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,43 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hone.training.policy import Policy
 from hone.training.sft import collate_sft, encode_pair, run_sft, sft_loss
+from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
 
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 PAIRS = [(f"{c}=", LETTERS[(i + 1) % 26] * 2) for i, c in enumerate(LETTERS[:8])]  # "a=" -> "bb"
-
-
-def _tiny_model() -> transformers.Qwen2ForCausalLM:
-    config = transformers.Qwen2Config(
-        vocab_size=32,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        tie_word_embeddings=True,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
-
-
-def _char_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} | {c: i + 3 for i, c in enumerate(LETTERS + "=>")}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
 
 
 @pytest.fixture
 def policy() -> Policy:
     torch.manual_seed(0)
-    return Policy(_tiny_model(), _char_tokenizer())
+    return Policy(tiny_qwen2(), char_tokenizer())
 
 
 def _exact_match(policy: Policy) -> float:
@@ -95,7 +70,7 @@ def test_micro_batching_matches_full_batch() -> None:
     results = []
     for micro in (None, 3):
         torch.manual_seed(0)
-        pol = Policy(_tiny_model(), _char_tokenizer())
+        pol = Policy(tiny_qwen2(), char_tokenizer())
         run_sft(pol, PAIRS, batch_size=8, micro_batch_size=micro, lr=1e-3, max_steps=2, seed=1)
         results.append(pol.model.state_dict())
     for key, value in results[0].items():
