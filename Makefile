@@ -19,8 +19,9 @@ test: setup
 	$(PY) -m ruff check hone tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# A fresh run directory each time, so `make demo` can be run again (runs/ refuses to overwrite a run).
 demo: setup
-	.venv/bin/hone train
+	.venv/bin/hone train run.name=demo-$$(date +%Y%m%d-%H%M%S)
 
 bench: setup
 	$(PY) bench/sampler_bench.py
