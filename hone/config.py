@@ -7,6 +7,7 @@ loss aggregation, task) are checked against what is registered.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,9 @@ def _check_registered(value: str, registry: dict[str, Any], kind: str) -> str:
 
 class RunConfig(Section):
     name: str = "demo"
+    plugins: list[str] = Field(
+        default_factory=list, description="modules imported first, e.g. ones that register new algorithms"
+    )
     dir: str = "runs"
     seed: int = 0
     steps: int = Field(200, ge=0, description="RL steps (optimizer rounds of sample → score → update)")
@@ -58,8 +62,8 @@ class LoraConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field("tiny", description="local dir, hub name, or alias (tiny, tiny:<name>)")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    device: str = "auto"
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto | cpu | cuda[:N]")
     lora: LoraConfig | None = None
     gradient_checkpointing: bool = False
 
@@ -69,6 +73,7 @@ class DataConfig(Section):
     task_args: dict[str, Any] = Field(default_factory=dict)
     source: str | None = Field(None, description="jsonl/parquet file or HF dataset name (instead of task)")
     eval_source: str | None = None
+    subset: str | None = Field(None, description="HF dataset configuration name (e.g. gsm8k's 'main')")
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     messages_field: str | None = None
@@ -87,7 +92,7 @@ class DataConfig(Section):
 class RolloutConfig(Section):
     engine: Literal["hf"] = "hf"
     n: int = Field(8, ge=1, description="samples per prompt (the group size)")
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, gt=0, description="> 0: the trainer scores logits / temperature")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(16, ge=1)
@@ -113,7 +118,7 @@ class KLConfig(Section):
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     policy_loss: str = "ppo"
-    loss_agg: str = "token-mean"
+    loss_agg: str | None = Field(None, description="null = the loss's own (token-mean; GSPO: seq-mean)")
     clip_low: float | None = Field(None, ge=0, description="null = the loss's own default")
     clip_high: float | None = Field(None, ge=0)
     dual_clip: float | None = Field(None, gt=1)
@@ -140,10 +145,18 @@ class AlgorithmConfig(Section):
     def _policy_loss(cls, v: str) -> str:
         return _check_registered(v, POLICY_LOSSES, "policy loss")
 
+    @model_validator(mode="after")
+    def _usable(self) -> AlgorithmConfig:
+        if self.advantage == "gae":
+            raise ValueError("advantage 'gae' needs a critic (value model), which Hone does not train yet")
+        if self.dual_clip is not None and self.policy_loss != "ppo":
+            raise ValueError(f"dual_clip applies to the 'ppo' loss only, not {self.policy_loss!r}")
+        return self
+
     @field_validator("loss_agg")
     @classmethod
-    def _agg(cls, v: str) -> str:
-        if v not in AGGREGATION_MODES:
+    def _agg(cls, v: str | None) -> str | None:
+        if v is not None and v not in AGGREGATION_MODES:
             raise ValueError(f"unknown loss aggregation {v!r}; choose one of {', '.join(AGGREGATION_MODES)}")
         return v
 
@@ -158,7 +171,6 @@ class TrainerConfig(Section):
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch over one RL batch")
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
     grad_clip: float | None = Field(1.0, gt=0)
-    mode: Literal["sync"] = "sync"
 
 
 class SFTConfig(Section):
@@ -187,10 +199,6 @@ class LoggingConfig(Section):
     progress: bool = True
 
 
-class ClusterConfig(Section):
-    backend: Literal["local"] = "local"
-
-
 class HoneConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -202,7 +210,6 @@ class HoneConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -213,7 +220,7 @@ def list_recipes() -> list[str]:
 
 
 def find_recipe(name_or_path: str | None) -> Path:
-    """A recipe file path, or the name of a packaged recipe (`hone train smollm2-math`)."""
+    """A recipe file path, or the name of a packaged recipe (`hone train default`)."""
     if name_or_path is None:
         return DEFAULT_RECIPE
     path = Path(name_or_path)
@@ -257,6 +264,18 @@ def _format_error(error: ValidationError, origin: str) -> str:
     return f"{origin}: {key}: {msg}{more}"
 
 
+def _import_plugins(tree: dict[str, Any]) -> None:
+    """Import `run.plugins` before validation, so the names they register are known to it."""
+    plugins = (tree.get("run") or {}).get("plugins") or []
+    if not isinstance(plugins, list):
+        raise ConfigError("run.plugins: must be a list of module names")
+    for module in plugins:
+        try:
+            importlib.import_module(str(module))
+        except ImportError as e:
+            raise ConfigError(f"run.plugins: cannot import {module!r}: {e}") from None
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> HoneConfig:
     """Load a recipe (default: the embedded one), apply dotted overrides, validate."""
     path = find_recipe(str(recipe) if recipe is not None else None)
@@ -269,6 +288,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     for text in overrides:
         keys, value = parse_override(text)
         _set_dotted(tree, keys, value, f"override {text!r}")
+    _import_plugins(tree)
     try:
         return HoneConfig.model_validate(tree)
     except ValidationError as e:

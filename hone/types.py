@@ -92,3 +92,8 @@ class Batch:
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
     group_ids: torch.Tensor | None = None  # [B]
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""
+        moved = {name: None if t is None else t.to(device) for name, t in vars(self).items()}
+        return Batch(**moved)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hone.algorithms import ADVANTAGE_ESTIMATORS
 from hone.config import ConfigError, find_recipe, list_recipes, load_config, parse_override
 
 
@@ -47,6 +48,10 @@ def test_overrides_are_typed_by_yaml_and_nested() -> None:
         ("data.source=x.jsonl", "exactly one of data.task"),
         ("runn.seed=1", "runn: unknown key"),
         ("run.seed", "not of the form section.key=value"),
+        ("algorithm.advantage=gae", "needs a critic"),
+        ("rollout.temperature=0", "rollout.temperature: Input should be greater than 0"),
+        ("model.device=gpu", "model.device: String should match pattern"),
+        ("run.plugins=[no_such_module_xyz]", "run.plugins: cannot import 'no_such_module_xyz'"),
     ],
 )
 def test_bad_overrides_fail_with_one_line_naming_the_key(override: str, message: str) -> None:
@@ -76,3 +81,17 @@ def test_parse_override_value_types() -> None:
     assert parse_override("a.b=1e-3") == (["a", "b"], 1e-3)
     assert parse_override("a.b=null") == (["a", "b"], None)
     assert parse_override("a.b=true") == (["a", "b"], True)
+
+
+def test_dual_clip_is_rejected_for_losses_that_ignore_it() -> None:
+    assert load_config(None, ["algorithm.policy_loss=gspo"]).algorithm.loss_agg is None  # the loss's own
+    with pytest.raises(ConfigError, match="dual_clip applies to the 'ppo' loss only"):
+        load_config(None, ["algorithm.policy_loss=gspo", "algorithm.dual_clip=3"])
+
+
+def test_plugins_are_imported_before_names_are_checked() -> None:
+    if "plugin_sign" not in ADVANTAGE_ESTIMATORS:  # not yet imported by this test process
+        with pytest.raises(ConfigError, match="unknown advantage estimator 'plugin_sign'"):
+            load_config(None, ["algorithm.advantage=plugin_sign"])
+    cfg = load_config(None, ["run.plugins=[tests.plugin_for_tests]", "algorithm.advantage=plugin_sign"])
+    assert cfg.algorithm.advantage == "plugin_sign"

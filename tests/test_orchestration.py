@@ -260,3 +260,12 @@ def test_lora_run_trains_adapter_and_saves_merged_weights(tmp_path: Path, micro_
     assert start.keys() == merged.keys()  # plain HF names: loadable without peft
     changed = [k for k in start if not torch.equal(start[k], merged[k])]
     assert changed and all("proj" in k for k in changed)  # only LoRA-wrapped linears moved
+
+
+def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: Path) -> None:
+    overrides = tiny_overrides(tmp_path, micro_model_dir, "once", **{"run.steps": 0})
+    train(load_config(None, overrides))
+    before = (tmp_path / "once" / "metrics.jsonl").read_text()
+    with pytest.raises(SetupError, match="already holds a run"):
+        train(load_config(None, overrides))
+    assert (tmp_path / "once" / "metrics.jsonl").read_text() == before

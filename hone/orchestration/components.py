@@ -14,7 +14,7 @@ from hone.config import HoneConfig
 from hone.data import Task, get_task, load_samples
 from hone.models import resolve_model
 from hone.rewards import RewardFn, task_reward
-from hone.rollout import HFSampler
+from hone.rollout import HFSampler, Sampler
 from hone.training.policy import LoraSettings, Policy
 from hone.types import Sample
 
@@ -27,7 +27,7 @@ EVAL_SEED = 0  # fixed, so every run of a task is scored on the same held-out pr
 class RunComponents:
     policy: Policy
     ref_policy: Policy | None
-    sampler: HFSampler
+    sampler: Sampler
     reward_fn: RewardFn
     train_samples: list[Sample]
     eval_samples: list[Sample]
@@ -48,7 +48,10 @@ def load_data(cfg: HoneConfig) -> tuple[Task | None, list[Sample], list[Sample]]
         )
     assert data.source is not None
     fields = dict(
-        prompt_field=data.prompt_field, answer_field=data.answer_field, messages_field=data.messages_field
+        prompt_field=data.prompt_field,
+        answer_field=data.answer_field,
+        messages_field=data.messages_field,
+        subset=data.subset,
     )
     train = load_samples(data.source, split="train", **fields)
     if data.eval_source is None:
@@ -101,7 +104,9 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     policy = load_policy(cfg, model_path)
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampler = HFSampler(policy.model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)
+    # In-process and synchronous, the sampler shares the policy's model object: no weight copies.
+    engines = {"hf": lambda: HFSampler(policy.model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)}
+    sampler = engines[cfg.rollout.engine]()
     return RunComponents(
         policy, None, sampler, reward_fn, train_samples, eval_samples, task, pad_id, model_path
     )

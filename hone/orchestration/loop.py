@@ -24,10 +24,11 @@ from hone.orchestration.prompts import PromptStream, encode_prompt
 from hone.orchestration.warmstart import sft_pairs, warm_start_sft
 from hone.rewards import score_rollouts
 from hone.rollout import GenerationRequest
+from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
-from hone.types import Batch, Rollout, SamplingParams
+from hone.types import Batch, Rollout, Sample, SamplingParams
 
 log = logging.getLogger("hone")
 
@@ -42,10 +43,6 @@ class RunResult:
     steps: int
     start_eval: dict[str, float]
     final_eval: dict[str, float]
-
-
-def _step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step) % (2**63)
 
 
 def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
@@ -69,7 +66,9 @@ def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> 
 def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -> dict[str, float]:
     """Fill `batch.advantages`/`returns` from rewards (minus a per-token KL penalty when placed there)."""
     algo = cfg.algorithm
-    scores = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    scores = torch.tensor(
+        [r.reward for r in rollouts], dtype=torch.float32, device=batch.response_mask.device
+    )
     token_rewards = scores_to_token_rewards(scores, batch.response_mask)
     metrics: dict[str, float] = {}
     if algo.kl.coef > 0 and algo.kl.placement == "reward":
@@ -113,7 +112,7 @@ def rl_step(
         top_k=cfg.rollout.top_k,
         max_new_tokens=cfg.rollout.max_new_tokens,
         stop=cfg.rollout.stop,
-        seed=_step_seed(cfg.run.seed, step),
+        seed=derive_seed(cfg.run.seed, "sampling", step),
     )
     rollouts = parts.sampler.generate(requests, params)
     t_sample = time.perf_counter()
@@ -125,7 +124,7 @@ def rl_step(
     if cfg.algorithm.skip_zero_variance_groups:
         rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
     if rollouts:
-        batch = collate(rollouts, pad_id=parts.pad_id)
+        batch = collate(rollouts, pad_id=parts.pad_id).to(parts.policy.device)
         micro = cfg.trainer.micro_batch_size
         if cfg.algorithm.old_log_probs == "recompute":
             sampler_lp = batch.old_log_probs
@@ -168,32 +167,66 @@ def setup_components(cfg: HoneConfig) -> RunComponents:
     """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s."""
     try:
         return build_components(cfg)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
         raise SetupError(e.args[0] if e.args else repr(e)) from e
 
 
-def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
-    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`."""
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    started = time.perf_counter()
+def _open_run_dir(cfg: HoneConfig, resume: bool) -> tuple[Path, Checkpointer, Path | None]:
     run_dir = Path(cfg.run.dir) / cfg.run.name
     checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last)
-    latest = checkpointer.latest() if resume else None
-    if not resume and checkpointer.latest() is not None:
+    if not resume and (run_dir / "metrics.jsonl").exists():
         raise SetupError(
-            f"{run_dir} already has checkpoints; resume with `hone train --resume {run_dir}` "
+            f"{run_dir} already holds a run; resume it with `hone train --resume {run_dir}` "
             "or choose another run.name"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    torch.manual_seed(cfg.run.seed)
+    return run_dir, checkpointer, checkpointer.latest() if resume else None
 
+
+def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
+    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`."""
+    started = time.perf_counter()
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+    run_dir, checkpointer, latest = _open_run_dir(cfg, resume)
     parts = setup_components(cfg)
     try:
         sft_data = sft_pairs(cfg, parts.task) if cfg.sft.enabled and latest is None else None
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
+    resume_step = None if latest is None else int(latest.name.removeprefix("step-"))
+    try:  # opened before SFT, so a missing W&B install fails at once, not after minutes of work
+        metrics_log = MetricsLogger(
+            run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb={
+                "project": cfg.logging.wandb_project,
+                "name": cfg.run.name,
+                "id": cfg.run.name,
+                "resume": "allow",
+            }
+            if cfg.logging.wandb
+            else None,
+            resume_step=resume_step,
+        )
+    except ImportError as e:
+        raise SetupError(str(e)) from e
+    with metrics_log:
+        return _train(cfg, parts, run_dir, checkpointer, latest, sft_data, metrics_log, started)
+
+
+def _train(
+    cfg: HoneConfig,
+    parts: RunComponents,
+    run_dir: Path,
+    checkpointer: Checkpointer,
+    latest: Path | None,
+    sft_data: list[tuple[Sample, str]] | None,
+    metrics_log: MetricsLogger,
+    started: float,
+) -> RunResult:
     sft_dir = run_dir / "sft"
     if sft_data is not None:
         warm_start_sft(
@@ -210,21 +243,14 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
         norm_len=cfg.rollout.max_new_tokens,
         seed=cfg.run.seed,
     )
-    start_step, start_eval = 0, {}
     if latest is not None:
         state = checkpointer.load(latest, parts.policy, trainer.optimizer, trainer.scheduler)
         start_step, start_eval = int(state["step"]), dict(state.get("start_eval", {}))
         trainer.load_state_dict(state["trainer"])
         sync_weights(parts, version=start_step)
         log.info("resumed %s at step %d", run_dir, start_step)
-    metrics_log = MetricsLogger(
-        run_dir,
-        tensorboard=cfg.logging.tensorboard,
-        wandb={"project": cfg.logging.wandb_project, "name": cfg.run.name} if cfg.logging.wandb else None,
-        resume_step=start_step if latest is not None else None,
-    )
-    if latest is None:
-        start_eval = run_eval(parts, cfg)
+    else:
+        start_step, start_eval = 0, run_eval(parts, cfg)
         metrics_log.log(0, start_eval)
         log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
 
@@ -258,7 +284,6 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
             if out_of_time:
                 log.info("time limit of %.0f s reached after step %d", cfg.run.time_limit_s, step)
                 break
-    if not final_eval:  # resumed at the end, or zero steps
-        final_eval = run_eval(parts, cfg)
-    metrics_log.close()
+    if not final_eval:  # no RL step ran in this session: the weights are where they started
+        final_eval = start_eval if step == 0 else run_eval(parts, cfg)
     return RunResult(run_dir, step, start_eval, final_eval)

@@ -10,11 +10,13 @@ import json
 import logging
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
 from hone.orchestration.evaluate import evaluate
 from hone.rewards import RewardFn
-from hone.rollout import HFSampler
+from hone.rollout import Sampler
 from hone.training.policy import Policy
 from hone.training.sft import run_sft
 from hone.types import Sample, SamplingParams
@@ -22,21 +24,30 @@ from hone.types import Sample, SamplingParams
 log = logging.getLogger("hone")
 
 
-def sft_pairs(cfg: HoneConfig, task: Task | None) -> list[tuple[str, str]]:
+def sft_pairs(cfg: HoneConfig, task: Task | None) -> list[tuple[Sample, str]]:
+    """(prompt sample, response text) pairs: from `sft.data` (prompt/response rows) or task demonstrations."""
     if cfg.sft.data is not None:
         rows = load_samples(cfg.sft.data, prompt_field="prompt", answer_field="response")
-        return [(s.prompt or "", s.answer or "") for s in rows]
+        return [(s, s.answer or "") for s in rows]
     if task is None:
         raise ValueError("sft.enabled with a dataset source needs sft.data (a prompt/response jsonl)")
     demos = task.train_samples(cfg.sft.examples, seed=cfg.run.seed + 7)
-    return [(s.prompt or "", task.demonstration(s)) for s in demos]
+    return [(s, task.demonstration(s)) for s in demos]
+
+
+def render_prompt(sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> str:
+    """The prompt text exactly as RL will see it: chat messages rendered through the template."""
+    if chat_template or sample.messages is not None:
+        messages = sample.messages or [{"role": "user", "content": sample.prompt or ""}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return sample.prompt or ""
 
 
 def warm_start_sft(
     cfg: HoneConfig,
     policy: Policy,
-    sampler: HFSampler,
-    pairs: list[tuple[str, str]],
+    sampler: Sampler,
+    pairs: list[tuple[Sample, str]],
     train_samples: list[Sample],
     reward_fn: RewardFn,
     out_dir: Path,
@@ -58,9 +69,10 @@ def warm_start_sft(
         if "sft/eval" in row:
             log.info("SFT step %d: validation accuracy %.3f", row["step"], row["sft/eval"])
 
+    texts = [(render_prompt(s, policy.tokenizer, cfg.data.chat_template), r) for s, r in pairs]
     result = run_sft(
         policy,
-        pairs,
+        texts,
         batch_size=cfg.sft.batch_size,
         lr=cfg.sft.lr,
         schedule="constant",

@@ -101,6 +101,7 @@ class Policy:
         temperature: float = 1.0,
         micro_batch_size: int | None = None,
         with_entropy: bool = False,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs (and optionally entropies) of `input_ids` under the model, `[B, L-1]` float32.
 
@@ -108,7 +109,8 @@ class Policy:
         `Batch`. Columns whose target is padding are 0. Positions come from the attention mask, so right
         padding never touches a real token and left padding also scores correctly. Differentiable when
         called under grad; with `micro_batch_size` the rows are scored in chunks (under grad the graphs of
-        all chunks are still kept, so the trainer should call this per micro-batch instead).
+        all chunks are still kept, so the trainer should call this per micro-batch instead). Entropy carries a
+        gradient only with `entropy_grad=True` (an entropy bonus); otherwise it is a detached metric.
         """
         if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
             raise ValueError(
@@ -121,14 +123,19 @@ class Policy:
         for start in range(0, input_ids.shape[0], chunk):
             ids = input_ids[start : start + chunk].to(device)
             mask = attention_mask[start : start + chunk].to(device)
-            lp, ent = self._score(ids, mask, temperature, with_entropy)
+            lp, ent = self._score(ids, mask, temperature, with_entropy, entropy_grad)
             log_probs.append(lp)
             if ent is not None:
                 entropies.append(ent)
         return torch.cat(log_probs), (torch.cat(entropies) if with_entropy else None)
 
     def _score(
-        self, ids: torch.Tensor, mask: torch.Tensor, temperature: float, with_entropy: bool
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         full_len = ids.shape[1]
         # Trailing columns that are padding in every row need no forward pass.
@@ -149,7 +156,9 @@ class Policy:
         lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
         ent = None
         if with_entropy:
-            ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
+            # As a metric only, entropy needs no graph: its [B, T, V] softmax would double peak memory.
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
         pad = full_len - keep
         if pad:
             lp = torch.nn.functional.pad(lp, (0, pad))

@@ -15,6 +15,7 @@ import torch
 
 from hone.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
 from hone.config import AlgorithmConfig, TrainerConfig
+from hone.seeding import derive_seed
 from hone.training.policy import Policy
 from hone.types import Batch
 
@@ -68,12 +69,17 @@ class RLTrainer:
             self.optimizer, trainer.schedule, trainer.warmup_steps, optimizer_steps
         )
 
+    @property
+    def _agg_mode(self) -> str:
+        """How KL and entropy terms aggregate: as the loss does when set, else per token."""
+        return self.algo.loss_agg or "token-mean"
+
     def _loss_kwargs(self) -> dict[str, object]:
-        kwargs: dict[str, object] = {"agg": self.algo.loss_agg, "norm_len": self.norm_len}
-        for key in ("clip_low", "clip_high", "dual_clip"):
+        kwargs: dict[str, object] = {"norm_len": self.norm_len}
+        for key in ("clip_low", "clip_high", "dual_clip", "loss_agg"):
             value = getattr(self.algo, key)
-            if value is not None:  # None: the loss's own default range
-                kwargs[key] = value
+            if value is not None:  # None: the loss's own default (range, aggregation)
+                kwargs["agg" if key == "loss_agg" else key] = value
         return kwargs
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -88,14 +94,14 @@ class RLTrainer:
         loss_kwargs = self._loss_kwargs()
         rows_total = batch.input_ids.shape[0]
         # Seeded per update so a resumed run shuffles exactly like an uninterrupted one.
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.updates)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "minibatch-shuffle", self.updates))
         sums: dict[str, float] = defaultdict(float)
         tokens_seen = 0.0
         grad_norms: list[float] = []
         for _ in range(self.cfg.ppo_epochs):
             shuffle = self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1
             order = torch.randperm(rows_total, generator=generator) if shuffle else torch.arange(rows_total)
-            for mini in order.chunk(self.cfg.mini_batches):
+            for mini in order.tensor_split(min(self.cfg.mini_batches, rows_total)):
                 num_tokens = batch.response_mask[mini].sum()
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in mini.split(self.cfg.micro_batch_size):
@@ -105,6 +111,7 @@ class RLTrainer:
                         batch.attention_mask[micro],
                         temperature=self.temperature,
                         with_entropy=True,
+                        entropy_grad=bool(self.algo.entropy_coef),
                     )
                     agg = {**loss_kwargs, "num_tokens": num_tokens, "num_seqs": len(mini)}
                     loss, metrics = loss_fn(
@@ -118,12 +125,12 @@ class RLTrainer:
                     agg_mode = {k: agg[k] for k in ("num_tokens", "num_seqs", "norm_len")}
                     if kl_in_loss:
                         kl = KL_ESTIMATORS[self.algo.kl.estimator](log_probs, batch.ref_log_probs[micro])
-                        kl_loss = aggregate_loss(kl, mask, self.algo.loss_agg, **agg_mode)
+                        kl_loss = aggregate_loss(kl, mask, self._agg_mode, **agg_mode)
                         loss = loss + self.algo.kl.coef * kl_loss
                         sums["kl"] += float((kl.detach() * mask).sum())
                     if self.algo.entropy_coef:
                         loss = loss - self.algo.entropy_coef * aggregate_loss(
-                            entropy, mask, self.algo.loss_agg, **agg_mode
+                            entropy, mask, self._agg_mode, **agg_mode
                         )
                     loss.backward()
                     n = float(mask.sum())
@@ -137,7 +144,7 @@ class RLTrainer:
                 self.optimizer.step()
                 self.scheduler.step()
         self.updates += 1
-        optimizer_steps = self.cfg.ppo_epochs * self.cfg.mini_batches
+        optimizer_steps = len(grad_norms)
         out = {key: sums.pop(key) / optimizer_steps for key in ("loss/policy", "loss/total")}
         out.update({key: value / max(tokens_seen, 1.0) for key, value in sums.items()})
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
