@@ -23,12 +23,12 @@ if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
 
 MAIN_KEYS = """main keys (override any as section.key=value):
-  run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every
+  run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every run.plugins
   model.path (tiny | local dir | hub name) model.dtype model.lora.r
   data.task data.task_args data.source data.eval_source data.prompts_per_step data.chat_template
   rollout.n rollout.temperature rollout.top_p rollout.max_new_tokens rollout.stop
   reward.fn (task | package.module:function)
-  algorithm.advantage (grpo dr_grpo rloo reinforce_pp reinforce_pp_baseline gae)
+  algorithm.advantage (grpo dr_grpo rloo reinforce_pp reinforce_pp_baseline)
   algorithm.policy_loss (ppo gspo cispo) algorithm.loss_agg algorithm.clip_low/clip_high/dual_clip
   algorithm.kl.coef algorithm.kl.estimator (k1 k2 k3) algorithm.kl.placement (loss | reward)
   trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
