@@ -34,7 +34,8 @@ class Sampler(Protocol):
     `generate` returns `params.n` rollouts per request, grouped in request order (all rollouts of
     request 0, then of request 1, ...), each carrying its request's `sample_id` and `group_id` and the
     sampler's `policy_version` at the time of sampling. `load_weights` installs new policy weights and
-    bumps `policy_version`, which is how off-policy staleness is measured downstream.
+    sets `policy_version`, so each rollout records which weights produced it (what an asynchronous
+    mode's staleness bound will check; the synchronous loop is always on-policy).
     """
 
     policy_version: int
