@@ -59,6 +59,16 @@ def test_grpo_groups_are_independent_and_singletons_get_zero() -> None:
     torch.testing.assert_close(col[:2], torch.tensor([0.7071, -0.7071]), atol=1e-4, rtol=0)
 
 
+def test_equal_rewards_after_float_rounding_still_give_zero_advantage() -> None:
+    # 0.5 * 0.2335... three times: the float mean differs from the values by an ulp (found by hypothesis)
+    value = 0.5 * 0.23350265692922156
+    rewards, mask = outcome([value] * 3, width=1)
+    adv, _ = ADVANTAGE_ESTIMATORS["grpo"](
+        token_rewards=rewards, response_mask=mask, group_ids=torch.zeros(3, dtype=torch.long), eps=0.0
+    )
+    assert torch.all(adv == 0)
+
+
 def test_rloo_uses_leave_one_out_mean() -> None:
     rewards, mask = outcome([1.0, 2.0, 6.0], width=2)
     adv, _ = ADVANTAGE_ESTIMATORS["rloo"](

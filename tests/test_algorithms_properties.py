@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, scores_to_token_rewards
 
-SETTINGS = settings(max_examples=40, deadline=None)
+# derandomize: CI must not be flaky; edge cases found by exploration are pinned as explicit tests.
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)
 
 
 @st.composite

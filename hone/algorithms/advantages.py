@@ -27,7 +27,8 @@ register_advantage = ADVANTAGE_ESTIMATORS.register
 def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per-row (group sum, group mean, unbiased group std, group size) of `scores` [B].
 
-    The std of a singleton group is reported as 0 (it is undefined; callers give such rows advantage 0).
+    The std of a singleton group, and of a group whose scores are all equal, is exactly 0 (a float mean
+    of equal values can be off by an ulp, which would otherwise leave a spurious tiny std).
     """
     if not scores.is_floating_point():
         scores = scores.float()
@@ -37,6 +38,9 @@ def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Te
     means = sums / counts_f
     sq_dev = torch.zeros_like(counts_f).index_add_(0, inverse, (scores - means[inverse]) ** 2)
     stds = (sq_dev / (counts_f - 1).clamp(min=1)).sqrt()
+    highest = torch.zeros_like(counts_f).scatter_reduce(0, inverse, scores, "amax", include_self=False)
+    lowest = torch.zeros_like(counts_f).scatter_reduce(0, inverse, scores, "amin", include_self=False)
+    stds = torch.where(highest == lowest, torch.zeros_like(stds), stds)
     return sums[inverse], means[inverse], stds[inverse], counts[inverse]
 
 
