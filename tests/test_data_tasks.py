@@ -130,3 +130,19 @@ def test_countdown_generator_is_always_solvable(seed: int, numbers: int, max_num
     assert len(sample.meta["numbers"]) == numbers
     assert task.reward(task.demonstration(sample), sample) == 1.0
     assert Fraction(sample.meta["target"]).denominator == 1
+
+
+def test_padded_arithmetic_has_fixed_widths_and_accepts_the_value_either_way() -> None:
+    from hone.data import get_task
+
+    task = get_task("arithmetic", min_digits=2, max_digits=3, pad=True)
+    samples = task.train_samples(50, seed=1)
+    assert all(len(s.prompt) == 8 and len(s.answer) == 4 for s in samples)  # "045+367=" → "0412"
+    s = next(x for x in samples if x.answer.startswith("0"))
+    assert task.reward(s.answer, s) == 1.0
+    assert task.reward(s.answer.lstrip("0"), s) == 1.0
+    assert task.reward(str(int(s.answer) + 1), s) == 0.0
+    assert task.reward("12a", s) == 0.0
+    plain = get_task("arithmetic", min_digits=2, max_digits=3)
+    same_problems = [(x.meta["a"], x.meta["b"]) for x in plain.eval_samples(20)]
+    assert same_problems == [(x.meta["a"], x.meta["b"]) for x in task.eval_samples(20)]  # same split
