@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import pass_at_k
-from hone.orchestration.prompts import encode_prompt
+from hone.orchestration.prompts import generation_requests
 from hone.rewards import RewardFn, score_rollouts
-from hone.rollout import GenerationRequest, Sampler
+from hone.rollout import Sampler
 from hone.types import Sample, SamplingParams
 
 # A response counts as correct when it earns full marks; composite rewards with bonuses exceed 1.
@@ -31,10 +31,7 @@ def evaluate(
     With `params.n == 1` and temperature 0 this is greedy accuracy; pass@k uses the unbiased estimator
     over `params.n` samples per problem.
     """
-    requests = [
-        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, chat_template)) for i, s in enumerate(samples)
-    ]
-    rollouts = sampler.generate(requests, params)
+    rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward_fn)
     correct = [0] * len(samples)
     for r in rollouts:

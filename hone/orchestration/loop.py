@@ -20,10 +20,9 @@ from hone.logging import MetricsLogger, Progress
 from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents, build_components, load_reference
 from hone.orchestration.evaluate import evaluate
-from hone.orchestration.prompts import PromptStream, encode_prompt
+from hone.orchestration.prompts import PromptStream, generation_requests
 from hone.orchestration.warmstart import sft_pairs, warm_start_sft
 from hone.rewards import score_rollouts
-from hone.rollout import GenerationRequest
 from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
 from hone.training.policy import Policy
@@ -100,11 +99,7 @@ def rl_step(
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     samples = stream.batch(step)
-    tokenizer = parts.policy.tokenizer
-    requests = [
-        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, cfg.data.chat_template))
-        for i, s in enumerate(samples)
-    ]
+    requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
     params = SamplingParams(
         n=cfg.rollout.n,
         temperature=cfg.rollout.temperature,

@@ -10,11 +10,10 @@ import json
 import logging
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase
-
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
 from hone.orchestration.evaluate import evaluate
+from hone.orchestration.prompts import render_prompt
 from hone.rewards import RewardFn
 from hone.rollout import Sampler
 from hone.training.policy import Policy
@@ -33,14 +32,6 @@ def sft_pairs(cfg: HoneConfig, task: Task | None) -> list[tuple[Sample, str]]:
         raise ValueError("sft.enabled with a dataset source needs sft.data (a prompt/response jsonl)")
     demos = task.train_samples(cfg.sft.examples, seed=cfg.run.seed + 7)
     return [(s, task.demonstration(s)) for s in demos]
-
-
-def render_prompt(sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> str:
-    """The prompt text exactly as RL will see it: chat messages rendered through the template."""
-    if chat_template or sample.messages is not None:
-        messages = sample.messages or [{"role": "user", "content": sample.prompt or ""}]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return sample.prompt or ""
 
 
 def warm_start_sft(
