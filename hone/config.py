@@ -100,8 +100,43 @@ class RolloutConfig(Section):
     max_batch_size: int = Field(512, ge=1)
 
 
+class RewardComponentConfig(Section):
+    fn: str = Field(description="a built-in reward name, 'task', or a dotted path 'pkg.mod:fn'")
+    weight: float = 1.0
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the reward's factory"
+    )
+    timeout_s: float | None = Field(None, gt=0, description="per-call timeout; default reward.timeout_s")
+
+
 class RewardConfig(Section):
-    fn: str = Field("task", description="'task' (the task's verifier) or a dotted path 'pkg.mod:fn'")
+    fn: str | None = Field(
+        None, description="one reward: a built-in name (math, code, format, ...), 'task', or 'pkg.mod:fn'"
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for reward.fn")
+    components: dict[str, RewardComponentConfig] = Field(
+        default_factory=dict, description="several rewards, summed with weights, each logged by name"
+    )
+    timeout_s: float = Field(30.0, gt=0, description="per-call timeout; a timed-out call scores 0")
+    max_concurrency: int = Field(16, ge=1, description="reward calls running at once")
+    sandbox_concurrency: int | None = Field(
+        None, ge=1, description="sandboxed programs running at once (code reward); default: CPU count"
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RewardConfig:
+        if self.fn is not None and self.components:
+            raise ValueError("set either reward.fn or reward.components, not both")
+        if self.args and self.fn is None:
+            raise ValueError("reward.args needs reward.fn (components take their own args)")
+        return self
+
+    def resolved(self) -> dict[str, RewardComponentConfig]:
+        """The components to build: `components`, or the single `fn` (default 'task') named after it."""
+        if self.components:
+            return dict(self.components)
+        fn = self.fn or "task"
+        return {fn.rpartition(":")[2]: RewardComponentConfig(fn=fn, args=self.args)}
 
 
 class KLConfig(Section):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import threading
+import time
 
 import pytest
 
 from hone.data import Arithmetic
-from hone.rewards import Score, as_score, compose, score_rollouts, task_reward
+from hone.rewards import RewardComponent, RewardScorer, Score, as_score, score_rollouts, task_reward
 from hone.types import Rollout, Sample
 
 
@@ -37,6 +40,7 @@ def test_score_rollouts_fills_rewards_in_place_and_reports_means() -> None:
     ]
     assert metrics == {
         "reward/errors": 0.0,
+        "reward/timeouts": 0.0,
         "reward/mean": pytest.approx(2 / 3),
         "reward/chars": pytest.approx(4 / 3),
     }
@@ -66,22 +70,94 @@ def test_unknown_sample_id_is_a_caller_bug_not_a_reward_error() -> None:
         score_rollouts([rollout("zzz", "2")], SAMPLES, exact)
 
 
-def test_compose_weights_values_and_keeps_unweighted_named_parts() -> None:
-    reward = compose({"correct": (exact, 1.0), "brevity": (short, 0.5)})
-    assert reward(rollout("a", "2"), SAMPLES["a"]) == Score(
-        1.5, {"correct": 1.0, "brevity": 1.0, "brevity/chars": 1.0}
-    )
-    assert reward(rollout("a", "22"), SAMPLES["a"]) == Score(
-        0.0, {"correct": 0.0, "brevity": 0.0, "brevity/chars": 2.0}
-    )
-    rollouts = [rollout("a", "2"), rollout("b", "3")]
-    metrics = score_rollouts(rollouts, SAMPLES, reward)
-    assert [r.reward for r in rollouts] == [1.5, 0.5]
-    assert metrics["reward/correct"] == 0.5 and metrics["reward/brevity"] == 1.0
+def test_components_weight_values_and_keep_unweighted_named_parts() -> None:
+    scorer = RewardScorer([RewardComponent("correct", exact, 1.0), RewardComponent("brevity", short, 0.5)])
+    rollouts = [rollout("a", "2"), rollout("a", "22"), rollout("b", "3")]
+    metrics = scorer.score(rollouts, SAMPLES)
+    assert [r.reward for r in rollouts] == [1.5, 0.0, 0.5]
+    assert rollouts[0].reward_parts == {"correct": 1.0, "brevity": 1.0, "brevity/chars": 1.0}
+    assert rollouts[1].reward_parts == {"correct": 0.0, "brevity": 0.0, "brevity/chars": 2.0}
+    assert metrics["reward/correct"] == pytest.approx(1 / 3) and metrics["reward/brevity"] == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="at least one"):
-        compose({})
+        RewardScorer([])
+    with pytest.raises(ValueError, match="unique"):
+        RewardScorer([RewardComponent("x", exact), RewardComponent("x", short)])
     with pytest.raises(ValueError, match="weight of 'x' is not finite"):
-        compose({"x": (exact, math.nan)})
+        RewardScorer([RewardComponent("x", exact, math.nan)])
+
+
+def test_a_failing_component_scores_zero_alone_and_the_others_still_count() -> None:
+    def broken(r: Rollout, s: Sample) -> float:
+        raise RuntimeError("judge down")
+
+    scorer = RewardScorer([RewardComponent("correct", exact, 1.0), RewardComponent("judge", broken, 0.5)])
+    rollouts = [rollout("a", "2")]
+    metrics = scorer.score(rollouts, SAMPLES)
+    assert rollouts[0].reward == 1.0 and rollouts[0].reward_parts == {"correct": 1.0, "judge": 0.0}
+    assert metrics["reward/errors"] == 1.0 and rollouts[0].metrics == {"reward/error": 1.0}
+
+
+def test_sync_and_async_calls_that_outlive_their_timeout_score_zero_and_are_counted() -> None:
+    release = threading.Event()
+
+    def hangs(r: Rollout, s: Sample) -> float:
+        if r.response_text == "hang":
+            release.wait(30)  # a stuck verifier thread: abandoned, never joined
+        return 1.0
+
+    async def slow(r: Rollout, s: Sample) -> float:
+        if r.response_text == "hang":
+            await asyncio.sleep(30)
+        return 1.0
+
+    try:
+        for fn in (hangs, slow):
+            rollouts = [rollout("a", "ok"), rollout("a", "hang"), rollout("b", "ok")]
+            started = time.monotonic()
+            metrics = RewardScorer(fn, timeout_s=0.3).score(rollouts, SAMPLES)
+            assert time.monotonic() - started < 5
+            assert [r.reward for r in rollouts] == [1.0, 0.0, 1.0]
+            assert metrics["reward/timeouts"] == 1.0 and metrics["reward/errors"] == 0.0
+            assert rollouts[1].metrics == {"reward/timeout": 1.0}
+    finally:
+        release.set()
+
+
+def test_async_rewards_run_concurrently_up_to_the_limit() -> None:
+    # Every call waits until 4 calls are in flight at once: run one at a time, they would all time out.
+    in_flight, peak, lock = 0, 0, threading.Lock()
+    everyone_here = threading.Barrier(4, timeout=5)
+
+    def meet(r: Rollout, s: Sample) -> float:
+        nonlocal in_flight, peak
+        with lock:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        everyone_here.wait()
+        time.sleep(0.05)
+        with lock:
+            in_flight -= 1
+        return 1.0
+
+    rollouts = [rollout("a", str(i)) for i in range(12)]
+    metrics = RewardScorer(meet, timeout_s=10, max_concurrency=4).score(rollouts, SAMPLES)
+    assert metrics["reward/mean"] == 1.0 and metrics["reward/timeouts"] == 0.0
+    assert peak == 4
+
+
+def test_a_batched_component_is_called_once_for_the_whole_batch() -> None:
+    class LengthModel:
+        calls = 0
+
+        def score_batch(self, rollouts: list[Rollout], samples: list[Sample]) -> list[float]:
+            LengthModel.calls += 1
+            return [len(r.response_text) / 10 for r in rollouts]
+
+    scorer = RewardScorer([RewardComponent("rm", LengthModel(), 2.0), RewardComponent("correct", exact)])
+    rollouts = [rollout("a", "2"), rollout("b", "4444")]
+    scorer.score(rollouts, SAMPLES)
+    assert LengthModel.calls == 1
+    assert [r.reward for r in rollouts] == [pytest.approx(1.2), pytest.approx(0.8)]
 
 
 def test_task_reward_adapts_a_task_verifier() -> None:

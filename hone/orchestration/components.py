@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from hone.config import HoneConfig
 from hone.data import Task, get_task, load_samples
 from hone.models import resolve_model
-from hone.rewards import RewardFn, task_reward
+from hone.rewards import REWARDS, RewardComponent, RewardScorer, task_reward
+from hone.rewards.sandbox import set_max_concurrency as set_sandbox_concurrency
 from hone.rollout import HFSampler, Sampler
 from hone.training.policy import LoraSettings, Policy
 from hone.types import Sample
@@ -28,7 +30,7 @@ class RunComponents:
     policy: Policy
     ref_policy: Policy | None
     sampler: Sampler
-    reward_fn: RewardFn
+    reward: RewardScorer
     train_samples: list[Sample]
     eval_samples: list[Sample]
     task: Task | None
@@ -59,24 +61,48 @@ def load_data(cfg: HoneConfig) -> tuple[Task | None, list[Sample], list[Sample]]
     return None, train, load_samples(data.eval_source, split="test", limit=eval_size, **fields)
 
 
-def load_reward(cfg: HoneConfig, task: Task | None) -> RewardFn:
-    spec = cfg.reward.fn
+def load_reward(cfg: HoneConfig, task: Task | None) -> RewardScorer:
+    """Build every reward component (factories run now, so a bad arg or path fails before training)."""
+    if cfg.reward.sandbox_concurrency is not None:
+        set_sandbox_concurrency(cfg.reward.sandbox_concurrency)
+    components = [
+        RewardComponent(name, _reward_fn(name, c.fn, c.args, task), c.weight, c.timeout_s)
+        for name, c in cfg.reward.resolved().items()
+    ]
+    return RewardScorer(
+        components, timeout_s=cfg.reward.timeout_s, max_concurrency=cfg.reward.max_concurrency
+    )
+
+
+def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) -> Any:
+    where = f"reward {name!r} (fn {spec!r})"
     if spec == "task":
         if task is None:
             raise ValueError(
-                "reward.fn 'task' needs data.task; for a dataset set reward.fn to 'module:function'"
+                f"{where} needs data.task; for a dataset choose a built-in reward or 'pkg.mod:fn'"
             )
+        if args:
+            raise ValueError(f"{where} takes no args")
         return task_reward(task)
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        raise ValueError(f"reward.fn {spec!r}: expected 'task' or a dotted path 'package.module:function'")
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"{where} cannot be imported: {e}") from None
+        if not callable(obj):
+            raise ValueError(f"{where} is not callable")
+        factory = obj if args else None  # with args the object is a factory, as built-in rewards are
+    elif spec in REWARDS:
+        factory = REWARDS[spec]
+    else:
+        raise ValueError(f"{where}: unknown reward; built-in: {', '.join(sorted(REWARDS))}, or 'pkg.mod:fn'")
+    if factory is None:
+        return obj
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward.fn {spec!r} cannot be imported: {e}") from None
-    if not callable(fn):
-        raise ValueError(f"reward.fn {spec!r} is not callable")
-    return fn
+        return factory(**args)
+    except TypeError as e:
+        raise ValueError(f"{where}: bad args {args}: {e}") from None
 
 
 def load_policy(cfg: HoneConfig, path: str) -> Policy:
@@ -99,7 +125,7 @@ def load_reference(cfg: HoneConfig, start_dir: str) -> Policy:
 
 def build_components(cfg: HoneConfig) -> RunComponents:
     task, train_samples, eval_samples = load_data(cfg)
-    reward_fn = load_reward(cfg, task)
+    reward = load_reward(cfg, task)
     model_path = resolve_model(cfg.model.path)
     policy = load_policy(cfg, model_path)
     tokenizer = policy.tokenizer
@@ -107,6 +133,4 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     # In-process and synchronous, the sampler shares the policy's model object: no weight copies.
     engines = {"hf": lambda: HFSampler(policy.model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)}
     sampler = engines[cfg.rollout.engine]()
-    return RunComponents(
-        policy, None, sampler, reward_fn, train_samples, eval_samples, task, pad_id, model_path
-    )
+    return RunComponents(policy, None, sampler, reward, train_samples, eval_samples, task, pad_id, model_path)

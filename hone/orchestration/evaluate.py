@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import pass_at_k
 from hone.orchestration.prompts import generation_requests
-from hone.rewards import RewardFn, score_rollouts
+from hone.rewards import RewardFn, RewardScorer, score_rollouts
 from hone.rollout import Sampler
 from hone.types import Sample, SamplingParams
 
@@ -20,7 +20,7 @@ def evaluate(
     sampler: Sampler,
     tokenizer: PreTrainedTokenizerBase,
     samples: Sequence[Sample],
-    reward_fn: RewardFn,
+    reward: RewardScorer | RewardFn,
     params: SamplingParams,
     *,
     chat_template: bool = False,
@@ -32,7 +32,7 @@ def evaluate(
     over `params.n` samples per problem.
     """
     rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
-    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward_fn)
+    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)
     correct = [0] * len(samples)
     for r in rollouts:
         correct[r.group_id] += r.reward >= CORRECT_AT

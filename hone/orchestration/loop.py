@@ -111,7 +111,7 @@ def rl_step(
     )
     rollouts = parts.sampler.generate(requests, params)
     t_sample = time.perf_counter()
-    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, parts.reward_fn)
+    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, parts.reward)
     metrics["response_length/mean"] = sum(r.response_len for r in rollouts) / len(rollouts)
     metrics["response_length/clip_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
     new_tokens = sum(r.response_len for r in rollouts)
@@ -151,7 +151,7 @@ def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
         parts.sampler,
         parts.policy.tokenizer,
         parts.eval_samples,
-        parts.reward_fn,
+        parts.reward,
         params,
         chat_template=cfg.data.chat_template,
         ks=cfg.eval.k,
@@ -225,7 +225,7 @@ def _train(
     sft_dir = run_dir / "sft"
     if sft_data is not None:
         warm_start_sft(
-            cfg, parts.policy, parts.sampler, sft_data, parts.train_samples, parts.reward_fn, sft_dir
+            cfg, parts.policy, parts.sampler, sft_data, parts.train_samples, parts.reward, sft_dir
         )
     if cfg.algorithm.kl.coef > 0:
         parts.ref_policy = load_reference(cfg, str(sft_dir) if sft_dir.is_dir() else parts.model_path)

@@ -14,7 +14,7 @@ from hone.config import HoneConfig
 from hone.data import Task, load_samples
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import render_prompt
-from hone.rewards import RewardFn
+from hone.rewards import RewardFn, RewardScorer
 from hone.rollout import Sampler
 from hone.training.policy import Policy
 from hone.training.sft import run_sft
@@ -40,7 +40,7 @@ def warm_start_sft(
     sampler: Sampler,
     pairs: list[tuple[Sample, str]],
     train_samples: list[Sample],
-    reward_fn: RewardFn,
+    reward: RewardScorer | RewardFn,
     out_dir: Path,
 ) -> dict[str, float]:
     val = train_samples[: cfg.sft.val_size]
@@ -50,7 +50,7 @@ def warm_start_sft(
 
     def val_accuracy() -> float:
         return evaluate(
-            sampler, policy.tokenizer, val, reward_fn, greedy, chat_template=cfg.data.chat_template
+            sampler, policy.tokenizer, val, reward, greedy, chat_template=cfg.data.chat_template
         )["eval/accuracy"]
 
     history: list[dict[str, float]] = []

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from hone.types import Rollout, Sample
 
@@ -23,7 +23,14 @@ class Score:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-RewardFn = Callable[[Rollout, Sample], Score | float]
+RewardFn = Callable[[Rollout, Sample], "Score | float | Awaitable[Score | float]"]
+
+
+@runtime_checkable
+class BatchRewardFn(Protocol):
+    """A reward that scores many rollouts in one call (a reward model's batched forward pass)."""
+
+    def score_batch(self, rollouts: Sequence[Rollout], samples: Sequence[Sample]) -> list[Score | float]: ...
 
 
 class TextVerifier(Protocol):
@@ -46,28 +53,6 @@ def _finite(value: object, what: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{what} is not finite: {value}")
     return float(value)
-
-
-def compose(components: Mapping[str, tuple[RewardFn, float]]) -> RewardFn:
-    """Weighted sum of reward functions. Each component's unweighted value is kept as part `name`
-    (and its own parts as `name/part`), so logs show e.g. accuracy as 0/1 whatever its weight.
-    """
-    if not components:
-        raise ValueError("compose needs at least one reward component")
-    for name, (_, weight) in components.items():
-        _finite(weight, f"weight of {name!r}")
-    items = list(components.items())
-
-    def composed(rollout: Rollout, sample: Sample) -> Score:
-        total, parts = 0.0, {}
-        for name, (fn, weight) in items:
-            score = as_score(fn(rollout, sample))
-            total += weight * score.value
-            parts[name] = score.value
-            parts.update({f"{name}/{sub}": v for sub, v in score.parts.items()})
-        return Score(total, parts)
-
-    return composed
 
 
 def task_reward(task: TextVerifier) -> RewardFn:

@@ -1,53 +1,223 @@
-"""Score a batch of rollouts in place, isolating failures of individual reward calls.
+"""Score rollouts: weighted reward components, run concurrently, each call under a timeout.
 
-Why never raise: one malformed response that trips a verifier must not kill an hours-long run; it
-scores 0 and is counted in `reward/errors`, which is visible in the metrics, and the first failure in
-each batch is logged with its traceback.
+Why never raise: one malformed response that trips a verifier, or one hung LLM-judge request, must
+not kill an hours-long run. A component call that raises, returns a non-finite/non-numeric value, or
+outlives its timeout contributes 0 for that rollout and is counted in `reward/errors` or
+`reward/timeouts`; the first failure of each batch is logged with its traceback.
+
+Concurrency: async reward functions run on one event loop; sync ones each run in a daemon thread
+(a thread stuck in, say, a pathological sympy simplification cannot be killed, but it is abandoned at
+its timeout and cannot keep the process from exiting). At most `max_concurrency` calls run at once;
+the timeout clock of a call starts when the call does, not while it waits for a slot. A batched
+component (`score_batch`, e.g. a reward model) is one call for the whole batch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from hone.rewards.base import RewardFn, as_score
+from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
 from hone.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
 
 
-def score_rollouts(
-    rollouts: Sequence[Rollout], samples_by_id: Mapping[str, Sample], reward_fn: RewardFn
-) -> dict[str, float]:
-    """Set `reward` and `reward_parts` on every rollout; return `reward/errors`, `reward/mean` and
-    `reward/<part>` (mean over the rollouts that reported that part).
+@dataclass
+class RewardComponent:
+    """One term of the reward: `weight * fn(...)`, logged unweighted as `reward/<name>`."""
 
-    A rollout whose sample is missing is a caller bug and raises `KeyError`; a reward function that
-    raises or returns a non-finite or non-numeric value gives that rollout reward 0, no parts, and
-    `metrics["reward/error"] = 1.0`.
+    name: str
+    fn: RewardFn | BatchRewardFn
+    weight: float = 1.0
+    timeout_s: float | None = None  # None: the scorer's default
+
+
+class _Failure:
+    def __init__(self, kind: str, error: BaseException | None = None) -> None:
+        self.kind, self.error = kind, error  # kind: "error" | "timeout"
+
+
+class RewardScorer:
+    """Fill `reward` and `reward_parts` of rollouts from weighted components.
+
+    With a single component its own sub-parts are logged as `reward/<part>`; with several, each
+    component's unweighted value is `reward/<name>` and its sub-parts `reward/<name>/<part>`.
     """
-    errors = 0
-    part_values: dict[str, list[float]] = {}
-    for rollout in rollouts:
-        if rollout.sample_id not in samples_by_id:
-            raise KeyError(f"rollout refers to unknown sample id {rollout.sample_id!r}")
+
+    def __init__(
+        self,
+        components: Sequence[RewardComponent] | RewardFn,
+        *,
+        timeout_s: float = 30.0,
+        max_concurrency: int = 16,
+    ) -> None:
+        if callable(components) or isinstance(components, BatchRewardFn):
+            components = [RewardComponent("reward", components)]  # type: ignore[arg-type]
+        if not components:
+            raise ValueError("a reward needs at least one component")
+        names = [c.name for c in components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward component names must be unique: {names}")
+        for c in components:
+            if not math.isfinite(c.weight):
+                raise ValueError(f"weight of {c.name!r} is not finite: {c.weight}")
+        if max_concurrency < 1 or timeout_s <= 0:
+            raise ValueError("max_concurrency must be ≥ 1 and timeout_s > 0")
+        self.components = list(components)
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+
+    def score(self, rollouts: Sequence[Rollout], samples_by_id: Mapping[str, Sample]) -> dict[str, float]:
+        """Score in place; return `reward/mean`, `reward/errors`, `reward/timeouts`, `reward/<part>`."""
+        for rollout in rollouts:
+            if rollout.sample_id not in samples_by_id:
+                raise KeyError(f"rollout refers to unknown sample id {rollout.sample_id!r}")
+        samples = [samples_by_id[r.sample_id] for r in rollouts]
+        results = asyncio.run(self._score_all(rollouts, samples)) if rollouts else []
+        return self._combine(rollouts, results)
+
+    async def _score_all(
+        self, rollouts: Sequence[Rollout], samples: Sequence[Sample]
+    ) -> list[list[Score | _Failure]]:
+        slots = asyncio.Semaphore(self.max_concurrency)
+        per_component = []
+        for comp in self.components:
+            timeout = comp.timeout_s or self.timeout_s
+            if isinstance(comp.fn, BatchRewardFn):
+                per_component.append(self._batch(comp.fn, rollouts, samples, timeout, slots))
+            else:
+                calls = [
+                    self._one(comp.fn, r, s, timeout, slots) for r, s in zip(rollouts, samples, strict=True)
+                ]
+                per_component.append(_gather(calls))
+        return list(await asyncio.gather(*per_component))
+
+    async def _one(
+        self, fn: RewardFn, rollout: Rollout, sample: Sample, timeout: float, slots: asyncio.Semaphore
+    ) -> Score | _Failure:
+        async with slots:
+            try:
+                if _is_async(fn):
+                    result = await asyncio.wait_for(fn(rollout, sample), timeout)  # type: ignore[arg-type]
+                else:
+                    result = await asyncio.wait_for(_in_thread(fn, rollout, sample), timeout)
+                    if inspect.isawaitable(result):
+                        result = await asyncio.wait_for(result, timeout)
+                return as_score(result)
+            except TimeoutError:
+                return _Failure("timeout")
+            except Exception as e:
+                return _Failure("error", e)
+
+    async def _batch(
+        self,
+        fn: BatchRewardFn,
+        rollouts: Sequence[Rollout],
+        samples: Sequence[Sample],
+        timeout: float,
+        slots: asyncio.Semaphore,
+    ) -> list[Score | _Failure]:
+        async with slots:
+            try:
+                values = await asyncio.wait_for(_in_thread(fn.score_batch, rollouts, samples), timeout)
+                if len(values) != len(rollouts):
+                    raise ValueError(
+                        f"score_batch returned {len(values)} scores for {len(rollouts)} rollouts"
+                    )
+                return [as_score(v) for v in values]
+            except TimeoutError:
+                return [_Failure("timeout")] * len(rollouts)
+            except Exception as e:
+                return [_Failure("error", e)] * len(rollouts)
+
+    def _combine(
+        self, rollouts: Sequence[Rollout], results: list[list[Score | _Failure]]
+    ) -> dict[str, float]:
+        errors = timeouts = 0
+        part_values: dict[str, list[float]] = {}
+        single = len(self.components) == 1
+        for i, rollout in enumerate(rollouts):
+            total, parts = 0.0, {}
+            for comp, comp_results in zip(self.components, results, strict=False):
+                score = comp_results[i]
+                if isinstance(score, _Failure):
+                    if score.kind == "timeout":
+                        timeouts += 1
+                        rollout.metrics["reward/timeout"] = 1.0
+                    else:
+                        if errors == 0:
+                            logger.warning(
+                                "reward %r failed on sample %r; scoring 0",
+                                comp.name,
+                                rollout.sample_id,
+                                exc_info=score.error,
+                            )
+                        errors += 1
+                        rollout.metrics["reward/error"] = 1.0
+                    score = Score(0.0)
+                total += comp.weight * score.value
+                if single:
+                    parts.update(score.parts)
+                else:
+                    parts[comp.name] = score.value
+                    parts.update({f"{comp.name}/{sub}": v for sub, v in score.parts.items()})
+            rollout.reward, rollout.reward_parts = total, parts
+            for name, value in parts.items():
+                part_values.setdefault(name, []).append(value)
+        # Part means first, so that a part called "errors" or "mean" cannot shadow the canonical names.
+        metrics = {f"reward/{name}": sum(v) / len(v) for name, v in part_values.items()}
+        metrics["reward/errors"] = float(errors)
+        metrics["reward/timeouts"] = float(timeouts)
+        if rollouts:
+            metrics["reward/mean"] = sum(r.reward for r in rollouts) / len(rollouts)
+        return metrics
+
+
+def score_rollouts(
+    rollouts: Sequence[Rollout], samples_by_id: Mapping[str, Sample], reward: RewardScorer | RewardFn
+) -> dict[str, float]:
+    """Score with `reward` (a scorer, or one reward function with default timeout and concurrency)."""
+    scorer = reward if isinstance(reward, RewardScorer) else RewardScorer(reward)
+    return scorer.score(rollouts, samples_by_id)
+
+
+async def _gather(calls: Sequence[Any]) -> list[Any]:
+    return list(await asyncio.gather(*calls))
+
+
+def _is_async(fn: object) -> bool:
+    call = type(fn).__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """Run `fn(*args)` in a daemon thread (unlike an executor's, it never blocks interpreter exit)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # timed out and cancelled meanwhile
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
         try:
-            score = as_score(reward_fn(rollout, samples_by_id[rollout.sample_id]))
-        except Exception:
-            if errors == 0:
-                logger.warning(
-                    "reward function failed on sample %r; scoring 0", rollout.sample_id, exc_info=True
-                )
-            errors += 1
-            rollout.reward, rollout.reward_parts = 0.0, {}
-            rollout.metrics["reward/error"] = 1.0
-            continue
-        rollout.reward, rollout.reward_parts = score.value, dict(score.parts)
-        for name, value in score.parts.items():
-            part_values.setdefault(name, []).append(value)
-    # Part means first, so that a part called "errors" or "mean" cannot shadow the canonical names.
-    metrics = {f"reward/{name}": sum(v) / len(v) for name, v in part_values.items()}
-    metrics["reward/errors"] = float(errors)
-    if rollouts:
-        metrics["reward/mean"] = sum(r.reward for r in rollouts) / len(rollouts)
-    return metrics
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as e:
+            outcome = (None, e)
+        with contextlib.suppress(RuntimeError):  # a closed loop: the call was abandoned at its timeout
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=target, name="hone-reward", daemon=True).start()
+    return future

@@ -1,0 +1,22 @@
+"""Built-in reward functions by name, so a recipe can say `reward.fn: math`.
+
+An entry is a *factory*: it takes the recipe's `args` as keyword arguments and returns either a
+per-rollout `RewardFn` (sync or `async`) or a `BatchRewardFn` (an object with `score_batch`, for
+reward models that want one forward pass over many responses). A new reward is one class or
+function plus `@register_reward("name")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hone.algorithms.registry import Registry
+
+RewardFactory = Callable[..., Any]
+REWARDS: Registry[RewardFactory] = Registry("reward")
+
+
+def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
+    """Decorator: make `factory(**args)` available as `reward.fn: name` in recipes."""
+    return REWARDS.register(name)
