@@ -77,7 +77,9 @@ def test_components_weight_values_and_keep_unweighted_named_parts() -> None:
     assert [r.reward for r in rollouts] == [1.5, 0.0, 0.5]
     assert rollouts[0].reward_parts == {"correct": 1.0, "brevity": 1.0, "brevity/chars": 1.0}
     assert rollouts[1].reward_parts == {"correct": 0.0, "brevity": 0.0, "brevity/chars": 2.0}
-    assert metrics["reward/correct"] == pytest.approx(1 / 3) and metrics["reward/brevity"] == pytest.approx(2 / 3)
+    assert metrics["reward/correct"] == pytest.approx(1 / 3) and metrics["reward/brevity"] == pytest.approx(
+        2 / 3
+    )
     with pytest.raises(ValueError, match="at least one"):
         RewardScorer([])
     with pytest.raises(ValueError, match="unique"):

@@ -1,15 +1,17 @@
 """Rewards: `Score`, the reward-function protocols, built-in verifiers by name, and the scorer.
 
 Importing this package registers the built-in rewards (`REWARDS`): `math`, `code`, `format`,
-`overlong`, `length`, `reward_model`, `judge`. Heavy dependencies (transformers, math-verify) load on
-first use, not here.
+`overlong`, `length`, `reward_model`, `judge`. math-verify (sympy) loads on first use.
 """
 
-from hone.rewards import code as _code  # noqa: F401 - registers "code"
+# Each module registers its rewards on import.
+from hone.rewards import code, judge, math, model, shaping  # noqa: F401
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, TextVerifier, as_score, task_reward
 from hone.rewards.code import code_reward, extract_code
+from hone.rewards.math import extract_answer, math_reward
 from hone.rewards.registry import REWARDS, register_reward
 from hone.rewards.scoring import RewardComponent, RewardScorer, score_rollouts
+from hone.rewards.shaping import overlong_penalty
 
 __all__ = [
     "REWARDS",
@@ -21,7 +23,10 @@ __all__ = [
     "TextVerifier",
     "as_score",
     "code_reward",
+    "extract_answer",
     "extract_code",
+    "math_reward",
+    "overlong_penalty",
     "register_reward",
     "score_rollouts",
     "task_reward",

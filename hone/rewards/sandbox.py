@@ -86,7 +86,7 @@ class SandboxResult:
 
 
 @dataclass(frozen=True)
-class SandboxLimits:
+class SandboxOptions:
     timeout_s: float = 5.0
     memory_mb: int = 512
     max_processes: int = 32
@@ -94,6 +94,7 @@ class SandboxLimits:
     max_open_files: int = 64
     tmpfs_mb: int = 64  # size of /work and /tmp under bwrap
     max_output_bytes: int = 64 * 1024  # returned to the caller; the rest is dropped
+    python: str | None = None  # interpreter for the program; default: the trainer's base interpreter
 
 
 class _Slots:
@@ -112,7 +113,7 @@ class _Slots:
         with self._cond:
             while not self._free:
                 self._cond.wait()
-            return self._free.pop()
+            return self._free.pop(0)  # FIFO: a uid just used rests while the others run
 
     def release(self, slot: int) -> None:
         with self._cond:
@@ -166,13 +167,19 @@ def run_python(
     timeout_s: float = 5,
     memory_mb: int = 512,
     *,
-    limits: SandboxLimits | None = None,
+    limits: SandboxOptions | None = None,
     isolation: Isolation = "auto",
 ) -> SandboxResult:
     """Run `code` as a Python program with `stdin`; never raises for anything the program does."""
-    base = limits or SandboxLimits()
-    limits = SandboxLimits(**{**vars(base), "timeout_s": timeout_s, "memory_mb": memory_mb})
+    base = limits or SandboxOptions()
+    limits = SandboxOptions(**{**vars(base), "timeout_s": timeout_s, "memory_mb": memory_mb})
     mode = resolve_isolation(isolation)
+    if mode == "process" and os.geteuid() == 0 and not _runnable_by_others(_python(limits)):
+        raise RuntimeError(
+            f"process isolation drops root to an unprivileged uid, which cannot run {_python(limits)} "
+            "(a parent directory is private); pass an interpreter other users can run "
+            "(e.g. python='/usr/bin/python3'), or install bubblewrap"
+        )
     slot = _slots.acquire()
     try:
         return _run(code, stdin, limits, mode, slot)
@@ -180,16 +187,23 @@ def run_python(
         _slots.release(slot)
 
 
-def _python() -> str:
+def _python(options: SandboxOptions | None = None) -> str:
     """The base interpreter (a venv's python is a symlink into a prefix the sandbox may not see)."""
+    if options is not None and options.python:
+        return os.path.realpath(shutil.which(options.python) or options.python)
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def _runnable_by_others(path: str) -> bool:
+    """Whether a dropped-privilege uid can reach `path` (a pyenv under a 0700 /root is not)."""
+    return all(os.stat(p).st_mode & 0o001 for p in _ancestors(path)) and bool(os.stat(path).st_mode & 0o005)
 
 
 def _sandbox_uid(slot: int) -> int | None:
     return SANDBOX_UID_BASE + slot if os.geteuid() == 0 else None
 
 
-def _rlimits(limits: SandboxLimits) -> dict[str, int]:
+def _rlimits(limits: SandboxOptions) -> dict[str, int]:
     mb = 1 << 20
     return {
         "RLIMIT_AS": limits.memory_mb * mb,
@@ -225,7 +239,18 @@ def _bwrap_args(workdir: str, tmpfs_bytes: int, uid: int | None) -> list[str]:
         args += [arg for p in parents for arg in ("--perms", "0755", "--dir", p)]
         args += ["--ro-bind", prefix, prefix]
     size = str(tmpfs_bytes)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", "1048576", "--tmpfs", "/dev/shm"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        "1048576",
+        "--tmpfs",
+        "/dev/shm",
+    ]
     args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
     args += ["--perms", "0777", "--size", size, "--tmpfs", "/work"]
     args += ["--ro-bind", os.path.join(workdir, "solution.py"), "/work/solution.py"] if workdir else []
@@ -245,9 +270,9 @@ def _env(home: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 
 
-def _command(workdir: str, limits: SandboxLimits, mode: str, uid: int | None) -> list[str]:
+def _command(workdir: str, limits: SandboxOptions, mode: str, uid: int | None) -> list[str]:
     cfg = json.dumps({"rlimits": _rlimits(limits), "uid": uid})
-    python = [_python(), "-I", "-c", _BOOT, cfg]
+    python = [_python(limits), "-I", "-c", _BOOT, cfg]
     if mode == "process":
         return python
     env = [arg for key, value in _env("/work").items() for arg in ("--setenv", key, value)]
@@ -259,7 +284,7 @@ def _command(workdir: str, limits: SandboxLimits, mode: str, uid: int | None) ->
     ]
 
 
-def _run(code: str, stdin: str, limits: SandboxLimits, mode: str, slot: int) -> SandboxResult:
+def _run(code: str, stdin: str, limits: SandboxOptions, mode: str, slot: int) -> SandboxResult:
     uid = _sandbox_uid(slot)
     workdir = tempfile.mkdtemp(prefix="hone-sandbox-")
     try:
@@ -275,7 +300,7 @@ def _run(code: str, stdin: str, limits: SandboxLimits, mode: str, slot: int) -> 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _execute(workdir: str, stdin: str, limits: SandboxLimits, mode: str, uid: int | None) -> SandboxResult:
+def _execute(workdir: str, stdin: str, limits: SandboxOptions, mode: str, uid: int | None) -> SandboxResult:
     # Output goes to files, not pipes: RLIMIT_FSIZE then caps it in the kernel, and the trainer never
     # buffers more than it reads back.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
@@ -315,10 +340,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _kill_uid(uid: int) -> None:
-    """Kill every process of the sandbox uid (a daemon that left the process group, process mode)."""
-    subprocess.run(
-        ["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[], capture_output=True, check=False
-    )
+    """Kill every process of the sandbox uid (e.g. a daemon that left the process group) and wait
+    until the kernel has reaped them: zombies still count against the next call's RLIMIT_NPROC.
+    `kill -1` run *as that uid* can reach exactly that uid's processes."""
+    deadline = time.monotonic() + 2.0
+    while _processes_of(uid) and time.monotonic() < deadline:
+        subprocess.run(
+            ["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[], capture_output=True, check=False
+        )
+        time.sleep(0.005)
+
+
+def _processes_of(uid: int) -> bool:
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            try:
+                if entry.name.isdigit() and entry.stat().st_uid == uid:
+                    return True
+            except OSError:  # exited while we looked
+                continue
+    return False
 
 
 def _read(file: object, limit: int) -> tuple[str, bool]:

@@ -1,0 +1,265 @@
+"""The math verifier: extraction rules and their priority, math-verify equivalence, the numeric fast
+path, peers' known bugs, worker threads and signal timers, and the registered `math` reward.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from hone.rewards import math as math_module
+from hone.rewards.math import MAX_ANSWER_CHARS, extract_answer, math_reward, math_verifier
+from hone.rewards.registry import REWARDS
+from hone.types import Rollout, Sample
+
+GSM8K_SOLUTION = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+
+
+def case(case_id: str, response: str, answer: str, expected: float) -> object:
+    return pytest.param(response, answer, expected, id=case_id)
+
+
+CASES = [
+    # --- \boxed and friends ---
+    case("boxed-int", r"So the total is $\boxed{42}$.", "42", 1.0),
+    case("boxed-wrong-int", r"\boxed{41}", "42", 0.0),
+    case("boxed-nested-braces-frac", r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+    case("boxed-frac-vs-frac", r"\boxed{\frac{1}{2}}", r"\frac{1}{2}", 1.0),
+    case("boxed-dfrac", r"\boxed{\dfrac{3}{4}}", "0.75", 1.0),
+    case("boxed-frac12-shorthand", r"\boxed{\frac12}", "0.5", 1.0),
+    case("boxed-decimal-vs-latex-gold", r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+    case("boxed-last-wins", r"First \boxed{3}; on reflection \boxed{5}.", "5", 1.0),
+    case("boxed-last-wins-earlier-is-not-credited", r"First \boxed{3}; on reflection \boxed{5}.", "3", 0.0),
+    case("boxed-doubly-boxed", r"\boxed{\boxed{5}}", "5", 1.0),
+    case("boxed-doubly-boxed-frac", r"\boxed{\boxed{\frac{2}{3}}}", r"\frac{2}{3}", 1.0),
+    case("boxed-box-inside-equation", r"\boxed{x = \boxed{5}}", "5", 1.0),
+    case("fbox", r"\fbox{7}", "7", 1.0),
+    case("fbox-after-boxed-is-last", r"\boxed{1} then \fbox{2}", "2", 1.0),
+    case("boxed-space-no-braces", r"$\boxed 5$", "5", 1.0),
+    case("boxed-space-no-braces-period", r"The answer: \boxed 12.", "12", 1.0),
+    case("boxed-space-not-beating-later-box", r"\boxed 3 then \boxed{5}", "5", 1.0),
+    case("boxed-space-before-brace", r"\boxed {8}", "8", 1.0),
+    case("boxed-in-display-math-negative", r"$$\boxed{-2}$$", "-2", 1.0),
+    case("boxed-bold", r"\boxed{\mathbf{5}}", "5", 1.0),
+    case("boxed-text-choice", r"\boxed{\text{(B)}}", "B", 1.0),
+    case("boxed-text-choice-wrong", r"\boxed{\text{(C)}}", "B", 0.0),
+    case("boxed-empty", r"\boxed{} and the result is 5", "5", 0.0),
+    case("boxed-unclosed-truncated", r"so the answer is \boxed{12", "12", 0.0),
+    case("boxed-unclosed-last-does-not-fall-back", r"\boxed{12} wait, \boxed{1", "12", 0.0),
+    case("boxed-beats-answer-is-and-final-number", r"\boxed{5}. The answer is 6, not 7", "5", 1.0),
+    case("gold-boxed", r"\boxed{6}", r"\boxed{6}", 1.0),
+    case("gold-math-solution", "x = 0.25", r"Thus $x=\boxed{\frac{1}{4}}$.", 1.0),
+    case("gold-latex-not-reextracted", r"\boxed{2}", r"\frac{1}{2}", 0.0),
+    # --- sets, intervals, tuples ---
+    case("set-order", r"\boxed{\{2,1\}}", r"\{1,2\}", 1.0),
+    case("set-extra-element", r"\boxed{\{1,2,3\}}", r"\{1,2\}", 0.0),
+    case("solutions-list-unordered", r"\boxed{3, -1}", "-1, 3", 1.0),
+    case("interval-half-open", r"\boxed{(0,1]}", "(0,1]", 1.0),
+    case("interval-wrong-bracket", r"\boxed{[0,1]}", "(0,1]", 0.0),
+    case("interval-gold-with-space", r"\boxed{[0,1)}", "[0, 1)", 1.0),
+    case("interval-infinity", r"\boxed{(-\infty, 3]}", r"(-\infty,3]", 1.0),
+    # --- units, currency, percentages ---
+    case("units-text-cm", r"\boxed{5\text{ cm}}", "5", 1.0),
+    case("units-mbox", r"\boxed{8 \mbox{ inches}}", "8", 1.0),
+    case("units-degrees", r"\boxed{90^\circ}", "90", 1.0),
+    case("dollars-escaped", r"\boxed{\$5}", "5", 1.0),
+    case("dollars-thousands-cents", r"\boxed{\$1,234.50}", "1234.5", 1.0),
+    case("percent-vs-decimal", r"\boxed{50\%}", "0.5", 1.0),
+    case("percent-vs-its-number-math-verify-leniency", r"\boxed{50\%}", "50", 1.0),
+    case("decimal-percent-not-its-number", r"\boxed{0.5\%}", "0.5", 0.0),
+    # --- symbolic ---
+    case("sqrt-simplified", r"\boxed{2\sqrt{3}}", r"\sqrt{12}", 1.0),
+    case("pi-over-two", r"\boxed{\pi/2}", r"\frac{\pi}{2}", 1.0),
+    case("pi-approximation-wrong", r"\boxed{3.14}", r"\pi", 0.0),
+    case("polynomial-expanded", r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+    case("assignment-vs-value", r"\boxed{x = 5}", "5", 1.0),
+    case("matrix", r"\boxed{\begin{pmatrix}1\\2\end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}", 1.0),
+    case("float-six-places-vs-fraction", r"\boxed{0.333333}", r"\frac{1}{3}", 1.0),
+    case("float-three-places-vs-fraction", r"\boxed{0.333}", r"\frac13", 0.0),
+    # --- GSM8K #### ---
+    case("gsm8k", "16 - 3 = 13 eggs are left.\n#### 13", "13", 1.0),
+    case("gsm8k-wrong", "#### 17", "18", 0.0),
+    case("gsm8k-thousands", "#### 1,000", "1000", 1.0),
+    case("gsm8k-currency", "#### $18", "18", 1.0),
+    case("gsm8k-beats-later-numbers", "#### 18\nCheck: 9 + 9 = 18 and 9 * 11 = 99", "18", 1.0),
+    case("gsm8k-gold-full-solution", "#### 72", GSM8K_SOLUTION, 1.0),
+    case("gsm8k-markdown-heading-is-not-an-answer", "#### Step 1\n3 + 4 = 7", "7", 1.0),
+    case("gsm8k-numbered-heading-is-not-an-answer", "#### 2. Solve\nx = 5", "5", 1.0),
+    case("boxed-beats-gsm8k", "\\boxed{5}\n#### 6", "5", 1.0),
+    # --- "the answer is" ---
+    case("answer-is-period", "The answer is 42.", "42", 1.0),
+    case("answer-is-uppercase", "so THE ANSWER IS 7", "7", 1.0),
+    case("answer-is-last-wins", "The answer is 3? No, the answer is 4.", "4", 1.0),
+    case("answer-is-decimal-vs-fraction", "The answer is 3.5.", "7/2", 1.0),
+    case("answer-is-latex", r"The final answer is $\frac{3}{4}$.", "0.75", 1.0),
+    case("answer-is-beats-later-numbers", "The answer is 12. Check: 3 + 9 = 12, and 12 - 3 = 9.", "12", 1.0),
+    case("answer-colon", "Answer: 17", "17", 1.0),
+    case("answer-colon-markdown-bold", "**Answer:** 17", "17", 1.0),
+    case("answer-is-bold", "The answer is **42**.", "42", 1.0),
+    case("answer-is-choice", "The answer is (B).", "B", 1.0),
+    case("answer-is-with-units", "The answer is 42 apples.", "42", 1.0),
+    case("answer-is-percent", "The answer is 25%.", "0.25", 1.0),
+    case("answer-is-dollar-delimited-negative", "The answer is $-7$.", "-7", 1.0),
+    case("answer-is-empty-falls-back-to-number", "The answer is\n42", "42", 1.0),
+    # --- the last number ---
+    case("final-number", "3 + 4 = 7", "7", 1.0),
+    case("final-number-bare-equals-gold", "42", "42", 1.0),
+    case("final-number-mid-text-mention-loses", "I first guessed 42, but the result is 41", "42", 0.0),
+    case("final-number-negative", "The temperature drops to -5 degrees", "-5", 1.0),
+    case("final-number-unicode-minus", "x = \u22123", "-3", 1.0),
+    case("final-number-binary-minus-is-not-a-sign", "we compute 10-3", "-3", 0.0),
+    case("final-number-thousands", "They raised 1,250,000 dollars in total", "1250000", 1.0),
+    case("final-number-trailing-period", "Each costs 2.50.", "2.5", 1.0),
+    case("final-number-fraction", "so x = 1/2", "0.5", 1.0),
+    case("final-number-percent", "The discount is 50%", "0.5", 1.0),
+    case("final-number-plus-sign", "+5", "5", 1.0),
+    case("zero-padded-response", "045+367=0412", "412", 1.0),
+    case("zero-padded-gold", "412", "0412", 1.0),
+    case("fast-path-negative-decimal-vs-fraction", "-0.50", "-1/2", 1.0),
+    case("fast-path-is-exact", "0.3333333", "0.333333", 0.0),
+    case("wrong-number", r"\boxed{12}", "13", 0.0),
+    # --- nothing to extract, pathological input ---
+    case("no-answer-i-dont-know", "I don't know", "42", 0.0),
+    case("no-answer-response-equals-gold-text", "x+y", "x+y", 0.0),
+    case("empty-response", "", "5", 0.0),
+    case("whitespace-response", "  \n\t ", "0", 0.0),
+    case("gigantic-response-boxed-at-end", "blah " * 200_000 + r"\boxed{7}", "7", 1.0),
+    case("gigantic-number-over-length-cap", "1" * 5000, "1" * 5000, 0.0),
+    case("long-boxed-answer-over-length-cap", r"\boxed{" + "1+" * 600 + "1}", "601", 0.0),
+    case("exponent-tower-not-evaluated", r"\boxed{9^{9^{9^9}}}", "5", 0.0),
+    case("exponent-tower-equal-as-string", r"\boxed{10^{10^{10}}}", "10^{10^{10}}", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "answer", "expected"), CASES)
+def test_math_reward_table(response: str, answer: str, expected: float) -> None:
+    assert math_reward(response, answer) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "extracted"),
+    [
+        (r"\boxed{\frac{1}{2}} and later \fbox{\sqrt{2}}", r"\sqrt{2}"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),
+        (r"\boxed{a\\b}", r"a\\b"),
+        (r"\boxed{\}}", r"\}"),
+        ("#### $1,000\n", "1,000"),
+        ("The answer is **$\\frac{1}{2}$**.", r"\frac{1}{2}"),
+        ("The answer isn't obvious; it is 5", "5"),
+        ("H2O and x2", None),
+        ("pi is about 3.14.", "3.14"),
+        (r"\boxed{}", None),
+        ("", None),
+    ],
+)
+def test_extract_answer(response: str, extracted: str | None) -> None:
+    assert extract_answer(response) == extracted
+
+
+def test_empty_reference_is_an_error_not_a_wrong_answer() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        math_reward(r"\boxed{5}", "  ")
+
+
+def test_plain_numbers_never_reach_math_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(pred: str, gold: str) -> bool:
+        raise AssertionError(f"math-verify called for {pred!r} vs {gold!r}")
+
+    monkeypatch.setattr(math_module, "_math_verify_equal", fail)
+    assert math_reward("#### 1,000", "1000") == 1.0
+    assert math_reward("The answer is -0.5.", "-1/2") == 1.0
+    assert math_reward(r"\boxed{0412}", "413") == 0.0
+
+
+def test_exponent_tower_is_fast() -> None:
+    math_reward(r"\boxed{x}", "x")  # warm math-verify's parser up
+    start = time.perf_counter()
+    assert math_reward(r"\boxed{9^{9^{9^9}}}", "5") == 0.0
+    assert math_reward(r"\boxed{(x+1)^{1000}}", "5") == 0.0
+    assert time.perf_counter() - start < 2.0
+
+
+SYMBOLIC_CASES = [
+    (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+    (r"\boxed{\{2,1\}}", r"\{1,2\}", 1.0),
+    (r"\boxed{(0,1]}", "[0,1]", 0.0),
+    (r"\boxed{2\sqrt{3}}", r"\sqrt{12}", 1.0),
+    (r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+    (r"\boxed{50\%}", "0.5", 1.0),
+    ("#### 13", "13", 1.0),
+    (r"\boxed{\pi}", "3.14", 0.0),
+]
+
+
+def test_works_in_worker_threads() -> None:
+    """math-verify's signal-based timeouts raise ValueError off the main thread unless disabled."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda c: math_reward(c[0], c[1]), SYMBOLIC_CASES * 3))
+    assert results == [expected for _, _, expected in SYMBOLIC_CASES * 3]
+
+
+def test_works_in_a_plain_thread() -> None:
+    results: list[float] = []
+    thread = threading.Thread(target=lambda: results.append(math_reward(r"\boxed{\dfrac{1}{2}}", "0.5")))
+    thread.start()
+    thread.join()
+    assert results == [1.0]
+
+
+def test_leaves_a_pending_interval_timer_alone() -> None:
+    """math-verify's `signal.alarm(0)` would cancel a runner's own timer; it must survive a call."""
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        assert math_reward(r"\boxed{\frac{1}{2}}", "0.5") == 1.0
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0.0 < remaining <= 60.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, previous)
+    assert fired == []
+
+
+def rollout(text: str, sample_id: str = "s1") -> Rollout:
+    return Rollout(sample_id, 0, [1, 2, 3], 2, [1], [0.0], response_text=text)
+
+
+def test_registered_factory_scores_rollouts() -> None:
+    assert REWARDS["math"] is math_verifier
+    reward = REWARDS["math"]()
+    sample = Sample("s1", prompt="1/2 as a decimal?", answer="0.5")
+    assert reward(rollout(r"\boxed{\frac{1}{2}}"), sample) == 1.0
+    assert reward(rollout(r"\boxed{\frac{1}{3}}"), sample) == 0.0
+
+
+def test_answer_field_reads_meta() -> None:
+    reward = REWARDS["math"](answer_field="target")
+    sample = Sample("s2", prompt="q", answer="wrong", meta={"target": 72})  # a number, as JSON loads it
+    assert reward(rollout("#### 72", "s2"), sample) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("sample", "answer_field", "where"),
+    [
+        (Sample("gsm-17", prompt="q"), None, "answer"),
+        (Sample("gsm-17", prompt="q", answer=" "), None, "answer"),
+        (Sample("gsm-17", prompt="q", answer="5"), "target", "meta\\['target'\\]"),
+    ],
+)
+def test_missing_reference_names_the_sample(sample: Sample, answer_field: str | None, where: str) -> None:
+    reward = REWARDS["math"](answer_field=answer_field)
+    with pytest.raises(ValueError, match=f"'gsm-17'.*{where}"):
+        reward(rollout(r"\boxed{5}", "gsm-17"), sample)
+
+
+def test_length_cap_is_a_thousand_chars() -> None:
+    assert MAX_ANSWER_CHARS == 1000
+    assert math_reward(r"\boxed{" + "1" * MAX_ANSWER_CHARS + "}", "1" * MAX_ANSWER_CHARS) == 1.0
