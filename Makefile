@@ -25,6 +25,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/sampler_bench.py
+	$(PY) bench/reward_bench.py
 
 clean:
 	rm -rf .venv runs .pytest_cache

@@ -174,3 +174,10 @@ def test_as_score_normalises_numbers_and_rejects_non_numbers() -> None:
         as_score("1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="reward part 'p' is not finite"):
         as_score(Score(1.0, {"p": -math.inf}))
+
+
+def test_scoring_works_from_inside_a_running_event_loop() -> None:
+    async def caller() -> dict[str, float]:  # e.g. a notebook cell, or an async trainer
+        return score_rollouts([rollout("a", "2")], SAMPLES, exact)
+
+    assert asyncio.run(caller())["reward/mean"] == 1.0

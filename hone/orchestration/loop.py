@@ -224,9 +224,7 @@ def _train(
 ) -> RunResult:
     sft_dir = run_dir / "sft"
     if sft_data is not None:
-        warm_start_sft(
-            cfg, parts.policy, parts.sampler, sft_data, parts.train_samples, parts.reward, sft_dir
-        )
+        warm_start_sft(cfg, parts.policy, parts.sampler, sft_data, parts.train_samples, parts.reward, sft_dir)
     if cfg.algorithm.kl.coef > 0:
         parts.ref_policy = load_reference(cfg, str(sft_dir) if sft_dir.is_dir() else parts.model_path)
     trainer = RLTrainer(

@@ -49,9 +49,9 @@ def warm_start_sft(
     )
 
     def val_accuracy() -> float:
-        return evaluate(
-            sampler, policy.tokenizer, val, reward, greedy, chat_template=cfg.data.chat_template
-        )["eval/accuracy"]
+        return evaluate(sampler, policy.tokenizer, val, reward, greedy, chat_template=cfg.data.chat_template)[
+            "eval/accuracy"
+        ]
 
     history: list[dict[str, float]] = []
 

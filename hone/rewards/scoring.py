@@ -19,15 +19,18 @@ import contextlib
 import inspect
 import logging
 import math
+import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
 from hone.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -81,7 +84,7 @@ class RewardScorer:
             if rollout.sample_id not in samples_by_id:
                 raise KeyError(f"rollout refers to unknown sample id {rollout.sample_id!r}")
         samples = [samples_by_id[r.sample_id] for r in rollouts]
-        results = asyncio.run(self._score_all(rollouts, samples)) if rollouts else []
+        results = _run_coroutine(self._score_all(rollouts, samples)) if rollouts else []
         return self._combine(rollouts, results)
 
     async def _score_all(
@@ -189,6 +192,16 @@ def score_rollouts(
     return scorer.score(rollouts, samples_by_id)
 
 
+def _run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run`, also from code that already runs an event loop (a notebook, an async trainer)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:  # a fresh thread gets its own loop
+        return pool.submit(asyncio.run, coro).result()
+
+
 async def _gather(calls: Sequence[Any]) -> list[Any]:
     return list(await asyncio.gather(*calls))
 
@@ -198,8 +211,39 @@ def _is_async(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
+class _DaemonWorkers:
+    """Reusable daemon threads (an executor's threads are joined at exit, so one hung verifier would
+    hang the process). A worker is started only when none is idle; a hung one is simply never idle
+    again, so the pool grows by the number of hung calls and stays at `max_concurrency` otherwise."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # reserve an idle worker for this job
+        if spawn:
+            threading.Thread(target=self._work, args=(job,), name="hone-reward", daemon=True).start()
+        else:
+            self._jobs.put(job)
+
+    def _work(self, job: Callable[[], None]) -> None:
+        while True:
+            job()
+            with self._lock:
+                self._idle += 1
+            job = self._jobs.get()
+
+
+_workers = _DaemonWorkers()
+
+
 def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-    """Run `fn(*args)` in a daemon thread (unlike an executor's, it never blocks interpreter exit)."""
+    """Run `fn(*args)` on a daemon worker thread; the future settles on the calling loop."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -211,13 +255,13 @@ def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         else:
             future.set_exception(error)
 
-    def target() -> None:
+    def job() -> None:
         try:
             outcome: tuple[Any, BaseException | None] = (fn(*args), None)
-        except BaseException as e:
+        except BaseException as e:  # handed to the awaiting coroutine
             outcome = (None, e)
         with contextlib.suppress(RuntimeError):  # a closed loop: the call was abandoned at its timeout
             loop.call_soon_threadsafe(settle, *outcome)
 
-    threading.Thread(target=target, name="hone-reward", daemon=True).start()
+    _workers.submit(job)
     return future

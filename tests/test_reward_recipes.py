@@ -1,0 +1,90 @@
+"""Rewards chosen by name in a recipe: single built-ins, weighted combinations, plug-ins by dotted
+path, and one-line errors for names and arguments that can't work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hone.config import ConfigError, load_config
+from hone.data import get_task
+from hone.orchestration.components import load_reward
+from hone.types import Rollout, Sample
+
+
+def rollout(text: str, sample_id: str = "s", response_len: int = 4) -> Rollout:
+    return Rollout(sample_id, 0, [0] * (2 + response_len), 2, [1] * response_len, [0.0] * response_len, text)
+
+
+SAMPLES = {"s": Sample("s", prompt="What is 6*7?", answer="42")}
+
+
+def test_a_built_in_reward_by_name_with_args() -> None:
+    cfg = load_config(None, ["reward.fn=math", "reward.timeout_s=5"])
+    scorer = load_reward(cfg, None)
+    rollouts = [rollout("so \\boxed{42}"), rollout("the answer is 41"), rollout("I don't know")]
+    metrics = scorer.score(rollouts, SAMPLES)
+    assert [r.reward for r in rollouts] == [1.0, 0.0, 0.0] and metrics["reward/errors"] == 0.0
+    assert scorer.timeout_s == 5
+
+
+def test_weighted_components_from_a_recipe_file(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "reward:\n"
+        "  components:\n"
+        "    correct: {fn: math}\n"
+        "    format: {fn: format, weight: 0.2, args: {pattern: '<answer>.*</answer>'}}\n"
+        "    overlong: {fn: overlong, args: {max_len: 8, buffer: 4}}\n"
+    )
+    scorer = load_reward(load_config(recipe), None)
+    rollouts = [
+        rollout("<answer>42</answer>", response_len=4),  # right, formatted, short
+        rollout("42", response_len=6),  # right, unformatted, 2 tokens into the 4-token buffer: -0.5
+        rollout("<answer>7</answer>", response_len=9),  # wrong, formatted, over max_len: -1
+    ]
+    metrics = scorer.score(rollouts, SAMPLES)
+    assert [r.reward for r in rollouts] == pytest.approx([1.2, 0.5, -0.8])
+    assert rollouts[1].reward_parts == {"correct": 1.0, "format": 0.0, "overlong": -0.5}
+    assert metrics["reward/correct"] == pytest.approx(2 / 3) and metrics["reward/overlong"] == pytest.approx(
+        -0.5
+    )
+
+
+def test_the_task_reward_is_the_default_and_needs_a_task() -> None:
+    cfg = load_config(None, ["reward.fn=null"])
+    scorer = load_reward(cfg, get_task("arithmetic"))
+    assert [c.name for c in scorer.components] == ["task"]
+    with pytest.raises(ValueError, match=r"needs data\.task"):
+        load_reward(cfg, None)
+
+
+def test_dotted_paths_are_reward_functions_or_factories_with_args() -> None:
+    plain = load_reward(load_config(None, ["reward.fn=tests.rewards_for_tests:token_id_reward"]), None)
+    assert plain.components[0].name == "token_id_reward"
+    factory = load_reward(
+        load_config(None, ["reward.fn=hone.rewards.shaping:length_reward", "reward.args={target: 2}"]), None
+    )
+    rollouts = [rollout("x", response_len=4)]
+    factory.score(rollouts, SAMPLES)
+    assert rollouts[0].reward == pytest.approx(-0.002)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward.fn=maths"], "unknown reward; built-in: code, format"),
+        (["reward.fn=format", "reward.args={patern: x}"], "bad args"),
+        (["reward.fn=format", "reward.args={pattern: '('}"], "pattern"),
+        (["reward.fn=no.such.module:fn"], "cannot be imported"),
+    ],
+)
+def test_bad_reward_names_and_args_fail_with_one_line(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_reward(load_config(None, overrides), None)
+
+
+def test_fn_and_components_are_exclusive() -> None:
+    with pytest.raises(ConfigError, match=r"either reward\.fn or reward\.components"):
+        load_config(None, ["reward.fn=math", "reward.components={a: {fn: math}}"])
