@@ -120,7 +120,9 @@ class RewardConfig(Section):
     timeout_s: float = Field(30.0, gt=0, description="per-call timeout; a timed-out call scores 0")
     max_concurrency: int = Field(16, ge=1, description="reward calls running at once")
     sandbox_concurrency: int | None = Field(
-        None, ge=1, description="sandboxed programs running at once (code reward); default: CPU count"
+        None,
+        ge=1,
+        description="sandboxed programs running at once (code reward); default: reward.max_concurrency",
     )
 
     @model_validator(mode="after")

@@ -181,3 +181,16 @@ def test_scoring_works_from_inside_a_running_event_loop() -> None:
         return score_rollouts([rollout("a", "2")], SAMPLES, exact)
 
     assert asyncio.run(caller())["reward/mean"] == 1.0
+
+
+def test_stop_iteration_and_system_exit_from_a_verifier_are_errors_not_hangs_or_exits() -> None:
+    def bad(r: Rollout, s: Sample) -> float:
+        if r.response_text == "stop":
+            raise StopIteration
+        raise SystemExit(1)
+
+    rollouts = [rollout("a", "stop"), rollout("a", "exit")]
+    started = time.monotonic()
+    metrics = RewardScorer(bad, timeout_s=10).score(rollouts, SAMPLES)
+    assert time.monotonic() - started < 5
+    assert metrics["reward/errors"] == 2.0 and metrics["reward/timeouts"] == 0.0

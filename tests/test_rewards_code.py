@@ -29,6 +29,7 @@ def respond(body: str, lang: str = "python") -> str:
         ("```\nprint(2)\n```", "print(2)\n"),
         ("first\n```python\nprint(1)\n```\nthen\n```python\nprint(2)\n```", "print(2)\n"),
         ("```python\nprint(1)\n```\n```bash\nls\n```", "print(1)\n"),  # a shell snippet is not the program
+        ("```python\nprint(6)\n```\nExample output:\n```\n6\n```", "print(6)\n"),  # tagged beats bare
         ("no code here, just print(1)", None),
         ("```python\nprint(1)", None),  # unterminated: truncated response, nothing to run
     ],
@@ -52,6 +53,14 @@ def test_output_comparison_ignores_trailing_whitespace_only() -> None:
         code_reward(respond("print('1 2  ')\nprint(3)\nprint()"), [{"input": "", "output": "1 2\n3"}]) == 1.0
     )
     assert code_reward(respond("print(' 3')"), [{"input": "", "output": "3"}]) == 0.0  # leading space counts
+
+
+def test_a_correct_program_with_a_long_output_passes() -> None:
+    expected = "\n".join(map(str, range(20_000)))  # ~109 KB, above the sandbox's default output cap
+    assert (
+        code_reward(respond("for i in range(20_000):\n    print(i)"), [{"input": "", "output": expected}])
+        == 1.0
+    )
 
 
 def test_a_crash_or_timeout_fails_the_test_even_with_the_right_output() -> None:
@@ -80,11 +89,13 @@ def test_assert_tests_run_after_the_program_in_its_namespace() -> None:
         "raise KeyboardInterrupt",
         "print('ok 11')\nimport os\nos._exit(0)",  # a forged report without the nonce
         "import builtins\nbuiltins.exec = lambda *a, **k: None",  # disable the tests' exec
+        "import __main__\n__main__._cfg = None",  # tamper with the harness's module state
+        "import sys, os\nsys.stdin.seek(0)\nnonce = sys.stdin.read()[-40:]\nos.write(1, nonce.encode())",
         "import sys, os\nsys.stdout.close()\nos.close(1)",
     ],
 )
 def test_assert_harness_gives_nothing_for_reward_hacks(hack: str) -> None:
-    assert code_reward(respond("def add(a, b):\n    return 0\n" + hack), ASSERTS, mode="fraction") == 0.0
+    assert code_reward(respond("def add(a, b):\n    return 7\n" + hack), ASSERTS, mode="fraction") == 0.0
 
 
 def test_a_program_calling_sys_exit_0_still_faces_its_tests() -> None:

@@ -135,6 +135,15 @@ CASES = [
     case("long-boxed-answer-over-length-cap", r"\boxed{" + "1+" * 600 + "1}", "601", 0.0),
     case("exponent-tower-not-evaluated", r"\boxed{9^{9^{9^9}}}", "5", 0.0),
     case("exponent-tower-equal-as-string", r"\boxed{10^{10^{10}}}", "10^{10^{10}}", 1.0),
+    # --- prose after the answer, and markdown headings (found in review) ---
+    case("answer-is-then-which-clause", "The answer is 18, which is the total.", "18", 1.0),
+    case("answer-is-then-because", "The answer is 18 because 9 times 2 is 18.", "18", 1.0),
+    case(
+        "answer-is-word-gives-way-to-number", "I think the answer is correct. So the total is 18.", "18", 1.0
+    ),
+    case("bold-heading-is-not-gsm8k-marker", "#### **Final Answer**\nThe total is $18.", "18", 1.0),
+    case("h5-heading-is-not-gsm8k-marker", "##### Step 3: add\n3+15 = 18", "18", 1.0),
+    case("word-answer-kept-when-nothing-else", "The answer is B", "B", 1.0),
 ]
 
 

@@ -65,6 +65,8 @@ def load_reward(cfg: HoneConfig, task: Task | None) -> RewardScorer:
     """Build every reward component (factories run now, so a bad arg or path fails before training)."""
     if cfg.reward.sandbox_concurrency is not None:
         set_sandbox_concurrency(cfg.reward.sandbox_concurrency)
+    else:  # as many as the reward calls in flight: a call's timeout must not run out waiting for a slot
+        set_sandbox_concurrency(cfg.reward.max_concurrency)
     components = [
         RewardComponent(name, _reward_fn(name, c.fn, c.args, task), c.weight, c.timeout_s)
         for name, c in cfg.reward.resolved().items()
@@ -88,8 +90,8 @@ def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) ->
         module_name, _, attr = spec.partition(":")
         try:
             obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"{where} cannot be imported: {e}") from None
+        except Exception as e:  # a missing module, a typo, or the module failing as it is imported
+            raise ValueError(f"{where} cannot be imported: {type(e).__name__}: {e}") from None
         if not callable(obj):
             raise ValueError(f"{where} is not callable")
         factory = obj if args else None  # with args the object is a factory, as built-in rewards are
@@ -103,6 +105,8 @@ def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) ->
         return factory(**args)
     except TypeError as e:
         raise ValueError(f"{where}: bad args {args}: {e}") from None
+    except (ValueError, RuntimeError, OSError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def load_policy(cfg: HoneConfig, path: str) -> Policy:

@@ -9,10 +9,12 @@ which may be mixed:
   whitespace from every line and trailing blank lines (the usual competitive-programming judge).
 * `{"assert": str}` — HumanEval/MBPP style: Python source run after the program, in the same
   namespace; passes when it raises nothing. All assert tests share one sandboxed process. The harness
-  reports results with a random nonce the program never sees in its source or stdin, so `os._exit(0)`
-  or printing a fake "all passed" earns nothing. What this cannot stop: a program that introspects its
-  own interpreter (stack frames, `gc`) to find the nonce, or that returns objects whose `__eq__` is
-  always true. Prefer stdin/stdout tests when the policy is strong enough to try that.
+  reports results with a random nonce that reaches it through a pipe (gone once read) and lives only
+  in its own frame, with its own references to `exec`/`compile`: `os._exit(0)`, printing a fake
+  "all passed", replacing builtins or editing module globals earn nothing. What this cannot stop: a
+  program that introspects its own interpreter (walking stack frames, `gc`) to find the nonce or the
+  tests, or that returns objects whose `__eq__` is always true. Prefer stdin/stdout tests when the
+  policy is strong enough to try that.
 
 Score: `mode="all"` (default) gives 1.0 only when every test passes (the usual RLVR reward, e.g.
 DeepSeek-R1's code rewards); `mode="fraction"` gives the share of passing tests (denser, but it
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from hone.rewards.registry import register_reward
-from hone.rewards.sandbox import Isolation, SandboxResult, run_python
+from hone.rewards.sandbox import Isolation, SandboxOptions, SandboxResult, run_python
 from hone.types import Rollout, Sample
 
 Mode = Literal["all", "fraction"]
@@ -37,38 +39,47 @@ _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 # Runs in the sandbox as the program. Everything it needs (program, tests, nonce) arrives on stdin,
 # so reading its own source file teaches the program nothing.
 _ASSERT_HARNESS = r"""
-import json, os, sys, traceback
-_cfg = json.loads(sys.stdin.read())
-_report = os.fdopen(os.dup(1), "w")  # kept aside: the program may close or redirect stdout
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # and its prints can't push the report past the output cap
-_ns = {"__name__": "__main__"}
-try:
-    exec(compile(_cfg["program"], "solution.py", "exec"), _ns)
-    _ran = True
-except SystemExit as e:
-    _ran = e.code in (None, 0)
-except BaseException:
-    traceback.print_exc()
-    _ran = False
-_passed = []
-for _i, _test in enumerate(_cfg["tests"]):
+def _harness():
+    import json, os, sys, traceback
+    run, comp, write = exec, compile, os.write  # the program may replace builtins; these are ours
+    cfg = json.loads(sys.stdin.read())  # stdin is a pipe: once read, the program can't re-read it
+    sys.stdin.close()
+    nonce, program, tests = cfg["nonce"], cfg["program"], cfg["tests"]
+    del cfg
+    report = os.dup(1)  # kept aside: the program may close or redirect stdout
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # and its prints can't push the report past the cap
+    ns = {"__name__": "__main__"}
     try:
-        if not _ran:
-            raise RuntimeError("program failed")
-        exec(compile(_test, f"<test {_i}>", "exec"), _ns)
-        _passed.append("1")
+        run(comp(program, "solution.py", "exec"), ns)
+        ran = True
+    except SystemExit as e:
+        ran = e.code in (None, 0)
     except BaseException:
-        _passed.append("0")
-_report.write(_cfg["nonce"] + " " + "".join(_passed) + "\n")
-_report.flush()
+        traceback.print_exc()
+        ran = False
+    passed = []
+    for i, test in enumerate(tests):
+        try:
+            if not ran:
+                raise RuntimeError("program failed")
+            run(comp(test, f"<test {i}>", "exec"), ns)
+            passed.append("1")
+        except BaseException:
+            passed.append("0")
+    write(report, (nonce + " " + "".join(passed) + "\n").encode())
+
+
+_harness()
 """
 
 
 def extract_code(response: str) -> str | None:
-    """The last fenced code block, or None. A `python`/`py` block is preferred over other languages."""
+    """The last ```python block; failing that, the last untagged ``` block; else None (other
+    languages are never run: an example output or a shell line after the program is not the program)."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
-    python = [body for lang, body in blocks if lang in ("python", "py", "python3", "")]
-    return python[-1] if python else None
+    tagged = [body for lang, body in blocks if lang in ("python", "py", "python3")]
+    bare = [body for lang, body in blocks if lang == ""]
+    return (tagged or bare or [None])[-1]
 
 
 def normalize_output(text: str) -> str:
@@ -82,6 +93,7 @@ def run_tests(
     timeout_s: float = 5,
     memory_mb: int = 512,
     isolation: Isolation = "auto",
+    python: str | None = None,
     stop_at_first_failure: bool = False,
 ) -> list[bool]:
     """Pass/fail of every test, in order. Raises ValueError for a malformed test (names its index)."""
@@ -89,15 +101,20 @@ def run_tests(
     results: dict[int, bool] = {}
     assert_tests = [(i, src) for i, (kind, src) in asserts if kind == "assert"]
     if assert_tests:
-        passed = _run_asserts(program, [src for _, src in assert_tests], timeout_s, memory_mb, isolation)
+        srcs = [src for _, src in assert_tests]
+        passed = _run_asserts(program, srcs, timeout_s, memory_mb, isolation, python)
         results.update({i: ok for (i, _), ok in zip(assert_tests, passed, strict=True)})
         if stop_at_first_failure and not all(passed):
             return [results.get(i, False) for i in range(len(tests))]
     for i, test in enumerate(tests):
         if "assert" in test:
             continue
-        result = run_python(program, str(test["input"]), timeout_s, memory_mb, isolation=isolation)
-        results[i] = _io_passed(result, str(test["output"]))
+        expected = str(test["output"])
+        room = SandboxOptions(python=python, max_output_bytes=max(64 * 1024, 2 * len(expected) + 1024))
+        result = run_python(
+            program, str(test["input"]), timeout_s, memory_mb, limits=room, isolation=isolation
+        )
+        results[i] = _io_passed(result, expected)
         if stop_at_first_failure and not results[i]:
             break
     return [results.get(i, False) for i in range(len(tests))]
@@ -111,6 +128,7 @@ def code_reward(
     timeout_s: float = 5,
     memory_mb: int = 512,
     isolation: Isolation = "auto",
+    python: str | None = None,
 ) -> float:
     """1.0 when the response's last code block passes every test (or the passing share, `fraction`)."""
     if not tests:
@@ -124,6 +142,7 @@ def code_reward(
         timeout_s=timeout_s,
         memory_mb=memory_mb,
         isolation=isolation,
+        python=python,
         stop_at_first_failure=mode == "all",
     )
     return float(all(passed)) if mode == "all" else sum(passed) / len(tests)
@@ -136,10 +155,17 @@ def code(
     timeout_s: float = 5,
     memory_mb: int = 512,
     isolation: Isolation = "auto",
+    python: str | None = None,
 ) -> Any:
-    """`reward.fn: code`: tests come from `sample.meta[tests_field]` (a list, or a JSON string of one)."""
+    """`reward.fn: code`: tests come from `sample.meta[tests_field]` (a list, or a JSON string of one).
+    Settings are checked here, once, so a bad one fails the run at setup rather than every rollout."""
     if mode not in ("all", "fraction"):
         raise ValueError(f"code reward mode must be 'all' or 'fraction', got {mode!r}")
+    if timeout_s <= 0 or memory_mb < 32:
+        raise ValueError(f"code reward needs timeout_s > 0 and memory_mb ≥ 32, got {timeout_s}, {memory_mb}")
+    probe = run_python("print(6 * 7)", limits=SandboxOptions(python=python), isolation=isolation)
+    if probe.stdout != "42\n":
+        raise RuntimeError(f"the code sandbox cannot run a trivial program here: {probe.stderr[-300:]}")
 
     def reward(rollout: Rollout, sample: Sample) -> float:
         tests = sample.meta.get(tests_field)
@@ -154,6 +180,7 @@ def code(
             timeout_s=timeout_s,
             memory_mb=memory_mb,
             isolation=isolation,
+            python=python,
         )
 
     return reward
@@ -176,11 +203,12 @@ def _io_passed(result: SandboxResult, expected: str) -> bool:
 
 
 def _run_asserts(
-    program: str, tests: list[str], timeout_s: float, memory_mb: int, isolation: Isolation
+    program: str, tests: list[str], timeout_s: float, memory_mb: int, isolation: Isolation, python: str | None
 ) -> list[bool]:
     nonce = secrets.token_hex(16)
     payload = json.dumps({"program": program, "tests": tests, "nonce": nonce})
-    result = run_python(_ASSERT_HARNESS, payload, timeout_s, memory_mb, isolation=isolation)
+    options = SandboxOptions(python=python)
+    result = run_python(_ASSERT_HARNESS, payload, timeout_s, memory_mb, limits=options, isolation=isolation)
     reports = [line for line in result.stdout.splitlines() if line.startswith(nonce + " ")]
     if result.timed_out or not reports:
         return [False] * len(tests)

@@ -71,6 +71,9 @@ _GSM8K = re.compile(r"####[ \t]*([^\n]*)")
 _HEADING = re.compile(r"[A-Za-z]|\d+[.)]\s+[A-Za-z]")
 _ANSWER_IS = re.compile(r"\banswer\s*(?:is\b|:)[ \t:]*", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
+# "The answer is 18, which is the total" / "18 because ...": the answer ends where the clause does.
+_CLAUSE_END = re.compile(r",\s|;|\s(?:because|since|which|as|so|for|and|but)\s", re.IGNORECASE)
+_MATHLIKE = re.compile(r"[\d\\]")
 # A number not glued to a word or another number (`H2O`, `x2`, the `3` of `1.3`); a sign only where
 # it cannot be a binary minus (`10-3` ends in `3`, `= -3` in `-3`).
 _NUMBER = re.compile(
@@ -90,11 +93,14 @@ def extract_answer(response: str) -> str | None:
     response = response.replace(_UNICODE_MINUS, "-")
     if _BOX_TOKEN.search(response):
         return _clean(_last_boxed(response))
-    for rule in (_after_last_gsm8k_marker, _after_last_answer_is, _last_number):
-        answer = _clean(rule(response))
-        if answer is not None:
-            return answer
-    return None
+    # A marker followed by words only ("the answer is correct. So the total is 18") gives way to a
+    # later rule that finds something mathematical; it is kept only when nothing else is found
+    # (a word answer such as "B" or "yes").
+    rules = (_after_last_gsm8k_marker, _after_last_answer_is, _last_number)
+    found = [_clean(rule(response)) for rule in rules]
+    candidates = [answer for answer in found if answer is not None]
+    mathlike = [answer for answer in candidates if _MATHLIKE.search(answer)]
+    return (mathlike or candidates or [None])[0]
 
 
 def math_reward(response: str, answer: str) -> float:
@@ -170,7 +176,8 @@ def _braced(text: str, open_at: int) -> tuple[str | None, int]:
 def _after_last_gsm8k_marker(text: str) -> str | None:
     """The rest of the line after the last `####` that is not a markdown heading."""
     lines = [m.group(1) for m in _GSM8K.finditer(text) if m.group(1).strip()]
-    answers = [line for line in lines if not _HEADING.match(line)]
+    # "##### Step 3" and "#### **Final Answer**" are markdown headings, not GSM8K markers.
+    answers = [line for line in lines if not _HEADING.match(line.lstrip("#* \t"))]
     return answers[-1] if answers else None
 
 
@@ -180,7 +187,7 @@ def _after_last_answer_is(text: str) -> str | None:
     if not anchors:
         return None
     line = text[anchors[-1].end() :].split("\n", 1)[0]
-    return _SENTENCE_END.split(line, maxsplit=1)[0]
+    return _CLAUSE_END.split(_SENTENCE_END.split(line, maxsplit=1)[0], maxsplit=1)[0]
 
 
 def _last_number(text: str) -> str | None:

@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import IO, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -98,26 +98,43 @@ class SandboxOptions:
 
 
 class _Slots:
-    """A bounded pool of slot numbers: the concurrency limit, and a distinct uid per running program."""
+    """The concurrency limit, and a distinct uid for each running program. Ids rotate FIFO through
+    `ID_SPARE` × more ids than may run at once, so a uid whose fork bomb's zombies are still waiting
+    for init to reap them (they count against RLIMIT_NPROC) rests for a while before it is reused.
+    Resizing while programs run is safe: an id beyond the new range is retired when released."""
+
+    ID_SPARE = 4
 
     def __init__(self, n: int) -> None:
+        self._cond = threading.Condition()
+        self._size = 0
+        self._free: list[int] = []
+        self._busy: set[int] = set()
         self.resize(n)
 
     def resize(self, n: int) -> None:
         if n < 1:
             raise ValueError(f"sandbox concurrency must be ≥ 1, got {n}")
-        self._cond = threading.Condition()
-        self._free = list(range(n))
+        with self._cond:
+            self._size = n
+            ids = range(n * self.ID_SPARE)
+            self._free = [s for s in self._free if s in ids]
+            self._free += [s for s in ids if s not in self._free and s not in self._busy]
+            self._cond.notify_all()
 
     def acquire(self) -> int:
         with self._cond:
-            while not self._free:
+            while len(self._busy) >= self._size or not self._free:
                 self._cond.wait()
-            return self._free.pop(0)  # FIFO: a uid just used rests while the others run
+            slot = self._free.pop(0)
+            self._busy.add(slot)
+            return slot
 
     def release(self, slot: int) -> None:
         with self._cond:
-            self._free.append(slot)
+            self._busy.discard(slot)
+            if slot < self._size * self.ID_SPARE and slot not in self._free:
+                self._free.append(slot)
             self._cond.notify()
 
 
@@ -151,6 +168,8 @@ def _warn_fallback() -> None:
 
 
 def resolve_isolation(isolation: Isolation) -> Literal["bwrap", "process"]:
+    if isolation not in ("auto", "bwrap", "process"):
+        raise ValueError(f"sandbox isolation must be 'auto', 'bwrap' or 'process', got {isolation!r}")
     if isolation == "process":
         return "process"
     if bwrap_available():
@@ -164,17 +183,19 @@ def resolve_isolation(isolation: Isolation) -> Literal["bwrap", "process"]:
 def run_python(
     code: str,
     stdin: str = "",
-    timeout_s: float = 5,
-    memory_mb: int = 512,
+    timeout_s: float | None = None,
+    memory_mb: int | None = None,
     *,
     limits: SandboxOptions | None = None,
     isolation: Isolation = "auto",
 ) -> SandboxResult:
-    """Run `code` as a Python program with `stdin`; never raises for anything the program does."""
-    base = limits or SandboxOptions()
-    limits = SandboxOptions(**{**vars(base), "timeout_s": timeout_s, "memory_mb": memory_mb})
+    """Run `code` as a Python program with `stdin`; never raises for anything the program does.
+    `timeout_s`/`memory_mb`, when given, override those of `limits` (defaults 5 s, 512 MB)."""
+    limits = limits or SandboxOptions()
+    overrides = {"timeout_s": timeout_s, "memory_mb": memory_mb}
+    limits = SandboxOptions(**{**vars(limits), **{k: v for k, v in overrides.items() if v is not None}})
     mode = resolve_isolation(isolation)
-    if mode == "process" and os.geteuid() == 0 and not _runnable_by_others(_python(limits)):
+    if mode == "process" and _can_switch_uid() and not _runnable_by_others(_python(limits)):
         raise RuntimeError(
             f"process isolation drops root to an unprivileged uid, which cannot run {_python(limits)} "
             "(a parent directory is private); pass an interpreter other users can run "
@@ -200,7 +221,20 @@ def _runnable_by_others(path: str) -> bool:
 
 
 def _sandbox_uid(slot: int) -> int | None:
-    return SANDBOX_UID_BASE + slot if os.geteuid() == 0 else None
+    return SANDBOX_UID_BASE + slot if _can_switch_uid() else None
+
+
+@functools.cache
+def _can_switch_uid() -> bool:
+    """Root that can become another uid (not so in a rootless container, where root is itself mapped)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        uid = SANDBOX_UID_BASE
+        subprocess.run(["true"], user=uid, group=uid, extra_groups=[], check=True, capture_output=True)
+        return True
+    except (OSError, subprocess.CalledProcessError):
+        return False
 
 
 def _rlimits(limits: SandboxOptions) -> dict[str, int]:
@@ -297,19 +331,20 @@ def _run(code: str, stdin: str, limits: SandboxOptions, mode: str, slot: int) ->
     finally:
         if uid is not None:
             _kill_uid(uid)
+            if mode == "process":
+                _remove_leftovers(uid)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _execute(workdir: str, stdin: str, limits: SandboxOptions, mode: str, uid: int | None) -> SandboxResult:
     # Output goes to files, not pipes: RLIMIT_FSIZE then caps it in the kernel, and the trainer never
     # buffers more than it reads back.
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
-        inp.write(stdin.encode())
-        inp.seek(0)
+    # stdin is a pipe, not a file: what was read is gone, so a test harness's secrets can't be re-read.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
         proc = subprocess.Popen(
             _command(workdir, limits, mode, uid),
-            stdin=inp,
+            stdin=subprocess.PIPE,
             stdout=out,
             stderr=err,
             cwd=workdir,
@@ -317,6 +352,8 @@ def _execute(workdir: str, stdin: str, limits: SandboxOptions, mode: str, uid: i
             start_new_session=True,
             close_fds=True,
         )
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True)
+        feeder.start()
         timed_out = False
         try:
             proc.wait(timeout=limits.timeout_s + _KILL_MARGIN_S)
@@ -324,6 +361,7 @@ def _execute(workdir: str, stdin: str, limits: SandboxOptions, mode: str, uid: i
             timed_out = True
         finally:
             _kill_group(proc)
+            feeder.join(timeout=1.0)
         duration = time.monotonic() - start
         stdout, cut_out = _read(out, limits.max_output_bytes)
         stderr, cut_err = _read(err, limits.max_output_bytes)
@@ -331,6 +369,15 @@ def _execute(workdir: str, stdin: str, limits: SandboxOptions, mode: str, uid: i
     exit_code = code if code is not None and code >= 0 and not timed_out else None
     reason = _killed_reason(code, timed_out, stderr)
     return SandboxResult(stdout, stderr, exit_code, timed_out, reason, cut_out or cut_err, duration)
+
+
+def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
+    if pipe is None:
+        return
+    with contextlib.suppress(OSError):  # the program exited without reading it all
+        pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -360,6 +407,20 @@ def _processes_of(uid: int) -> bool:
             except OSError:  # exited while we looked
                 continue
     return False
+
+
+def _remove_leftovers(uid: int) -> None:
+    """Process mode: files the program left in the world-writable directories it could reach."""
+    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+        with contextlib.suppress(OSError), os.scandir(shared) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
 
 
 def _read(file: object, limit: int) -> tuple[str, bool]:

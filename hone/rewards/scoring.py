@@ -108,12 +108,13 @@ class RewardScorer:
     ) -> Score | _Failure:
         async with slots:
             try:
-                if _is_async(fn):
-                    result = await asyncio.wait_for(fn(rollout, sample), timeout)  # type: ignore[arg-type]
-                else:
-                    result = await asyncio.wait_for(_in_thread(fn, rollout, sample), timeout)
-                    if inspect.isawaitable(result):
-                        result = await asyncio.wait_for(result, timeout)
+                async with asyncio.timeout(timeout):  # one deadline, however the call is made
+                    if _is_async(fn):
+                        result = await fn(rollout, sample)  # type: ignore[misc]
+                    else:
+                        result = await _in_thread(fn, rollout, sample)
+                        if inspect.isawaitable(result):
+                            result = await result
                 return as_score(result)
             except TimeoutError:
                 return _Failure("timeout")
@@ -252,14 +253,18 @@ def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
             return
         if error is None:
             future.set_result(result)
+        elif isinstance(error, StopIteration):  # a future refuses StopIteration itself
+            future.set_exception(RuntimeError(f"reward function raised StopIteration: {error}"))
         else:
             future.set_exception(error)
 
     def job() -> None:
         try:
             outcome: tuple[Any, BaseException | None] = (fn(*args), None)
-        except BaseException as e:  # handed to the awaiting coroutine
+        except Exception as e:
             outcome = (None, e)
+        except BaseException as e:  # SystemExit from a verifier must not end the trainer
+            outcome = (None, RuntimeError(f"reward function raised {type(e).__name__}: {e}"))
         with contextlib.suppress(RuntimeError):  # a closed loop: the call was abandoned at its timeout
             loop.call_soon_threadsafe(settle, *outcome)
 
