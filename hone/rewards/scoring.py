@@ -21,16 +21,15 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
+from hone.aio import run_coroutine
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
 from hone.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass
@@ -84,7 +83,7 @@ class RewardScorer:
             if rollout.sample_id not in samples_by_id:
                 raise KeyError(f"rollout refers to unknown sample id {rollout.sample_id!r}")
         samples = [samples_by_id[r.sample_id] for r in rollouts]
-        results = _run_coroutine(self._score_all(rollouts, samples)) if rollouts else []
+        results = run_coroutine(self._score_all(rollouts, samples)) if rollouts else []
         return self._combine(rollouts, results)
 
     async def _score_all(
@@ -191,16 +190,6 @@ def score_rollouts(
     """Score with `reward` (a scorer, or one reward function with default timeout and concurrency)."""
     scorer = reward if isinstance(reward, RewardScorer) else RewardScorer(reward)
     return scorer.score(rollouts, samples_by_id)
-
-
-def _run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run`, also from code that already runs an event loop (a notebook, an async trainer)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(1) as pool:  # a fresh thread gets its own loop
-        return pool.submit(asyncio.run, coro).result()
 
 
 async def _gather(calls: Sequence[Any]) -> list[Any]:
