@@ -84,8 +84,8 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
-        if (self.task is None) == (self.source is None):
-            raise ValueError("set exactly one of data.task (built-in) or data.source (dataset)")
+        if self.task is not None and self.source is not None:
+            raise ValueError("set only one of data.task (built-in) or data.source (dataset)")
         return self
 
 
@@ -139,6 +139,19 @@ class RewardConfig(Section):
             return dict(self.components)
         fn = self.fn or "task"
         return {fn.rpartition(":")[2]: RewardComponentConfig(fn=fn, args=self.args)}
+
+
+class EnvConfig(Section):
+    name: str | None = Field(
+        None, description="multi-turn environment: a registered name or 'pkg.mod:Class'; null = single-turn"
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
+    max_turns: int | None = Field(None, ge=1, description="assistant turns per episode; null = the env's own")
+    max_tokens_per_turn: int = Field(32, ge=1)
+    max_total_tokens: int = Field(1024, ge=2, description="prompt + every turn + observations")
+    drop_void_turns: bool = Field(
+        False, description="drop trajectories with an empty or cut-off turn from training (SimpleTIR)"
+    )
 
 
 class KLConfig(Section):
@@ -242,11 +255,20 @@ class HoneConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _has_prompts(self) -> HoneConfig:
+        if self.data.task is None and self.data.source is None and self.env.name is None:
+            raise ValueError(
+                "data: set data.task (built-in) or data.source (dataset), or an env that makes its own"
+            )
+        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -65,6 +65,8 @@ class Rollout:
     reward: float = 0.0
     reward_parts: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None  # multi-turn: the conversation, observations included
+    turn_rewards: list[float] = field(default_factory=list)  # multi-turn: the environment's reward per turn
 
     @property
     def response_ids(self) -> list[int]:

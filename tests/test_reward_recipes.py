@@ -74,7 +74,7 @@ def test_dotted_paths_are_reward_functions_or_factories_with_args() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["reward.fn=maths"], "unknown reward; built-in: code, format"),
+        (["reward.fn=maths"], "unknown reward; built-in: code, env, format"),
         (["reward.fn=format", "reward.args={patern: x}"], "bad args"),
         (["reward.fn=format", "reward.args={pattern: '('}"], "pattern"),
         (["reward.fn=no.such.module:fn"], "cannot be imported"),

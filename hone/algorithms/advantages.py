@@ -203,3 +203,56 @@ def gae(
     if whiten:
         advantages = masked_whiten(advantages, response_mask, eps)
     return advantages, returns
+
+
+@register_advantage("turn_grpo")
+def turn_grpo(
+    *,
+    response_mask: torch.Tensor,
+    token_rewards: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+    turn_rewards: torch.Tensor | None = None,
+    turn_mask: torch.Tensor | None = None,
+    token_turns: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-level credit for multi-turn trajectories: each assistant turn k of trajectory i gets
+
+        G_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}          (its discounted return-to-go over turns)
+        A_{i,k} = (G_{i,k} - mean_g(G_{.,0})) / (std_g(G_{.,0}) + eps)
+
+    baselined and scaled by the statistics of the group's *trajectory* returns G_{.,0}, the same as
+    GRPO's, so with gamma = 1 and only an outcome reward every turn gets exactly the GRPO advantage;
+    per-turn rewards and gamma < 1 then move credit towards the turns that earned it. This follows the
+    turn-level credit assignment of Zeng et al. 2025 (arXiv:2505.11821) and multi-turn GRPO variants
+    (RAGEN's StarPO, Wang et al. 2025); departure: one group baseline for all turns rather than
+    per-turn-index groups, which are too small with a handful of trajectories per prompt.
+
+    `turn_rewards`, `turn_mask` are [B, K] (K = most turns in the batch); `token_turns` [B, T] gives
+    each response position's turn index, -1 for prompt, observation and padding positions. Without
+    them (a single-turn run) the whole response is one turn rewarded with the sum of `token_rewards`.
+    """
+    if turn_rewards is None or turn_mask is None or token_turns is None:
+        if token_rewards is None:
+            raise ValueError("advantage estimator 'turn_grpo' needs turn_rewards or token_rewards")
+        turn_rewards = (token_rewards * response_mask).sum(-1, keepdim=True)
+        turn_mask = torch.ones_like(turn_rewards)
+        token_turns = torch.where(response_mask.bool(), 0, -1)
+    group_ids = _require_groups(group_ids, "turn_grpo")
+    rewards = turn_rewards * turn_mask
+    returns_to_go = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for k in reversed(range(rewards.shape[1])):  # turns are contiguous from 0: padding turns stay 0
+        running = rewards[:, k] + gamma * running
+        returns_to_go[:, k] = running
+    _, mean, std, _ = group_stats(returns_to_go[:, 0], group_ids)
+    per_turn = returns_to_go - mean.unsqueeze(-1)
+    if norm_by_std:
+        per_turn = per_turn / (std.unsqueeze(-1) + eps)
+    per_turn = per_turn * turn_mask
+    index = token_turns.clamp(min=0)
+    advantages = per_turn.gather(1, index) * (token_turns >= 0).to(per_turn.dtype) * response_mask
+    return advantages, advantages.clone()

@@ -42,3 +42,29 @@ def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
         old_log_probs=old_log_probs,
         group_ids=torch.tensor([r.group_id for r in rollouts]),
     )
+
+
+def turn_tensors(rollouts: Sequence[Rollout], columns: int) -> dict[str, torch.Tensor]:
+    """Per-turn inputs of turn-level advantages, aligned with `collate`'s response columns:
+    `turn_rewards`/`turn_mask` [B, K] and `token_turns` [B, columns] (-1 off assistant tokens).
+
+    A trajectory's rewards always sum to its `reward` (what the reward layer scored): the environment's
+    per-turn rewards say *when* parts of it arrived, and the rest arrives with the last turn.
+    """
+    most = max((len(r.turns) for r in rollouts), default=0) or 1
+    turn_rewards = torch.zeros((len(rollouts), most))
+    turn_mask = torch.zeros((len(rollouts), most))
+    token_turns = torch.full((len(rollouts), columns), -1, dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        if not r.turns:  # single-turn: the whole response is turn 0
+            turns = [(0, r.response_len)]
+            per_turn = [0.0]
+        else:
+            turns = r.turns
+            per_turn = (list(r.turn_rewards) + [0.0] * len(turns))[: len(turns)]
+        per_turn[-1] += r.reward - sum(per_turn)
+        turn_rewards[i, : len(turns)] = torch.tensor(per_turn)
+        turn_mask[i, : len(turns)] = 1.0
+        for k, (start, end) in enumerate(turns):
+            token_turns[i, r.prompt_len - 1 + start : r.prompt_len - 1 + end] = k
+    return {"turn_rewards": turn_rewards, "turn_mask": turn_mask, "token_turns": token_turns}

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hone.config import HoneConfig
 from hone.data import Task, get_task, load_samples
+from hone.envs import Environment
+from hone.envs import make_env as _make_env
 from hone.models import resolve_model
 from hone.rewards import REWARDS, RewardComponent, RewardScorer, task_reward
 from hone.rewards.sandbox import set_max_concurrency as set_sandbox_concurrency
 from hone.rollout import HFSampler, Sampler
+from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import LoraSettings, Policy
 from hone.types import Sample
 
@@ -36,11 +40,21 @@ class RunComponents:
     task: Task | None
     pad_id: int
     model_path: str
+    episodes: Episodes | None = None  # multi-turn runs: a fresh environment per episode, and limits
 
 
-def load_data(cfg: HoneConfig) -> tuple[Task | None, list[Sample], list[Sample]]:
+def load_data(
+    cfg: HoneConfig, env: Callable[[], Environment] | None = None
+) -> tuple[Task | None, list[Sample], list[Sample]]:
     data = cfg.data
     eval_size = cfg.eval.size or data.eval_size
+    if env is not None and data.task is None and data.source is None:  # a self-contained game
+        game = type(env())
+        return (
+            None,
+            game.make_samples(data.train_size, cfg.run.seed, "train"),
+            game.make_samples(eval_size, EVAL_SEED, "eval"),
+        )
     if data.task is not None:
         task = get_task(data.task, **data.task_args)
         return (
@@ -128,7 +142,8 @@ def load_reference(cfg: HoneConfig, start_dir: str) -> Policy:
 
 
 def build_components(cfg: HoneConfig) -> RunComponents:
-    task, train_samples, eval_samples = load_data(cfg)
+    make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    task, train_samples, eval_samples = load_data(cfg, make_env)
     reward = load_reward(cfg, task)
     model_path = resolve_model(cfg.model.path)
     policy = load_policy(cfg, model_path)
@@ -137,4 +152,15 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     # In-process and synchronous, the sampler shares the policy's model object: no weight copies.
     engines = {"hf": lambda: HFSampler(policy.model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)}
     sampler = engines[cfg.rollout.engine]()
-    return RunComponents(policy, None, sampler, reward, train_samples, eval_samples, task, pad_id, model_path)
+    episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
+    return RunComponents(
+        policy, None, sampler, reward, train_samples, eval_samples, task, pad_id, model_path, episodes
+    )
+
+
+def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> EpisodeLimits:
+    return EpisodeLimits(
+        max_turns=cfg.env.max_turns or type(make_env()).max_turns,
+        max_tokens_per_turn=cfg.env.max_tokens_per_turn,
+        max_total_tokens=cfg.env.max_total_tokens,
+    )

@@ -10,6 +10,7 @@ from hone.algorithms import pass_at_k
 from hone.orchestration.prompts import generation_requests
 from hone.rewards import RewardFn, RewardScorer, score_rollouts
 from hone.rollout import Sampler
+from hone.rollout.multiturn import Episodes, run_episodes
 from hone.types import Sample, SamplingParams
 
 # A response counts as correct when it earns full marks; composite rewards with bonuses exceed 1.
@@ -25,13 +26,18 @@ def evaluate(
     *,
     chat_template: bool = False,
     ks: Sequence[int] = (1,),
+    episodes: Episodes | None = None,
 ) -> dict[str, float]:
     """`eval/accuracy` (share of all samples correct), `eval/reward`, and `eval/pass@k` for each k ≤ n.
 
     With `params.n == 1` and temperature 0 this is greedy accuracy; pass@k uses the unbiased estimator
-    over `params.n` samples per problem.
+    over `params.n` samples per problem. With `episodes` (an environment factory and limits) every
+    sample is played as a multi-turn episode and scored the same way.
     """
-    rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
+    if episodes is None:
+        rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
+    else:
+        rollouts = run_episodes(sampler, tokenizer, episodes.make_env, samples, params, episodes.limits)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)
     correct = [0] * len(samples)
     for r in rollouts:

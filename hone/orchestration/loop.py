@@ -17,12 +17,14 @@ import torch
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
 from hone.config import HoneConfig
 from hone.logging import MetricsLogger, Progress
-from hone.orchestration.collate import collate
+from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.components import RunComponents, build_components, load_reference
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import PromptStream, generation_requests
-from hone.orchestration.warmstart import sft_pairs, warm_start_sft
+from hone.orchestration.warmstart import SFTData, warm_start_sft
+from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.rewards import score_rollouts
+from hone.rollout.multiturn import run_episodes
 from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
 from hone.training.policy import Policy
@@ -75,7 +77,9 @@ def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -
         kl = KL_ESTIMATORS[algo.kl.estimator](batch.old_log_probs, batch.ref_log_probs) * batch.response_mask
         token_rewards = token_rewards - algo.kl.coef * kl
         metrics["kl"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
+    turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
     batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+        **turns,
         token_rewards=token_rewards,
         response_mask=batch.response_mask,
         group_ids=batch.group_ids,
@@ -99,7 +103,6 @@ def rl_step(
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     samples = stream.batch(step)
-    requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
     params = SamplingParams(
         n=cfg.rollout.n,
         temperature=cfg.rollout.temperature,
@@ -109,13 +112,18 @@ def rl_step(
         stop=cfg.rollout.stop,
         seed=derive_seed(cfg.run.seed, "sampling", step),
     )
-    rollouts = parts.sampler.generate(requests, params)
+    rollouts = collect_rollouts(parts, cfg, samples, params)
     t_sample = time.perf_counter()
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, parts.reward)
+    metrics.update(episode_metrics(rollouts))
     metrics["response_length/mean"] = sum(r.response_len for r in rollouts) / len(rollouts)
     metrics["response_length/clip_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
     new_tokens = sum(r.response_len for r in rollouts)
 
+    if parts.episodes is not None and cfg.env.drop_void_turns:
+        kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
+        metrics["episode/void_dropped_frac"] = 1 - len(kept) / len(rollouts)
+        rollouts = kept
     if cfg.algorithm.skip_zero_variance_groups:
         rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
     if rollouts:
@@ -139,6 +147,25 @@ def rl_step(
     return metrics
 
 
+def collect_rollouts(
+    parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
+) -> list[Rollout]:
+    """Single-turn generations, or one multi-turn episode per rollout when the run has an environment."""
+    if parts.episodes is None:
+        requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
+        return parts.sampler.generate(requests, params)
+    episodes = parts.episodes
+    return run_episodes(
+        parts.sampler, parts.policy.tokenizer, episodes.make_env, samples, params, episodes.limits
+    )
+
+
+def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    """Means over the batch of every `episode/*` and `env/*` rollout metric (0 where a rollout lacks it)."""
+    names = {k for r in rollouts for k in r.metrics if k.startswith(("episode/", "env/"))}
+    return {k: sum(r.metrics.get(k, 0.0) for r in rollouts) / len(rollouts) for k in sorted(names)}
+
+
 def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
     params = SamplingParams(
         n=cfg.eval.n,
@@ -155,6 +182,7 @@ def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
         params,
         chat_template=cfg.data.chat_template,
         ks=cfg.eval.k,
+        episodes=parts.episodes,
     )
 
 
@@ -188,7 +216,9 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     run_dir, checkpointer, latest = _open_run_dir(cfg, resume)
     parts = setup_components(cfg)
     try:
-        sft_data = sft_pairs(cfg, parts.task) if cfg.sft.enabled and latest is None else None
+        tokenizer = parts.policy.tokenizer
+        warm = cfg.sft.enabled and latest is None
+        sft_data = make_sft_data(cfg, parts.task, parts.episodes, tokenizer) if warm else None
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
     resume_step = None if latest is None else int(latest.name.removeprefix("step-"))
@@ -218,13 +248,22 @@ def _train(
     run_dir: Path,
     checkpointer: Checkpointer,
     latest: Path | None,
-    sft_data: list[tuple[Sample, str]] | None,
+    sft_data: SFTData | None,
     metrics_log: MetricsLogger,
     started: float,
 ) -> RunResult:
     sft_dir = run_dir / "sft"
     if sft_data is not None:
-        warm_start_sft(cfg, parts.policy, parts.sampler, sft_data, parts.train_samples, parts.reward, sft_dir)
+        warm_start_sft(
+            cfg,
+            parts.policy,
+            parts.sampler,
+            sft_data,
+            parts.train_samples,
+            parts.reward,
+            sft_dir,
+            parts.episodes,
+        )
     if cfg.algorithm.kl.coef > 0:
         parts.ref_policy = load_reference(cfg, str(sft_dir) if sft_dir.is_dir() else parts.model_path)
     trainer = RLTrainer(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
@@ -16,11 +18,34 @@ from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import render_prompt
 from hone.rewards import RewardFn, RewardScorer
 from hone.rollout import Sampler
+from hone.rollout.multiturn import Episodes, demonstration_tokens
 from hone.training.policy import Policy
 from hone.training.sft import run_sft
 from hone.types import Sample, SamplingParams
 
 log = logging.getLogger("hone")
+
+
+@dataclass
+class SFTData:
+    """What SFT trains on: (prompt sample, response text) pairs, or tokenised multi-turn examples."""
+
+    pairs: list[tuple[Sample, str]] = field(default_factory=list)
+    examples: list[tuple[list[int], list[int]]] = field(default_factory=list)
+
+
+def sft_data(cfg: HoneConfig, task: Task | None, episodes: Episodes | None, tokenizer: Any) -> SFTData:
+    """Multi-turn runs without `sft.data` use the environment's scripted demonstrations, laid out token
+    by token as episodes are (observations masked); everything else uses `sft_pairs`."""
+    if episodes is None or cfg.sft.data is not None:
+        return SFTData(pairs=sft_pairs(cfg, task))
+    env = episodes.make_env()
+    demos = type(env).make_samples(cfg.sft.examples, cfg.run.seed + 7, "train", **cfg.env.args)
+    examples = []
+    for sample in demos:
+        player = episodes.make_env()
+        examples.append(demonstration_tokens(tokenizer, player.demonstration(sample), player.tools))
+    return SFTData(examples=examples)
 
 
 def sft_pairs(cfg: HoneConfig, task: Task | None) -> list[tuple[Sample, str]]:
@@ -38,10 +63,11 @@ def warm_start_sft(
     cfg: HoneConfig,
     policy: Policy,
     sampler: Sampler,
-    pairs: list[tuple[Sample, str]],
+    data: SFTData,
     train_samples: list[Sample],
     reward: RewardScorer | RewardFn,
     out_dir: Path,
+    episodes: Episodes | None = None,
 ) -> dict[str, float]:
     val = train_samples[: cfg.sft.val_size]
     greedy = SamplingParams(
@@ -49,9 +75,15 @@ def warm_start_sft(
     )
 
     def val_accuracy() -> float:
-        return evaluate(sampler, policy.tokenizer, val, reward, greedy, chat_template=cfg.data.chat_template)[
-            "eval/accuracy"
-        ]
+        return evaluate(
+            sampler,
+            policy.tokenizer,
+            val,
+            reward,
+            greedy,
+            chat_template=cfg.data.chat_template,
+            episodes=episodes,
+        )["eval/accuracy"]
 
     history: list[dict[str, float]] = []
 
@@ -60,10 +92,11 @@ def warm_start_sft(
         if "sft/eval" in row:
             log.info("SFT step %d: validation accuracy %.3f", row["step"], row["sft/eval"])
 
-    texts = [(render_prompt(s, policy.tokenizer, cfg.data.chat_template), r) for s, r in pairs]
+    texts = [(render_prompt(s, policy.tokenizer, cfg.data.chat_template), r) for s, r in data.pairs]
     result = run_sft(
         policy,
         texts,
+        examples=data.examples,
         batch_size=cfg.sft.batch_size,
         lr=cfg.sft.lr,
         schedule="constant",

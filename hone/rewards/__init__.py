@@ -1,11 +1,11 @@
 """Rewards: `Score`, the reward-function protocols, built-in verifiers by name, and the scorer.
 
 Importing this package registers the built-in rewards (`REWARDS`): `math`, `code`, `format`,
-`overlong`, `length`, `reward_model`, `judge`. math-verify (sympy) loads on first use.
+`overlong`, `length`, `reward_model`, `judge`, `env`. math-verify (sympy) loads on first use.
 """
 
 # Each module registers its rewards on import.
-from hone.rewards import code, judge, math, model, shaping  # noqa: F401
+from hone.rewards import code, env, judge, math, model, shaping  # noqa: F401
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, TextVerifier, as_score, task_reward
 from hone.rewards.code import code_reward, extract_code
 from hone.rewards.math import extract_answer, math_reward

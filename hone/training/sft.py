@@ -33,25 +33,32 @@ def encode_pair(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) 
 
 
 def collate_sft(
-    examples: Sequence[tuple[list[int], int]], pad_id: int
+    examples: Sequence[tuple[list[int], int | list[int]]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad encoded pairs into `input_ids`, `attention_mask` `[B, L]` and a loss mask `[B, L-1]`.
+    """Right-pad encoded examples into `input_ids`, `attention_mask` `[B, L]` and a loss mask `[B, L-1]`.
 
-    Loss-mask column `t` scores token `t+1` (the `Batch` convention), so it is 1 for `t+1` in
-    `[prompt_len, len)`: every response token and the eos, never a prompt token or padding.
+    An example is `(ids, prompt_len)` — train on every token from `prompt_len` on (response and eos) —
+    or `(ids, token_mask)` with a 0/1 per token (multi-turn demonstrations: observations are 0).
+    Loss-mask column `t` scores token `t+1` (the `Batch` convention).
     """
     length = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     attention_mask = torch.zeros(len(examples), length, dtype=torch.long)
     loss_mask = torch.zeros(len(examples), length - 1)
-    for row, (ids, prompt_len) in enumerate(examples):
-        if not 0 < prompt_len < len(ids):
+    for row, (ids, trained) in enumerate(examples):
+        if isinstance(trained, int):
+            if not 0 < trained < len(ids):
+                raise ValueError(
+                    f"need a non-empty prompt and response, got prompt_len={trained}, len={len(ids)}"
+                )
+            trained = [0] * trained + [1] * (len(ids) - trained)
+        if len(trained) != len(ids) or trained[0] or not any(trained):
             raise ValueError(
-                f"need a non-empty prompt and response, got prompt_len={prompt_len}, len={len(ids)}"
+                "a token mask needs one 0/1 per token, a prompt first, and something to train on"
             )
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
-        loss_mask[row, prompt_len - 1 : len(ids) - 1] = 1
+        loss_mask[row, : len(ids) - 1] = torch.tensor(trained[1:], dtype=torch.float32)
     return input_ids, attention_mask, loss_mask
 
 
@@ -66,8 +73,9 @@ def sft_loss(
 
 def run_sft(
     policy: Policy,
-    pairs: Sequence[tuple[str, str]],
+    pairs: Sequence[tuple[str, str]] = (),
     *,
+    examples: Sequence[tuple[list[int], list[int]]] = (),
     batch_size: int = 8,
     micro_batch_size: int | None = None,
     lr: float = 1e-4,
@@ -82,7 +90,8 @@ def run_sft(
     log: Callable[[dict[str, float]], None] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Fine-tune `policy` in place on `pairs` for up to `max_steps` optimizer steps.
+    """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
+    per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps.
 
     The learning rate warms up linearly over `warmup_steps`, then follows `schedule` (the RL trainer's
     `build_scheduler`: "cosine", "linear" or "constant") over `max_steps`.
@@ -96,11 +105,12 @@ def run_sft(
     """
     if policy.tokenizer is None:
         raise ValueError("run_sft needs a policy with a tokenizer")
-    if not pairs:
-        raise ValueError("run_sft needs at least one (prompt, response) pair")
+    if not pairs and not examples:
+        raise ValueError("run_sft needs at least one (prompt, response) pair or tokenised example")
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    encoded = [encode_pair(tokenizer, prompt, response) for prompt, response in pairs]
+    encoded: list[tuple[list[int], int | list[int]]] = [encode_pair(tokenizer, p, r) for p, r in pairs]
+    encoded += list(examples)
     params = policy.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     scheduler = build_scheduler(optimizer, schedule, warmup_steps, max_steps)
@@ -149,7 +159,7 @@ def run_sft(
 
 def _step(
     policy: Policy,
-    batch: list[tuple[list[int], int]],
+    batch: list[tuple[list[int], int | list[int]]],
     pad_id: int,
     micro_batch_size: int | None,
     params: list[torch.nn.Parameter],
@@ -157,7 +167,9 @@ def _step(
 ) -> tuple[float, float, float]:
     """Accumulate gradients of the batch's token-mean NLL; return (loss, response tokens, grad norm)."""
     chunk = micro_batch_size or len(batch)
-    total_tokens = sum(len(ids) - prompt_len for ids, prompt_len in batch)
+    total_tokens = sum(
+        len(ids) - trained if isinstance(trained, int) else sum(trained[1:]) for ids, trained in batch
+    )
     total_loss = 0.0
     for start in range(0, len(batch), chunk):
         input_ids, attention_mask, loss_mask = collate_sft(batch[start : start + chunk], pad_id)

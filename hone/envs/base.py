@@ -1,0 +1,119 @@
+"""The `Environment` interface, its registry, and `make_env`, which turns a recipe's spec into a factory.
+
+An environment is the other side of a multi-turn conversation: `reset(sample)` gives the initial chat
+messages, then each `step(assistant_message)` answers one assistant turn with observation messages, a
+reward for that turn, and whether the episode is over. `rollout/multiturn.py` drives it; it never
+tokenises anything itself, so one environment works with any chat template.
+
+One instance plays one trajectory: the rollout loop calls the factory from `make_env` once per
+trajectory, so an environment may keep its episode state on `self` and never sees another rollout's.
+Both methods may be `async` (a tool call that waits on I/O should not block the other rollouts).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hone.algorithms.registry import Registry
+from hone.types import Sample
+
+Message = dict[str, Any]
+
+
+@dataclass
+class StepResult:
+    """What the environment says after one assistant turn.
+
+    `messages` are appended to the conversation (e.g. `{"role": "user", "content": "higher"}` or
+    `{"role": "tool", "name": "calculator", "content": "42"}`); ignored once `done`. `reward` is this
+    turn's reward. `info` holds numbers the rollout loop sums over the episode into metrics.
+    """
+
+    messages: list[Message]
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, float] = field(default_factory=dict)
+
+
+class Environment(ABC):
+    """A multi-turn task. Subclasses implement `reset` and `step`; games also `make_samples` and
+    `demonstration`, so a recipe needs no dataset and SFT a warm start."""
+
+    max_turns: int = 8
+    # JSON schemas for `tokenizer.apply_chat_template(tools=...)`; None when the model has no tools.
+    tools: list[dict] | None = None
+
+    @abstractmethod
+    def reset(self, sample: Sample) -> list[Message] | Awaitable[list[Message]]:
+        """Start an episode for `sample`; return the initial (system/user) messages."""
+
+    @abstractmethod
+    def step(self, assistant_message: str) -> StepResult | Awaitable[StepResult]:
+        """Answer one assistant turn."""
+
+    @classmethod
+    def make_samples(cls, n: int, seed: int, split: str, **args: Any) -> list[Sample]:
+        """`n` samples of a self-contained game; "train" and "eval" splits are disjoint and each is a
+        deterministic function of `(n, seed)`. `args` are the environment's constructor arguments
+        where they shape the samples (e.g. a game's board size)."""
+        raise NotImplementedError(
+            f"environment {cls.__name__} does not generate its own samples; give the recipe a dataset"
+        )
+
+    def demonstration(self, sample: Sample) -> list[Message]:
+        """A full scripted conversation that solves `sample`: the initial messages, then assistant turns
+        and observations, ending with the last assistant turn. Used for the SFT warm start."""
+        raise NotImplementedError(f"environment {type(self).__name__} has no scripted demonstration")
+
+
+E = TypeVar("E", bound=type[Environment])
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")
+
+
+def register_env(name: str) -> Callable[[E], E]:
+    """Class decorator: make the environment available by `name` in recipes."""
+
+    def add(cls: E) -> E:
+        ENVIRONMENTS.register(name)(cls)
+        return cls
+
+    return add
+
+
+def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
+    """A zero-argument factory for the environment `spec` (a registered name, or `pkg.mod:Class` /
+    `pkg.mod.Class`) built with `args`. One instance is built here, so a bad name or bad arguments fail
+    when the recipe is set up, with a `ValueError` naming the environment, not in the first rollout.
+
+    `args` are shared by every instance: environments must treat them as read-only.
+    """
+    args = dict(args or {})
+    cls = resolve_env(spec)
+    try:
+        probe = cls(**args)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"environment {spec!r}: cannot construct with args {args}: {exc}") from exc
+    if not isinstance(probe, Environment):
+        raise ValueError(f"environment {spec!r} built a {type(probe).__name__}, not an Environment")
+    return functools.partial(cls, **args)
+
+
+def resolve_env(spec: str) -> Callable[..., Environment]:
+    """The class (or factory) a spec names; `ValueError` naming the spec when there is none."""
+    if ":" not in spec and "." not in spec:
+        if spec not in ENVIRONMENTS:
+            raise ValueError(f"unknown environment {spec!r}; registered: {', '.join(sorted(ENVIRONMENTS))}")
+        return ENVIRONMENTS[spec]
+    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"environment {spec!r}: cannot import {attr!r} from {module_name!r}: {exc}") from exc
+    if not callable(target):
+        raise ValueError(f"environment {spec!r} is a {type(target).__name__}, not a class or factory")
+    return target

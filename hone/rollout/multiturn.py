@@ -1,0 +1,267 @@
+"""Multi-turn rollouts: drive one `Environment` per trajectory with a `Sampler`, turn by turn.
+
+A trajectory is one token sequence: the rendered initial messages (the prompt), then alternating
+assistant tokens — kept *exactly as sampled*, never re-tokenised from text — and observation tokens
+(tool results, game replies) that are in the context but masked out of the loss (`loss_mask` 0,
+`sampler_logprobs` 0). Each turn, every live trajectory's whole context goes to the sampler in one
+batch; environments step concurrently on one event loop (their `step` may be async).
+
+Observation tokens come from the chat template, as the *difference* between a rendered conversation
+with and without the new messages (on a fixed two-message stand-in, so templates that rewrite earlier
+turns, e.g. dropping reasoning, can't shift it), plus whatever the template writes after an assistant
+message beyond the end-of-turn token the model sampled (e.g. Qwen's "\\n" after `<|im_end|>`).
+
+Limits: `max_turns` assistant turns, `max_tokens_per_turn`, and `max_total_tokens` for the whole
+sequence; an episode that hits a limit before the environment says done ends with
+`finish_reason="length"` and `metrics["episode/truncated"] = 1`. A "void turn" (SimpleTIR, Xue et al.
+2025: a turn that produced nothing usable — empty, or cut off by the per-turn limit) is counted in
+`metrics["episode/void_turns"]` so the trainer can filter such trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from transformers import PreTrainedTokenizerBase
+
+from hone.aio import run_coroutine
+from hone.envs import Environment, Message, StepResult
+from hone.rollout.base import GenerationRequest, Sampler
+from hone.seeding import derive_seed
+from hone.types import Rollout, Sample, SamplingParams
+
+
+@dataclass
+class EpisodeLimits:
+    max_turns: int = 8
+    max_tokens_per_turn: int = 64
+    max_total_tokens: int = 1024
+
+
+@dataclass
+class Episodes:
+    """How to play a multi-turn run: a fresh environment per episode, and the limits."""
+
+    make_env: Callable[[], Environment]
+    limits: EpisodeLimits
+
+
+@dataclass
+class _Episode:
+    sample: Sample
+    group_id: int
+    env: Environment
+    messages: list[Message]
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    done: bool = False
+    truncated: bool = False
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+def run_episodes(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    make_env: Callable[[], Environment],
+    samples: Sequence[Sample],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+) -> list[Rollout]:
+    """`params.n` trajectories per sample (group id = the sample's index), in sample order."""
+    return run_coroutine(_play(sampler, tokenizer, make_env, samples, params, limits))
+
+
+async def _play(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    make_env: Callable[[], Environment],
+    samples: Sequence[Sample],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+) -> list[Rollout]:
+    envs = [(i, s, make_env()) for i, s in enumerate(samples) for _ in range(params.n)]
+    starts = await asyncio.gather(*(_maybe_await(env.reset(s)) for _, s, env in envs))
+    episodes = [
+        _Episode(s, i, env, list(msgs), _render_prompt(tokenizer, msgs, env.tools))
+        for (i, s, env), msgs in zip(envs, starts, strict=True)
+    ]
+    render = _ObservationRenderer(tokenizer)
+    for turn in range(limits.max_turns):
+        live = [e for e in episodes if not e.done]
+        if not live:
+            break
+        for e in live:
+            if len(e.context) >= limits.max_total_tokens:
+                e.done = e.truncated = True
+        live = [e for e in live if not e.done]
+        budget = min(limits.max_tokens_per_turn, *(limits.max_total_tokens - len(e.context) for e in live))
+        turn_params = _turn_params(params, budget, turn)
+        outs = sampler.generate(
+            [GenerationRequest(e.sample.id, e.group_id, e.context) for e in live], turn_params
+        )
+        texts = [_take_turn(e, out, tokenizer) for e, out in zip(live, outs, strict=True)]
+        results = await asyncio.gather(
+            *(_maybe_await(e.env.step(t)) for e, t in zip(live, texts, strict=True))
+        )
+        for e, out, text, result in zip(live, outs, texts, results, strict=True):
+            _apply(e, out, text, result, render, tokenizer, limits, turn)
+    for e in episodes:
+        if not e.done:  # ran out of turns
+            e.truncated = True
+    return [_to_rollout(e, sampler.policy_version, tokenizer) for e in episodes]
+
+
+def _turn_params(params: SamplingParams, budget: int, turn: int) -> SamplingParams:
+    seed = None if params.seed is None else derive_seed(params.seed, "turn", turn)
+    return SamplingParams(
+        1, params.temperature, params.top_p, params.top_k, max(budget, 1), params.stop, seed
+    )
+
+
+def _take_turn(e: _Episode, out: Rollout, tokenizer: PreTrainedTokenizerBase) -> str:
+    """Append the sampled tokens (trained on) and return the assistant message text."""
+    start = len(e.response_ids)
+    e.response_ids += out.response_ids
+    e.loss_mask += [1] * out.response_len
+    e.logprobs += out.sampler_logprobs
+    e.turns.append((start, len(e.response_ids)))
+    text = tokenizer.decode(out.response_ids, skip_special_tokens=True)
+    if not text.strip() or out.finish_reason == "length":
+        e.metrics["episode/void_turns"] = e.metrics.get("episode/void_turns", 0.0) + 1
+    return text
+
+
+def _apply(
+    e: _Episode,
+    out: Rollout,
+    text: str,
+    result: StepResult,
+    render: _ObservationRenderer,
+    tokenizer: PreTrainedTokenizerBase,
+    limits: EpisodeLimits,
+    turn: int,
+) -> None:
+    e.messages.append({"role": "assistant", "content": text})
+    e.turn_rewards.append(float(result.reward))
+    for key, value in result.info.items():
+        e.metrics[f"env/{key}"] = e.metrics.get(f"env/{key}", 0.0) + float(value)
+    if result.done:
+        e.done = True
+        return
+    if turn + 1 >= limits.max_turns:
+        e.done = e.truncated = True
+        return
+    ended = bool(out.response_ids) and out.response_ids[-1] == tokenizer.eos_token_id
+    obs_ids = render(result.messages, ended_with_eos=ended, tools=e.env.tools)
+    e.messages += result.messages
+    room = limits.max_total_tokens - len(e.context)
+    if len(obs_ids) >= room:  # no room left for the observation and a reply
+        e.done = e.truncated = True
+        return
+    e.response_ids += obs_ids
+    e.loss_mask += [0] * len(obs_ids)
+    e.logprobs += [0.0] * len(obs_ids)
+
+
+def _to_rollout(e: _Episode, version: int, tokenizer: PreTrainedTokenizerBase) -> Rollout:
+    e.metrics["episode/turns"] = float(len(e.turns))
+    e.metrics["episode/truncated"] = float(e.truncated)
+    return Rollout(
+        sample_id=e.sample.id,
+        group_id=e.group_id,
+        token_ids=e.context,
+        prompt_len=len(e.prompt_ids),
+        loss_mask=e.loss_mask,
+        sampler_logprobs=e.logprobs,
+        response_text=tokenizer.decode(e.response_ids, skip_special_tokens=True),
+        finish_reason="length" if e.truncated else "stop",
+        policy_version=version,
+        turns=e.turns,
+        metrics=e.metrics,
+        messages=e.messages,
+        turn_rewards=e.turn_rewards,
+    )
+
+
+class _ObservationRenderer:
+    """Token ids the chat template puts between a sampled assistant turn and the next one."""
+
+    _MARK = "hone-stand-in-reply"
+    _STAND_IN: ClassVar[list[Message]] = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": _MARK},
+    ]
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.eos_text = tokenizer.eos_token or ""
+
+    def __call__(
+        self, observation: list[Message], *, ended_with_eos: bool, tools: list[dict] | None
+    ) -> list[int]:
+        before = self._render(self._STAND_IN, tools, generation_prompt=False)
+        after = self._render(self._STAND_IN + observation, tools, generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError(
+                "the chat template rewrites earlier turns when messages are added; cannot splice"
+            )
+        # What follows the assistant content, e.g. "<eos>\n"; the model sampled the eos itself.
+        closing = before[before.rindex(self._MARK) + len(self._MARK) :]
+        if ended_with_eos and closing.startswith(self.eos_text):
+            closing = closing[len(self.eos_text) :]
+        return self.tokenizer.encode(closing + after[len(before) :], add_special_tokens=False)
+
+    def _render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+
+def _render_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[dict] | None
+) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def demonstration_tokens(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
+    """A scripted conversation laid out exactly as `run_episodes` lays out a sampled one: token ids and
+    a 0/1 train mask (1 on assistant tokens and their eos, 0 on the prompt and observations), for SFT.
+    """
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None or first == 0:
+        raise ValueError("a demonstration needs initial messages followed by at least one assistant turn")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("multi-turn SFT needs a tokenizer with an eos token (it ends every assistant turn)")
+    ids = _render_prompt(tokenizer, messages[:first], tools)
+    mask = [0] * len(ids)
+    render = _ObservationRenderer(tokenizer)
+    observation: list[Message] = []
+    for message in messages[first:]:
+        if message["role"] != "assistant":
+            observation.append(message)
+            continue
+        if observation:
+            obs_ids = render(observation, ended_with_eos=True, tools=tools)
+            ids, mask, observation = ids + obs_ids, mask + [0] * len(obs_ids), []
+        turn = [*tokenizer.encode(message["content"], add_special_tokens=False), tokenizer.eos_token_id]
+        ids, mask = ids + turn, mask + [1] * len(turn)
+    return ids, mask

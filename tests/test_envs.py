@@ -1,0 +1,273 @@
+"""Environments: the built-in games, the registry and `make_env`, and the documented example."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+
+import pytest
+
+import hone.envs
+from hone.envs import ENVIRONMENTS, Environment, FrozenLake, GuessNumber, StepResult, make_env, register_env
+from hone.types import Sample
+
+GAMES = ["tool_arithmetic", "guess_number", "frozen_lake"]
+
+
+def play(env: Environment, sample: Sample, replies: list[str]) -> tuple[list[dict], list[StepResult]]:
+    """Drive `env` like the rollout loop does; returns the conversation and each step's result."""
+    messages = list(_resolve(env.reset(sample)))
+    results = []
+    for reply in replies:
+        result = _resolve(env.step(reply))
+        messages.append({"role": "assistant", "content": reply})
+        results.append(result)
+        if result.done:
+            break
+        messages += result.messages
+    return messages, results
+
+
+def _resolve(value):
+    return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
+def _assistant_turns(messages: list[dict]) -> list[str]:
+    return [m["content"] for m in messages if m["role"] == "assistant"]
+
+
+# --- every game ---
+
+
+@pytest.mark.parametrize("name", GAMES)
+def test_registered(name):
+    assert name in ENVIRONMENTS
+    assert isinstance(make_env(name, {})(), Environment)
+
+
+@pytest.mark.parametrize("name", GAMES)
+def test_samples_deterministic_and_splits_disjoint(name):
+    cls = ENVIRONMENTS[name]
+    train = cls.make_samples(200, seed=0, split="train")
+    assert [s.meta for s in train] == [s.meta for s in cls.make_samples(200, seed=0, split="train")]
+    assert [s.meta for s in train] != [s.meta for s in cls.make_samples(200, seed=1, split="train")]
+    evals = cls.make_samples(50, seed=0, split="eval") + cls.make_samples(50, seed=7, split="eval")
+    key = repr  # the whole problem: meta holds everything that defines it
+    assert not {key(s.meta) for s in train} & {key(s.meta) for s in evals}
+    assert len({s.id for s in train}) == 200
+    with pytest.raises(ValueError, match="split"):
+        cls.make_samples(1, seed=0, split="test")
+
+
+@pytest.mark.parametrize("name", GAMES)
+def test_demonstrations_solve_every_sample(name):
+    factory = make_env(name, {})
+    for sample in ENVIRONMENTS[name].make_samples(50, seed=3, split="train"):
+        demo = factory().demonstration(sample)
+        env = factory()  # a fresh instance replays it, as a rollout would
+        messages, results = play(env, sample, _assistant_turns(demo))
+        assert results[-1].done and results[-1].reward == 1.0, (sample, demo)
+        assert sum(r.reward for r in results) == 1.0
+        assert messages == demo  # every observation is what the demonstration scripted
+        assert len(results) <= env.max_turns
+
+
+@pytest.mark.parametrize("name", GAMES)
+def test_nonsense_replies_never_raise(name):
+    env = make_env(name, {})()
+    (sample,) = ENVIRONMENTS[name].make_samples(1, seed=0, split="eval")
+    replies = ["", "???", "<tool_call>{bad", "-99999999999999999999999", "9" * 5000, "upside down"] * 3
+    _, results = play(env, sample, replies)
+    assert all(isinstance(r, StepResult) for r in results)
+
+
+def test_sample_split_keys_hash_the_problem_not_the_seed():
+    a = {s.answer for s in GuessNumber.make_samples(300, seed=0, split="eval")}
+    b = {s.answer for s in GuessNumber.make_samples(300, seed=9, split="eval")}
+    assert a == b  # the same eval secrets whatever the seed
+
+
+# --- guess_number ---
+
+
+def _guess(secret: int = 11, **args) -> GuessNumber:
+    env = GuessNumber(**args)
+    env.reset(Sample(id="g", meta={"secret": secret}))
+    return env
+
+
+def test_guess_number_replies():
+    env = _guess(11)
+    assert env.reset(Sample(id="g", meta={"secret": 11})) == [
+        {"role": "user", "content": "Guess my number (1-32)."}
+    ]
+    assert env.step("16").messages == [{"role": "user", "content": "lower"}]
+    assert env.step("I think 5, or maybe 6").messages == [{"role": "user", "content": "higher"}]
+    invalid = env.step("no idea")
+    assert invalid.messages == [{"role": "user", "content": "Reply with a number."}]
+    assert invalid.reward == 0.0 and not invalid.done and invalid.info == {"invalid": 1.0}
+    win = env.step("11")
+    assert win.done and win.reward == 1.0
+
+
+def test_guess_number_runs_out_of_turns():
+    env = _guess(20)
+    assert env.max_turns == 7  # binary search needs at most 6 for 1..32
+    results = [env.step("1") for _ in range(7)]
+    assert [r.done for r in results] == [False] * 6 + [True]
+    assert all(r.reward == 0.0 for r in results)
+
+
+def test_guess_number_high_shapes_samples_and_turns():
+    samples = GuessNumber.make_samples(100, seed=0, split="train", high=1000)
+    assert max(s.meta["secret"] for s in samples) > 32
+    env = GuessNumber(high=1000)
+    env.reset(samples[0])
+    assert env.max_turns == 11
+    assert env.reset(samples[0])[0]["content"] == "Guess my number (1-1000)."
+
+
+def test_guess_number_binary_search_is_short():
+    env = GuessNumber()
+    for secret in range(1, 33):
+        demo = env.demonstration(Sample(id="s", meta={"secret": secret}))
+        assert len(_assistant_turns(demo)) <= 6
+        assert all(len(m["content"]) <= 6 for m in demo[1:])  # "16", "higher", "lower": a few tokens
+
+
+# --- frozen_lake ---
+
+LAKE = ["SFFF", "FHFH", "FFFH", "HFFG"]
+
+
+def _lake(grid=LAKE) -> FrozenLake:
+    env = FrozenLake()
+    env.reset(Sample(id="lake", meta={"grid": grid}))
+    return env
+
+
+def test_frozen_lake_render_and_moves():
+    env = FrozenLake()
+    (prompt,) = env.reset(Sample(id="lake", meta={"grid": LAKE}))
+    assert prompt["content"].splitlines()[1:] == ["PFFF", "FHFH", "FFFH", "HFFG"]
+    assert env.step("right").messages[0]["content"] == "SPFF\nFHFH\nFFFH\nHFFG"
+    assert env.step("I will go l").messages[0]["content"].startswith("Invalid move.")
+    assert env.step("L").messages[0]["content"] == "PFFF\nFHFH\nFFFH\nHFFG"
+    assert env.step("up").messages[0]["content"] == "PFFF\nFHFH\nFFFH\nHFFG"  # wall: stays put
+    assert env.step("Move: DOWN.").messages[0]["content"] == "SFFF\nPHFH\nFFFH\nHFFG"
+
+
+def test_frozen_lake_hole_ends_with_zero():
+    env = _lake()
+    env.step("right")
+    fell = env.step("down")
+    assert fell.done and fell.reward == 0.0 and fell.info == {"fell": 1.0}
+
+
+def test_frozen_lake_invalid_moves_and_turn_limit():
+    env = _lake()
+    results = [env.step("jump") for _ in range(env.max_turns)]
+    assert all(r.info == {"invalid": 1.0} and r.reward == 0.0 for r in results)
+    assert [r.done for r in results] == [False] * (env.max_turns - 1) + [True]
+
+
+def test_frozen_lake_maps_are_solvable_and_varied():
+    samples = FrozenLake.make_samples(100, seed=0, split="train")
+    assert len({tuple(s.meta["grid"]) for s in samples}) > 90
+    starts = {next(i for i, c in enumerate("".join(s.meta["grid"])) if c == "S") for s in samples}
+    assert len(starts) > 4  # S is not always in the corner
+    for s in samples:
+        assert len(s.answer.split()) <= FrozenLake.max_turns
+
+
+def test_frozen_lake_bad_grid_rejected():
+    with pytest.raises(ValueError, match="bad grid"):
+        FrozenLake().reset(Sample(id="x", meta={"grid": ["SFX", "FFG"]}))
+
+
+# --- tool_arithmetic ---
+
+
+def test_tool_arithmetic_prompt_tools_and_reward():
+    env = make_env("tool_arithmetic", {})()
+    (sample,) = env.make_samples(1, seed=0, split="train")
+    (user,) = env.reset(sample)
+    assert re.fullmatch(
+        r"What is \d{3,4}[+*]\d{3,4}\? Use the calculator tool, then reply with the answer\.", user["content"]
+    )
+    assert env.tools[0]["function"]["name"] == "calculator"
+    wrong = asyncio.run(env.step("It is 12."))
+    assert wrong.done and wrong.reward == 0.0
+    env.reset(sample)
+    assert asyncio.run(env.step(f"The answer is {sample.answer}.")).reward == 1.0
+
+
+# --- registry and make_env ---
+
+
+def test_make_env_returns_fresh_instances():
+    factory = make_env("guess_number", {"high": 64})
+    one, two = factory(), factory()
+    assert one is not two and one.high == two.high == 64
+    one.reset(Sample(id="a", meta={"secret": 5}))
+    two.reset(Sample(id="b", meta={"secret": 60}))
+    assert one.step("10").messages[0]["content"] == "lower"
+    assert two.step("10").messages[0]["content"] == "higher"
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "fragment"),
+    [
+        ("guess_number", {"high": 1}, "'guess_number'.*high must be >= 2"),
+        ("guess_number", {"hgh": 40}, "'guess_number'.*hgh"),
+        ("frozen_lake", {"size": 99}, "'frozen_lake'.*size"),
+        ("no_such_env", {}, "unknown environment 'no_such_env'; registered: .*frozen_lake"),
+        ("hone.envs.games:Missing", {}, "'hone.envs.games:Missing'.*cannot import"),
+        ("no_such_pkg.mod:Env", {}, "no_such_pkg"),
+        ("hone.envs.games:_MOVES", {}, "not a class"),
+        ("hone.types:Sample", {"id": "x"}, "not an Environment"),
+    ],
+)
+def test_make_env_fails_at_setup_naming_the_env(spec, args, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make_env(spec, args)
+
+
+def test_make_env_by_dotted_path():
+    assert isinstance(make_env("hone.envs.games:FrozenLake", {"size": 5})(), FrozenLake)
+    assert isinstance(make_env("hone.envs.games.GuessNumber", {})(), GuessNumber)
+
+
+def test_register_env_rejects_duplicates_and_default_hooks_explain():
+    @register_env("test_envs_dummy")
+    class Dummy(Environment):
+        def reset(self, sample):
+            return []
+
+        def step(self, assistant_message):
+            return StepResult([], done=True)
+
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            register_env("test_envs_dummy")(Dummy)
+        with pytest.raises(NotImplementedError, match="Dummy does not generate its own samples"):
+            Dummy.make_samples(1, 0, "train")
+        with pytest.raises(NotImplementedError, match="demonstration"):
+            Dummy().demonstration(Sample(id="x"))
+        assert Dummy().tools is None and Dummy.max_turns == 8
+    finally:
+        del ENVIRONMENTS["test_envs_dummy"]
+
+
+# --- the example in hone/envs/__init__.py ---
+
+
+def test_module_docstring_example_runs():
+    (code,) = re.findall(r"```python\n(.*?)```", hone.envs.__doc__ or "", re.DOTALL)
+    namespace: dict = {}
+    exec(compile(code, "hone/envs/__init__.py:example", "exec"), namespace)
+    assert namespace["final"].reward == 1.0
+    env = namespace["UnitsEnv"]()
+    assert env.tools[0]["function"]["parameters"]["required"] == ["value", "unit"]
+    assert len(code.splitlines()) <= 45

@@ -1,0 +1,192 @@
+"""Multi-turn rollouts: token layout and loss mask, exact sampled tokens, limits, concurrency of
+environments, and that observation tokens get exactly zero gradient."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hone.algorithms import POLICY_LOSSES, aggregate_loss
+from hone.envs import Environment, StepResult, make_env
+from hone.orchestration.collate import collate, turn_tensors
+from hone.rollout import HFSampler
+from hone.rollout.multiturn import EpisodeLimits, demonstration_tokens, run_episodes
+from hone.training.policy import Policy
+from hone.types import Rollout, Sample, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def policy(micro_model_dir: Path) -> Policy:
+    return Policy.from_pretrained(str(micro_model_dir))
+
+
+class Echo(Environment):
+    """Replies "obs <n>" to every turn; done after `turns` turns with reward = turns seen."""
+
+    max_turns = 8
+
+    def __init__(self, turns: int = 3) -> None:
+        self.turns, self.seen = turns, 0
+
+    def reset(self, sample: Sample) -> list[dict[str, str]]:
+        return [{"role": "user", "content": sample.prompt or ""}]
+
+    async def step(self, assistant_message: str) -> StepResult:
+        self.seen += 1
+        await asyncio.sleep(0)
+        done = self.seen >= self.turns
+        return StepResult(
+            [{"role": "user", "content": f"obs {self.seen}"}], float(done), done, {"steps": 1.0}
+        )
+
+
+def play(policy: Policy, make, samples: list[Sample], limits: EpisodeLimits, n: int = 2) -> list[Rollout]:
+    sampler = HFSampler(policy.model, policy.tokenizer)
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=limits.max_tokens_per_turn, seed=3)
+    return run_episodes(sampler, policy.tokenizer, make, samples, params, limits)
+
+
+SAMPLES = [Sample("a", prompt="hi"), Sample("b", prompt="yo")]
+
+
+def test_trajectory_layout_masks_exactly_the_observation_tokens(policy: Policy) -> None:
+    tok = policy.tokenizer
+    rollouts = play(policy, lambda: Echo(3), SAMPLES, EpisodeLimits(max_turns=5, max_tokens_per_turn=6))
+    assert [r.sample_id for r in rollouts] == ["a", "a", "b", "b"] and [r.group_id for r in rollouts] == [
+        0,
+        0,
+        1,
+        1,
+    ]
+    for r in rollouts:
+        assert len(r.turns) == 3 and r.turn_rewards == [0.0, 0.0, 1.0] and r.finish_reason == "stop"
+        assert len(r.loss_mask) == len(r.sampler_logprobs) == r.response_len
+        trained = {i for start, end in r.turns for i in range(start, end)}
+        assert {i for i, m in enumerate(r.loss_mask) if m} == trained
+        # the masked stretches are precisely the template's observation text
+        observations = [
+            tok.decode(r.response_ids[end:next_start])
+            for (_, end), (next_start, _) in zip(r.turns, r.turns[1:], strict=False)
+        ]
+        for k, text in enumerate(observations, start=1):
+            assert text.endswith(f"user: obs {k}\nassistant: ")
+        assert all(lp == 0.0 for lp, m in zip(r.sampler_logprobs, r.loss_mask, strict=True) if not m)
+        assert r.metrics["env/steps"] == 3.0 and r.metrics["episode/turns"] == 3.0
+
+
+def test_sampled_tokens_are_kept_exactly_and_score_alike_in_the_trainer(policy: Policy) -> None:
+    rollouts = play(policy, lambda: Echo(2), SAMPLES, EpisodeLimits(max_turns=4, max_tokens_per_turn=5))
+    batch = collate(rollouts, pad_id=policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
+    diff = (log_probs - batch.old_log_probs).abs() * batch.response_mask
+    assert float(diff.max()) < 1e-4  # no re-tokenisation drift: the trainer sees the sampled ids
+
+
+def test_observation_and_prompt_tokens_get_exactly_zero_gradient(policy: Policy) -> None:
+    rollouts = play(policy, lambda: Echo(3), SAMPLES, EpisodeLimits(max_turns=4, max_tokens_per_turn=5))
+    batch = collate(rollouts, pad_id=policy.tokenizer.pad_token_id)
+    log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
+    log_probs.retain_grad()
+    advantages = torch.randn_like(log_probs)
+    loss_per_token, _ = POLICY_LOSSES["ppo"](
+        log_probs=log_probs,
+        old_log_probs=batch.old_log_probs,
+        advantages=advantages,
+        response_mask=batch.response_mask,
+    )
+    aggregate_loss(loss_per_token, batch.response_mask, "token-mean").backward()
+    grad = log_probs.grad
+    assert grad is not None
+    assert torch.count_nonzero(grad * (1 - batch.response_mask)) == 0
+    assert torch.count_nonzero(grad * batch.response_mask) == int(batch.response_mask.sum())
+
+
+def test_turn_tensors_align_turns_with_response_columns(policy: Policy) -> None:
+    rollouts = play(
+        policy, lambda: Echo(3), SAMPLES[:1], EpisodeLimits(max_turns=4, max_tokens_per_turn=4), n=1
+    )
+    r = rollouts[0]
+    r.reward = 5.0  # the reward layer's total: the env's 1.0 on turn 3, the rest arrives with the last turn
+    batch = collate(rollouts, pad_id=policy.tokenizer.pad_token_id)
+    turns = turn_tensors(rollouts, batch.response_mask.shape[1])
+    assert turns["turn_rewards"].tolist() == [[0.0, 0.0, 5.0]] and turns["turn_mask"].tolist() == [
+        [1.0, 1.0, 1.0]
+    ]
+    assert torch.equal((turns["token_turns"] >= 0).float(), batch.response_mask)
+
+
+def test_limits_end_episodes_cleanly_and_mark_truncation(policy: Policy) -> None:
+    by_turns = play(policy, lambda: Echo(10), SAMPLES[:1], EpisodeLimits(max_turns=2, max_tokens_per_turn=4))
+    assert all(len(r.turns) == 2 and r.finish_reason == "length" for r in by_turns)
+    assert all(r.metrics["episode/truncated"] == 1.0 for r in by_turns)
+    tight = EpisodeLimits(max_turns=8, max_tokens_per_turn=4, max_total_tokens=30)
+    by_tokens = play(policy, lambda: Echo(10), SAMPLES[:1], tight)
+    assert all(len(r.token_ids) <= 30 and r.finish_reason == "length" for r in by_tokens)
+
+
+def test_environments_step_concurrently_one_instance_per_trajectory(policy: Policy) -> None:
+    instances: list[Environment] = []
+
+    class Meet(Echo):
+        async def step(self, assistant_message: str) -> StepResult:
+            instances.append(self)
+            await asyncio.wait_for(barrier.wait(), timeout=5)  # all 4 must be stepping at once
+            return await super().step(assistant_message)
+
+    barrier = asyncio.Barrier(4)
+    rollouts = play(policy, lambda: Meet(1), SAMPLES, EpisodeLimits(max_turns=2, max_tokens_per_turn=3))
+    assert all(r.turn_rewards == [1.0] for r in rollouts)
+    assert len({id(e) for e in instances}) == 4
+
+
+def test_demonstrations_use_the_same_layout_as_episodes(policy: Policy) -> None:
+    tok = policy.tokenizer
+    env = make_env("guess_number", {})()
+    sample = type(env).make_samples(1, 0, "train")[0]
+    ids, mask = demonstration_tokens(tok, env.demonstration(sample), env.tools)
+    assert len(ids) == len(mask) and mask[0] == 0
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assistant = [m["content"] for m in env.demonstration(sample) if m["role"] == "assistant"]
+    assert trained == "".join(a + tok.eos_token for a in assistant)
+
+
+def test_an_agent_recipe_trains_end_to_end_with_sft_from_demonstrations(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    from hone.config import load_config
+    from hone.orchestration.loop import train
+    from tests.test_orchestration import tiny_overrides
+
+    overrides = tiny_overrides(
+        tmp_path,
+        micro_model_dir,
+        "agent",
+        **{
+            "data.task": "null",
+            "env.name": "guess_number",
+            "env.args": "{high: 8}",
+            "env.max_tokens_per_turn": 3,
+            "reward.fn": "env",
+            "algorithm.advantage": "turn_grpo",
+            "algorithm.gamma": 0.9,
+            "run.steps": 2,
+            "sft.enabled": "true",
+            "sft.max_steps": 2,
+            "sft.examples": 16,
+            "sft.val_size": 4,
+            "sft.eval_every": 1,
+        },
+    )
+    result = train(load_config("agent-guess", overrides))
+    assert result.steps == 2
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    step = rows[-1]
+    assert {"episode/turns", "episode/truncated", "reward/mean", "loss/policy", "eval/accuracy"} <= set(step)
+    assert 1 <= step["episode/turns"] <= 7  # the loop's limit: GuessNumber.max_turns
+    sft_log = (result.run_dir / "sft" / "sft_log.jsonl").read_text()
+    assert '"sft/eval"' in sft_log
