@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -99,3 +101,16 @@ def test_tiny_model_learns_mapping_and_stops_on_eval(policy: Policy) -> None:
     assert losses[-1] < 0.2 * losses[0]
     assert [r["step"] for r in rows if "sft/eval" in r] == list(range(5, result["steps"] + 1, 5))
     assert not policy.model.training  # mode restored
+
+
+def test_sft_stops_at_the_deadline_of_the_runs_time_budget(policy: Policy) -> None:
+    result = run_sft(policy, PAIRS, batch_size=4, max_steps=50, deadline=time.perf_counter() - 1)
+    assert result["steps"] == 1 and result["out_of_time"] is True
+
+
+def test_token_mask_examples_train_only_where_the_mask_is_one() -> None:
+    ids, mask = [5, 6, 7, 8, 9], [0, 1, 0, 1, 1]  # prompt, assistant, observation, assistant, eos
+    _, _, loss_mask = collate_sft([(ids, mask)], pad_id=0)
+    assert loss_mask.tolist() == [[1.0, 0.0, 1.0, 1.0]]  # column t scores token t+1
+    with pytest.raises(ValueError, match="one 0/1 per token"):
+        collate_sft([(ids, [1, 1, 1, 1, 1])], pad_id=0)

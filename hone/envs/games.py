@@ -141,17 +141,20 @@ class GuessNumber(Environment):
     """Find a secret in 1..high; each guess is answered "higher" or "lower" (as the user).
 
     The first integer in a reply is the guess; a reply without one gets "Reply with a number." and still
-    uses a turn. Reward 1.0 on the right guess; after `max_turns` (binary search's worst case + 1)
-    wrong ones the episode ends with 0.
+    uses a turn. Reward 1.0 on the right guess; after `max_turns` (binary search's worst case + `slack`)
+    wrong ones the episode ends with 0. Samples cycle through the split's secrets in a shuffled order,
+    so every secret weighs the same in an evaluation.
     """
 
     max_turns = 7
 
-    def __init__(self, high: int = 32) -> None:
+    def __init__(self, high: int = 32, slack: int = 1) -> None:
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
-        self.high = high
-        self.max_turns = high.bit_length() + 1
+        if slack < 0:
+            raise ValueError(f"slack must be >= 0, got {slack}")
+        self.high, self.slack = high, slack
+        self.max_turns = high.bit_length() + slack
         self.secret = 0
         self.turns = 0
 
@@ -168,6 +171,10 @@ class GuessNumber(Environment):
         if not secrets:
             raise ValueError(f"guess_number: the {split} split of 1..{high} is empty; use a larger high")
         rng = random.Random(f"guess_number/{split}/{seed}")
+        order: list[int] = []
+        while len(order) < n:
+            rng.shuffle(secrets)
+            order += secrets
         return [
             Sample(
                 id=f"guess_number-{split}-{seed}-{i}",
@@ -175,12 +182,12 @@ class GuessNumber(Environment):
                 answer=str(secret),
                 meta={"secret": secret, "high": high},
             )
-            for i, secret in enumerate(rng.choice(secrets) for _ in range(n))
+            for i, secret in enumerate(order[:n])
         ]
 
     def reset(self, sample: Sample) -> list[Message]:
         self.high = int(sample.meta.get("high", self.high))
-        self.max_turns = self.high.bit_length() + 1
+        self.max_turns = self.high.bit_length() + self.slack
         self.secret = int(sample.meta["secret"])
         if not 1 <= self.secret <= self.high:
             raise ValueError(f"guess_number sample {sample.id!r}: secret {self.secret} not in 1..{self.high}")

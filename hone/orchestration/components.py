@@ -160,7 +160,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
 
 def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> EpisodeLimits:
     return EpisodeLimits(
-        max_turns=cfg.env.max_turns or type(make_env()).max_turns,
+        max_turns=cfg.env.max_turns or make_env().max_turns,
         max_tokens_per_turn=cfg.env.max_tokens_per_turn,
         max_total_tokens=cfg.env.max_total_tokens,
     )

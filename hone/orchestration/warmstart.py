@@ -68,6 +68,7 @@ def warm_start_sft(
     reward: RewardScorer | RewardFn,
     out_dir: Path,
     episodes: Episodes | None = None,
+    deadline: float | None = None,
 ) -> dict[str, float]:
     val = train_samples[: cfg.sft.val_size]
     greedy = SamplingParams(
@@ -106,6 +107,7 @@ def warm_start_sft(
         stop_at=cfg.sft.stop_at_accuracy,
         log=record,
         seed=cfg.run.seed,
+        deadline=deadline,
     )
     policy.save_pretrained(out_dir)
     (out_dir / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))

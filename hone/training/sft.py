@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,6 +90,7 @@ def run_sft(
     stop_at: float | None = None,
     log: Callable[[dict[str, float]], None] | None = None,
     seed: int = 0,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
     per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps.
@@ -99,7 +101,8 @@ def run_sft(
     Each step takes `batch_size` pairs (reshuffled every epoch with `seed`), accumulating gradients over
     `micro_batch_size` chunks; the loss is the mean NLL over all response tokens of the batch. Every
     `eval_every` steps and after the last, `eval_fn()` is called (the model in eval mode) and training
-    stops once it reaches `stop_at`. `log` receives `{"step", "sft/loss", "sft/lr", "sft/grad_norm",
+    stops once it reaches `stop_at`, or once `time.perf_counter()` passes `deadline` (result
+    `"out_of_time": True`). `log` receives `{"step", "sft/loss", "sft/lr", "sft/grad_norm",
     "sft/tokens"}` per step and `{"step", "sft/eval"}` per evaluation. Returns `{"steps", "loss", "eval",
     "stopped_early"}` (`eval` is the last score, or None).
     """
@@ -117,7 +120,13 @@ def run_sft(
     rng = random.Random(seed)
     order: list[int] = []
     was_training = policy.model.training
-    result: dict[str, Any] = {"steps": 0, "loss": float("nan"), "eval": None, "stopped_early": False}
+    result: dict[str, Any] = {
+        "steps": 0,
+        "loss": float("nan"),
+        "eval": None,
+        "stopped_early": False,
+        "out_of_time": False,
+    }
 
     policy.model.train()
     try:
@@ -152,6 +161,9 @@ def run_sft(
                 if stop_at is not None and score >= stop_at:
                     result["stopped_early"] = step < max_steps
                     break
+            if deadline is not None and time.perf_counter() > deadline:
+                result["out_of_time"] = step < max_steps
+                break
     finally:
         policy.model.train(was_training)
     return result
