@@ -15,7 +15,11 @@ def test_help_lists_recipes_and_main_keys(capsys: pytest.CaptureFixture[str]) ->
         main(["train", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "recipes: agent-guess, default" in out and "algorithm.advantage" in out and "rollout.n" in out
+    assert (
+        "recipes: agent-guess, agent-retry, default" in out
+        and "algorithm.advantage" in out
+        and "rollout.n" in out
+    )
 
 
 @pytest.mark.parametrize(

@@ -271,3 +271,25 @@ def test_module_docstring_example_runs():
     env = namespace["UnitsEnv"]()
     assert env.tools[0]["function"]["parameters"]["required"] == ["value", "unit"]
     assert len(code.splitlines()) <= 45
+
+
+def test_arithmetic_retry_gives_feedback_and_a_limited_number_of_tries() -> None:
+    from hone.envs.games import ArithmeticRetry
+
+    args = {"min_digits": 2, "max_digits": 3, "ops": "+", "pad": True}
+    train = ArithmeticRetry.make_samples(200, 0, "train", **args)
+    held_out = ArithmeticRetry.make_samples(100, 0, "eval", **args)
+    assert len({s.prompt for s in held_out}) == 100  # distinct evaluation problems
+    assert not {s.prompt for s in train} & {s.prompt for s in held_out}
+    env = ArithmeticRetry(tries=2, **args)
+    sample = held_out[0]
+    assert env.reset(sample) == [{"role": "user", "content": sample.prompt}]
+    first = env.step("0")
+    assert first.messages == [{"role": "user", "content": "wrong"}] and not first.done and first.reward == 0
+    right = env.step(str(int(sample.answer or "0")))  # unpadded value counts
+    assert right.done and right.reward == 1.0
+    env.reset(sample)
+    env.step("0")
+    assert env.step("1").done  # out of tries
+    demo = env.demonstration(sample)
+    assert demo[-1] == {"role": "assistant", "content": sample.answer}

@@ -378,3 +378,44 @@ def _parse_move(text: str) -> str | None:
     if match:
         return match.group(1).lower()
     return _SHORT.get(text.strip().strip(".!").lower())
+
+
+@register_env("arithmetic_retry")
+class ArithmeticRetry(Environment):
+    """`a+b=` with feedback: a wrong answer is told "wrong" and may try again, up to `tries` turns.
+
+    The problems are `hone.data.Arithmetic`'s (same arguments, same hash-based held-out split, so
+    evaluation problems are distinct and never trained on). Reward 1.0 for the right value (checked by
+    `hone.rewards.math_reward` on the reply: `0412` = `412`) in any turn, else 0. The smallest
+    multi-turn task that needs its observations: after "wrong", the same answer again is sure to fail.
+    """
+
+    max_turns = 3
+
+    def __init__(self, tries: int = 3, **task_args: Any) -> None:
+        if tries < 1:
+            raise ValueError(f"tries must be >= 1, got {tries}")
+        self.max_turns = tries
+        self.turns = 0
+        self.answer = ""
+
+    @classmethod
+    def make_samples(cls, n: int, seed: int, split: str, tries: int = 3, **task_args: Any) -> list[Sample]:
+        _split_check(split)
+        from hone.data import Arithmetic
+
+        task = Arithmetic(**task_args)
+        return task.eval_samples(n, seed) if split == "eval" else task.train_samples(n, seed)
+
+    def reset(self, sample: Sample) -> list[Message]:
+        self.turns, self.answer = 0, sample.answer or ""
+        return [_user(sample.prompt or "")]
+
+    def step(self, assistant_message: str) -> StepResult:
+        self.turns += 1
+        if math_reward(assistant_message, self.answer):
+            return StepResult([], reward=1.0, done=True, info={"solved": 1.0})
+        return StepResult([_user("wrong")], done=self.turns >= self.max_turns)
+
+    def demonstration(self, sample: Sample) -> list[Message]:
+        return [_user(sample.prompt or ""), {"role": "assistant", "content": sample.answer or ""}]
