@@ -190,3 +190,15 @@ def test_an_agent_recipe_trains_end_to_end_with_sft_from_demonstrations(
     assert 1 <= step["episode/turns"] <= 7  # the loop's limit: GuessNumber.max_turns
     sft_log = (result.run_dir / "sft" / "sft_log.jsonl").read_text()
     assert '"sft/eval"' in sft_log
+
+
+def test_the_environments_args_shape_the_runs_samples() -> None:
+    from hone.config import load_config
+    from hone.envs import make_env as build_env
+    from hone.orchestration.components import load_data
+
+    cfg = load_config("agent-retry", ["data.train_size=50", "data.eval_size=20"])
+    _, train, held_out = load_data(cfg, build_env(cfg.env.name, cfg.env.args))
+    # agent-retry asks for zero-padded 2–3-digit additions: "045+367=" → "0412"
+    assert all(len(s.prompt or "") == 8 and "+" in (s.prompt or "") for s in train + held_out)
+    assert all(len(s.answer or "") == 4 for s in train + held_out)

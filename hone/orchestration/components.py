@@ -52,8 +52,8 @@ def load_data(
         game = type(env())
         return (
             None,
-            game.make_samples(data.train_size, cfg.run.seed, "train"),
-            game.make_samples(eval_size, EVAL_SEED, "eval"),
+            game.make_samples(data.train_size, cfg.run.seed, "train", **cfg.env.args),
+            game.make_samples(eval_size, EVAL_SEED, "eval", **cfg.env.args),
         )
     if data.task is not None:
         task = get_task(data.task, **data.task_args)
