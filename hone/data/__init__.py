@@ -2,7 +2,7 @@
 
 from hone.data.datasets import load_samples
 from hone.data.errors import HoneDataError
-from hone.data.tasks import TASKS, Arithmetic, Countdown, Task, get_task, register_task
+from hone.data.tasks import TASKS, Arithmetic, Countdown, Task, WordProblems, get_task, register_task
 
 __all__ = [
     "TASKS",
@@ -10,6 +10,7 @@ __all__ = [
     "Countdown",
     "HoneDataError",
     "Task",
+    "WordProblems",
     "get_task",
     "load_samples",
     "register_task",

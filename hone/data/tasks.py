@@ -258,3 +258,82 @@ def _evaluate(node: ast.expr, source: str, available: Counter[int]) -> Fraction:
         available[node.value] -= 1
         return Fraction(node.value)
     raise ValueError(f"disallowed syntax: {type(node).__name__}")
+
+
+# Two-operand story templates per operation: {name} {pronoun} {item} {a} {b}. A handful of each is
+# enough for the numbers (not the wording) to carry the difficulty, and for a small pretrained model to
+# recognise the operation.
+_STORIES: dict[str, tuple[str, ...]] = {
+    "+": (
+        "{name} has {a} {item}. {pronoun} gets {b} more. How many {item} does {name} have now?",
+        "There are {a} {item} in one box and {b} {item} in another. How many {item} are there in total?",
+        "{name} collected {a} {item} on Monday and {b} {item} on Tuesday. How many {item} did {name} "
+        "collect in all?",
+    ),
+    "-": (
+        "{name} had {a} {item} and gave away {b} of them. How many {item} does {name} have left?",
+        "A shop had {a} {item}. It sold {b} of them. How many {item} does the shop have left?",
+        "{name} needs {a} {item} and already has {b}. How many more {item} does {name} need?",
+    ),
+    "*": (
+        "{name} buys {a} bags with {b} {item} in each bag. How many {item} does {name} buy?",
+        "There are {a} rows with {b} {item} in each row. How many {item} are there?",
+        "{name} reads {b} {item} a day for {a} days. How many {item} does {name} read?",
+    ),
+}
+_NAMES = (("Ana", "She"), ("Ben", "He"), ("Chloe", "She"), ("Dev", "He"), ("Emma", "She"), ("Omar", "He"))
+_ITEMS = ("apples", "marbles", "stickers", "pages", "coins", "pencils", "cookies", "stamps")
+_OP_WORDS = {"+": "+", "-": "-", "*": "\\times"}
+
+
+@register_task("word_problems")
+class WordProblems(Task):
+    """One-step arithmetic word problems for pretrained chat models, answered in `\\boxed{}`.
+
+    `a ± b` with operands in 2..`max_addend` (the larger first for `-`) and `a × b` with `a` in
+    2..`max_factor` and `b` in 2..`max_multiplicand` — the ranges of the peer run recorded in issue 6.
+    Graded by `math_reward` (last `\\boxed{}`, else the final number). The train/eval split is by the
+    arithmetic (`op` and operands), not the wording, so no held-out calculation is ever trained on.
+    """
+
+    instruction: ClassVar[str] = "Put the final answer in \\boxed{}."
+
+    def __init__(
+        self, ops: str = "+-*", max_addend: int = 99, max_factor: int = 12, max_multiplicand: int = 25
+    ) -> None:
+        if not ops or set(ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty string of '+', '-', '*', got {ops!r}")
+        if min(max_addend, max_factor, max_multiplicand) < 2:
+            raise ValueError("max_addend, max_factor and max_multiplicand must be >= 2")
+        self.ops, self.max_addend = ops, max_addend
+        self.max_factor, self.max_multiplicand = max_factor, max_multiplicand
+
+    def _make(self, rng: random.Random) -> Sample:
+        op = rng.choice(self.ops)
+        if op == "*":
+            a, b = rng.randint(2, self.max_factor), rng.randint(2, self.max_multiplicand)
+        else:
+            a, b = rng.randint(2, self.max_addend), rng.randint(2, self.max_addend)
+            if op == "-" and a < b:
+                a, b = b, a
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        name, pronoun = rng.choice(_NAMES)
+        story = rng.choice(_STORIES[op]).format(name=name, pronoun=pronoun, item=rng.choice(_ITEMS), a=a, b=b)
+        return Sample(
+            id="", prompt=f"{story} {self.instruction}", answer=str(value), meta={"a": a, "b": b, "op": op}
+        )
+
+    def _split_key(self, sample: Sample) -> str:
+        a, b, op = sample.meta["a"], sample.meta["b"], sample.meta["op"]
+        if op in "+*":  # a+b and b+a are the same calculation
+            a, b = sorted((a, b))
+        return f"{a}{op}{b}"
+
+    def reward(self, response_text: str, sample: Sample) -> float:
+        from hone.rewards.math import math_reward  # lazily: hone.rewards loads transformers and sympy
+
+        return math_reward(response_text, sample.answer or "")
+
+    def demonstration(self, sample: Sample) -> str:
+        a, b, op = sample.meta["a"], sample.meta["b"], sample.meta["op"]
+        return f"${a} {_OP_WORDS[op]} {b} = {sample.answer}$. The answer is $\\boxed{{{sample.answer}}}$."

