@@ -143,10 +143,7 @@ class Arithmetic(Task):
         )
 
     def _split_key(self, sample: Sample) -> str:
-        a, b, op = sample.meta["a"], sample.meta["b"], sample.meta["op"]
-        if op in "+*":  # a+b and b+a are the same problem
-            a, b = sorted((a, b))
-        return f"{a}{op}{b}"
+        return _calculation_key(sample.meta)
 
     def reward(self, response_text: str, sample: Sample) -> float:
         response = first_line(response_text)
@@ -156,6 +153,14 @@ class Arithmetic(Task):
 
     def demonstration(self, sample: Sample) -> str:
         return sample.answer or ""
+
+
+def _calculation_key(meta: dict[str, Any]) -> str:
+    """`a<op>b` with commuting operands sorted: a+b and b+a are the same problem."""
+    a, b, op = meta["a"], meta["b"], meta["op"]
+    if op in "+*":
+        a, b = sorted((a, b))
+    return f"{a}{op}{b}"
 
 
 _OPS: dict[type[ast.operator], tuple[str, int, Callable[[Fraction, Fraction], Fraction]]] = {
@@ -324,10 +329,7 @@ class WordProblems(Task):
         )
 
     def _split_key(self, sample: Sample) -> str:
-        a, b, op = sample.meta["a"], sample.meta["b"], sample.meta["op"]
-        if op in "+*":  # a+b and b+a are the same calculation
-            a, b = sorted((a, b))
-        return f"{a}{op}{b}"
+        return _calculation_key(sample.meta)
 
     def reward(self, response_text: str, sample: Sample) -> float:
         from hone.rewards.math import math_reward  # lazily: hone.rewards loads transformers and sympy
