@@ -17,20 +17,24 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from hone.config import ConfigError, HoneConfig, list_recipes, load_config
 
 if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
 
-MAIN_KEYS = """main keys (override any as section.key=value):
+MAIN_KEYS = f"""main keys (override any as section.key=value):
   run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every run.plugins
-  model.path (tiny | local dir | hub name) model.dtype model.lora.r
+  model.path (tiny | smollm2-135m-instruct | local dir | hub name) model.dtype model.lora.r
   data.task data.task_args data.source data.eval_source data.prompts_per_step data.chat_template
   rollout.n rollout.temperature rollout.top_p rollout.max_new_tokens rollout.stop
-  reward.fn (task | package.module:function)
-  algorithm.advantage (grpo dr_grpo rloo reinforce_pp reinforce_pp_baseline)
-  algorithm.policy_loss (ppo gspo cispo) algorithm.loss_agg algorithm.clip_low/clip_high/dual_clip
-  algorithm.kl.coef algorithm.kl.estimator (k1 k2 k3) algorithm.kl.placement (loss | reward)
+  reward.fn (task math code format overlong length reward_model judge env | pkg.mod:fn) reward.args
+  reward.components.<name>.fn/weight/args reward.timeout_s reward.max_concurrency
+  env.name (registered | pkg.mod:Class) env.args env.max_turns env.max_total_tokens env.drop_void_turns
+  algorithm.advantage ({" ".join(sorted(ADVANTAGE_ESTIMATORS))})
+  algorithm.policy_loss ({" ".join(sorted(POLICY_LOSSES))}) algorithm.loss_agg algorithm.clip_low/clip_high
+  algorithm.kl.coef algorithm.kl.estimator ({" ".join(sorted(KL_ESTIMATORS))})
+  algorithm.kl.placement (loss | reward) algorithm.dual_clip algorithm.skip_zero_variance_groups
   trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
   trainer.micro_batch_size trainer.grad_clip
   sft.enabled sft.data sft.stop_at_accuracy   eval.n eval.k eval.temperature
