@@ -272,3 +272,20 @@ def test_missing_reference_names_the_sample(sample: Sample, answer_field: str | 
 def test_length_cap_is_a_thousand_chars() -> None:
     assert MAX_ANSWER_CHARS == 1000
     assert math_reward(r"\boxed{" + "1" * MAX_ANSWER_CHARS + "}", "1" * MAX_ANSWER_CHARS) == 1.0
+
+
+def test_grading_off_the_main_thread_logs_no_timeout_warning(caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = False  # the warning is once per process: re-arm it
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = False
+    results: list[float] = []
+    thread = threading.Thread(target=lambda: results.append(math_reward("\\boxed{\\frac{1}{2}}", "0.5")))
+    with caplog.at_level("WARNING"):
+        thread.start()
+        thread.join()
+    assert results == [1.0]
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
