@@ -44,6 +44,7 @@ Where this departs from peers, and why:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -268,9 +269,11 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=_VERIFY_TIMEOUT_S if timeouts else None))
 
 
+@functools.cache
 def _math_verify() -> tuple[Callable[..., list[Any]], Callable[..., bool]]:
     """Imported on first use: it loads sympy and an ANTLR parser (~0.6 s), which the numeric fast
-    path and importers of `hone.rewards` that never score math do not need.
+    path and importers of `hone.rewards` that never score math do not need. Cached: graders call this
+    for every answer, and the log filter below needs adding only once.
     """
     from math_verify import parse, verify
 
