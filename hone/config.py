@@ -249,6 +249,9 @@ class LoggingConfig(Section):
     wandb: bool = False
     wandb_project: str = "hone"
     progress: bool = True
+    # Metrics drawn (one panel each, against step) into runs/<name>/curves.png when the run ends;
+    # needs matplotlib (`pip install hone-rl[plot]`), skipped with a warning without it.
+    plot: list[str] = Field(default_factory=list)
 
 
 class HoneConfig(Section):

@@ -101,6 +101,7 @@ REQUIRED_KEYS = {
     "throughput/tokens_per_s",
     "kl",
     "mismatch/logprob_abs",
+    "answers/top_share",
 }
 
 
@@ -123,6 +124,7 @@ def test_end_to_end_run_writes_metrics_checkpoints_and_changes_weights(
                 "trainer.micro_batch_size": 3,
                 # a reward that always varies within a group, so every step has a gradient
                 "reward.fn": "tests.rewards_for_tests:token_id_reward",
+                "logging.plot": "[reward/mean, eval/accuracy]",
             },
         ),
     )
@@ -139,7 +141,9 @@ def test_end_to_end_run_writes_metrics_checkpoints_and_changes_weights(
     start = load_file(str(micro_model_dir / "model.safetensors"))
     end = load_file(str(run / "checkpoints" / "step-3" / "model" / "model.safetensors"))
     assert any(not torch.equal(start[k], end[k]) for k in start)
-    assert result.steps == 3 and set(result.final_eval) >= {"eval/accuracy", "eval/pass@1"}
+    assert result.steps == 3
+    assert set(result.final_eval) >= {"eval/accuracy", "eval/pass@1", "eval/top_answer_share"}
+    assert (run / "curves.png").read_bytes().startswith(b"\x89PNG")  # logging.plot (matplotlib: dev extra)
 
 
 def test_bad_input_fails_before_training(tmp_path: Path, micro_model_dir: Path) -> None:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from hone.rewards import math as math_module
-from hone.rewards.math import MAX_ANSWER_CHARS, extract_answer, math_reward, math_verifier
+from hone.rewards.math import MAX_ANSWER_CHARS, extract_answer, math_reward, math_verifier, top_answer_share
 from hone.rewards.registry import REWARDS
 from hone.types import Rollout, Sample
 
@@ -289,3 +289,12 @@ def test_grading_off_the_main_thread_logs_no_timeout_warning(caplog: pytest.LogC
         thread.join()
     assert results == [1.0]
     assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+
+
+def test_top_answer_share_counts_the_most_common_final_answer() -> None:
+    # a collapsed policy: "42" three ways (boxed, prose, last number) out of five responses
+    responses = ["\\boxed{42}", "so the answer is 42.", "5 + 37 = 42", "\\boxed{7}", "I don't know"]
+    assert top_answer_share(responses) == pytest.approx(3 / 5)
+    assert top_answer_share(["\\boxed{1}", "\\boxed{2}", "no", "yes"]) == pytest.approx(1 / 4)
+    assert top_answer_share(["  same words ", "same words"]) == 1.0  # no answer: the stripped text
+    assert top_answer_share([]) == 0.0

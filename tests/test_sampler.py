@@ -152,7 +152,7 @@ def test_max_new_tokens_and_finish_reason(sampler: HFSampler, tokenizer: PreTrai
 def test_n_rollouts_per_request_grouped_in_request_order(
     model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    sampler = HFSampler(model, tokenizer, max_batch_size=5)  # 12 rows -> chunks of 5, 5, 2
+    sampler = HFSampler(model, tokenizer, max_batch_size=5)  # 12 rows -> chunks of whole groups: 4, 4, 4
     sampler.policy_version = 3
     reqs = requests(tokenizer)[:3]
     rollouts = sampler.generate(reqs, SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=0))
@@ -167,6 +167,28 @@ def test_n_rollouts_per_request_grouped_in_request_order(
         assert r.response_text == tokenizer.decode(r.response_ids, skip_special_tokens=True)
     # The n samples of a group are independent draws, not copies.
     assert len({tuple(r.response_ids) for r in rollouts[:4]}) > 1
+
+
+def test_each_prompt_is_prefilled_once_per_chunk_and_its_copies_decode_alike(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sampler = HFSampler(model, tokenizer, max_batch_size=7)  # n=3: chunks of 2 whole groups (6 rows)
+    prefill_rows: list[int] = []
+    forward = sampler._forward
+
+    def spy(input_ids: torch.Tensor, *args: object, **kwargs: int) -> torch.Tensor:
+        if "logits_to_keep" in kwargs:  # only the prefill keeps just the last position
+            prefill_rows.append(input_ids.shape[0])
+        return forward(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(sampler, "_forward", spy)
+    reqs = requests(tokenizer)[:3]
+    shared = sampler.generate(reqs, greedy(n=3))
+    assert prefill_rows == [2, 1]  # distinct prompts, not 9 rows
+    # greedy copies of a prompt equal that prompt generated on its own
+    for i, req in enumerate(reqs):
+        alone = HFSampler(model, tokenizer).generate([req], greedy())[0]
+        assert [r.response_ids for r in shared[3 * i : 3 * i + 3]] == [alone.response_ids] * 3
 
 
 def test_top_k_one_and_tiny_top_p_equal_greedy(

@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import pass_at_k
 from hone.orchestration.prompts import generation_requests
-from hone.rewards import RewardFn, RewardScorer, score_rollouts
+from hone.rewards import RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
 from hone.rollout.multiturn import Episodes, run_episodes
 from hone.types import Sample, SamplingParams
@@ -28,7 +28,8 @@ def evaluate(
     ks: Sequence[int] = (1,),
     episodes: Episodes | None = None,
 ) -> dict[str, float]:
-    """`eval/accuracy` (share of all samples correct), `eval/reward`, and `eval/pass@k` for each k ≤ n.
+    """`eval/accuracy` (share of all samples correct), `eval/reward`, `eval/pass@k` for each k ≤ n, and
+    `eval/top_answer_share` (the share of responses giving the most common answer: collapse shows here).
 
     With `params.n == 1` and temperature 0 this is greedy accuracy; pass@k uses the unbiased estimator
     over `params.n` samples per problem. With `episodes` (an environment factory and limits) every
@@ -48,6 +49,7 @@ def evaluate(
         "eval/reward": metrics["reward/mean"],
         "eval/errors": metrics["reward/errors"],
         "eval/response_length": sum(r.response_len for r in rollouts) / len(rollouts),
+        "eval/top_answer_share": top_answer_share([r.response_text for r in rollouts]),
     }
     for k in ks:
         if k <= n:

@@ -16,14 +16,14 @@ import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
 from hone.config import HoneConfig
-from hone.logging import MetricsLogger, Progress
+from hone.logging import MetricsLogger, Progress, plot_metrics
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.components import RunComponents, build_components, load_reference
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import PromptStream, generation_requests
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
-from hone.rewards import score_rollouts
+from hone.rewards import score_rollouts, top_answer_share
 from hone.rollout.multiturn import run_episodes
 from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
@@ -118,6 +118,7 @@ def rl_step(
     metrics.update(episode_metrics(rollouts))
     metrics["response_length/mean"] = sum(r.response_len for r in rollouts) / len(rollouts)
     metrics["response_length/clip_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
+    metrics["answers/top_share"] = top_answer_share([r.response_text for r in rollouts])
     new_tokens = sum(r.response_len for r in rollouts)
 
     if parts.episodes is not None and cfg.env.drop_void_turns:
@@ -239,7 +240,10 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     except ImportError as e:
         raise SetupError(str(e)) from e
     with metrics_log:
-        return _train(cfg, parts, run_dir, checkpointer, latest, sft_data, metrics_log, started)
+        result = _train(cfg, parts, run_dir, checkpointer, latest, sft_data, metrics_log, started)
+    if cfg.logging.plot:
+        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
+    return result
 
 
 def _train(

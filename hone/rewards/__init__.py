@@ -8,7 +8,7 @@ Importing this package registers the built-in rewards (`REWARDS`): `math`, `code
 from hone.rewards import code, env, judge, math, model, shaping  # noqa: F401
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, TextVerifier, as_score, task_reward
 from hone.rewards.code import code_reward, extract_code
-from hone.rewards.math import extract_answer, math_reward
+from hone.rewards.math import extract_answer, math_reward, top_answer_share
 from hone.rewards.registry import REWARDS, register_reward
 from hone.rewards.scoring import RewardComponent, RewardScorer, score_rollouts
 from hone.rewards.shaping import overlong_penalty
@@ -30,4 +30,5 @@ __all__ = [
     "register_reward",
     "score_rollouts",
     "task_reward",
+    "top_answer_share",
 ]

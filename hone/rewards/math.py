@@ -50,7 +50,8 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -116,6 +117,19 @@ def math_reward(response: str, answer: str) -> float:
     if pred is None or len(pred) > MAX_ANSWER_CHARS:
         return 0.0
     return 1.0 if _equivalent(pred, gold) else 0.0
+
+
+def top_answer_share(responses: Sequence[str]) -> float:
+    """Share of `responses` whose final answer is the most common one among them: a collapse alarm.
+
+    Over a batch of different problems a healthy policy spreads its answers (a few percent share one);
+    a policy that farms a format and answers `\\boxed{42}` to everything scores near 1. The answer is
+    extracted as `math_reward` does; a response without one counts as its own stripped text.
+    """
+    if not responses:
+        return 0.0
+    answers = Counter(extract_answer(r) or r.strip() for r in responses)
+    return answers.most_common(1)[0][1] / len(responses)
 
 
 @register_reward("math")

@@ -76,8 +76,10 @@ class HFSampler:
             generator = torch.Generator(device=device).manual_seed(params.seed)
         sequences: list[_Sequence] = []
         with torch.inference_mode(), _eval_mode(self.model):
-            for start in range(0, len(prompts), self.max_batch_size):
-                chunk = prompts[start : start + self.max_batch_size]
+            # Chunks hold whole groups where they can, so every copy of a prompt shares one prefill.
+            size = self.max_batch_size // params.n * params.n or self.max_batch_size
+            for start in range(0, len(prompts), size):
+                chunk = prompts[start : start + size]
                 sequences += self._decode(chunk, params, generator, device)
         texts = self.tokenizer.batch_decode([s.tokens for s in sequences], skip_special_tokens=True)
         rollouts = []
@@ -128,14 +130,25 @@ class HFSampler:
         """Generate for one batch of prompts (at most `max_batch_size` rows)."""
         eos = _eos_token_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(p) for p in prompts)
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        # A group's n rows repeat one prompt back to back: prefill each distinct prompt once, then copy its
+        # KV cache to its rows (prefix sharing, as vLLM's prefix cache does; prefill is n times cheaper).
+        distinct = [i for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
+        unique = [prompts[i] for i in distinct]
+        width = max(len(p) for p in unique)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in unique], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in unique], device=device)
         # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         next_positions = mask.sum(-1)
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1)
+        if len(unique) < len(prompts):
+            copies = [end - start for start, end in zip(distinct, [*distinct[1:], len(prompts)], strict=True)]
+            rows = torch.repeat_interleave(
+                torch.arange(len(unique), device=device), torch.tensor(copies, device=device)
+            )
+            cache.batch_select_indices(rows)
+            logits, mask, next_positions = logits[rows], mask[rows], next_positions[rows]
 
         sequences = [_Sequence() for _ in prompts]
         # Batch row -> index into `sequences`; None once that row has finished. A finished row stays in
