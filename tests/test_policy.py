@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from hone.training.policy import LoraSettings, Policy
+from hone.training.policy import LoraSettings, Policy, first_response_column
 from tests.conftest import char_tokenizer, tiny_qwen2
 
 
@@ -91,6 +91,28 @@ def test_micro_batches_and_all_padding_columns_give_same_result(policy: Policy) 
     torch.testing.assert_close(chunked, full, rtol=0, atol=1e-5)
     assert bool((full[:, 6:] == 0).all()) and bool((full[0, 3:] == 0).all())
     assert bool((full[1:, :6] != 0).all())
+
+
+def test_from_column_scores_only_the_response_and_keeps_its_gradient(policy: Policy) -> None:
+    ids = torch.randint(3, 32, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[2, 9:] = 0
+    response = torch.zeros(3, 11)
+    response[0, 5:], response[1, 7:], response[2, 6:8] = 1, 1, 1
+    first = first_response_column(response)
+    assert first == 5 and first_response_column(torch.zeros(2, 4)) == 0
+    full, full_ent = policy.token_log_probs(ids, mask, with_entropy=True)
+    part, part_ent = policy.token_log_probs(ids, mask, with_entropy=True, from_column=first)
+    assert part.shape == full.shape and bool((part[:, :first] == 0).all())
+    torch.testing.assert_close(part[:, first:], full[:, first:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(part_ent[:, first:], full_ent[:, first:], rtol=0, atol=1e-5)
+    grads = []
+    for lp in (full, part):
+        policy.model.zero_grad()
+        (lp * response).sum().backward()
+        grads.append([p.grad.clone() for p in policy.model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_log_probs_carry_gradient_only_under_grad(policy: Policy) -> None:

@@ -27,7 +27,7 @@ from hone.rewards import score_rollouts, top_answer_share
 from hone.rollout.multiturn import run_episodes
 from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
-from hone.training.policy import Policy
+from hone.training.policy import Policy, first_response_column
 from hone.training.trainer import RLTrainer
 from hone.types import Batch, Rollout, Sample, SamplingParams
 
@@ -59,7 +59,11 @@ def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], f
 def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> torch.Tensor:
     policy.model.eval()
     log_probs, _ = policy.token_log_probs(
-        batch.input_ids, batch.attention_mask, temperature=temperature, micro_batch_size=micro
+        batch.input_ids,
+        batch.attention_mask,
+        temperature=temperature,
+        micro_batch_size=micro,
+        from_column=first_response_column(batch.response_mask),
     )
     return log_probs
 

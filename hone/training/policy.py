@@ -46,6 +46,12 @@ def _enable_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def first_response_column(response_mask: torch.Tensor) -> int:
+    """The first column any row trains on (`from_column` for `Policy.token_log_probs`); 0 if none does."""
+    columns = response_mask.any(dim=0).nonzero()
+    return int(columns[0]) if columns.numel() else 0
+
+
 class Policy:
     """An HF causal LM and its tokenizer, with the scoring, export and save operations training needs."""
 
@@ -102,6 +108,7 @@ class Policy:
         micro_batch_size: int | None = None,
         with_entropy: bool = False,
         entropy_grad: bool = False,
+        from_column: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs (and optionally entropies) of `input_ids` under the model, `[B, L-1]` float32.
 
@@ -111,6 +118,8 @@ class Policy:
         called under grad; with `micro_batch_size` the rows are scored in chunks (under grad the graphs of
         all chunks are still kept, so the trainer should call this per micro-batch instead). Entropy carries a
         gradient only with `entropy_grad=True` (an entropy bonus); otherwise it is a detached metric.
+        Columns before `from_column` (the prompt: see `first_response_column`) are returned as 0
+        and skip the LM head and the vocabulary softmax, a fifth of a small model's compute.
         """
         if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
             raise ValueError(
@@ -123,7 +132,7 @@ class Policy:
         for start in range(0, input_ids.shape[0], chunk):
             ids = input_ids[start : start + chunk].to(device)
             mask = attention_mask[start : start + chunk].to(device)
-            lp, ent = self._score(ids, mask, temperature, with_entropy, entropy_grad)
+            lp, ent = self._score(ids, mask, temperature, with_entropy, entropy_grad, from_column)
             log_probs.append(lp)
             if ent is not None:
                 entropies.append(ent)
@@ -136,21 +145,28 @@ class Policy:
         temperature: float,
         with_entropy: bool,
         entropy_grad: bool,
+        from_column: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         full_len = ids.shape[1]
         # Trailing columns that are padding in every row need no forward pass.
         real_cols = mask.any(dim=0).nonzero()
         keep = int(real_cols[-1]) + 1 if real_cols.numel() else 1
         ids, mask = ids[:, :keep], mask[:, :keep]
+        first = min(max(from_column, 0), keep - 1)
         position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        # Column t is scored by position t's logits: only positions first .. keep-2 go through the LM head.
         logits = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=keep - first,
         ).logits[:, :-1]
         logits = logits.float()
         if temperature != 1.0:
             logits = logits / temperature
-        targets = ids[:, 1:]
-        target_mask = mask[:, 1:].to(logits.dtype)
+        targets = ids[:, first + 1 :]
+        target_mask = mask[:, first + 1 :].to(logits.dtype)
         # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
         lse = torch.logsumexp(logits, dim=-1)
         lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
@@ -159,10 +175,10 @@ class Policy:
             # As a metric only, entropy needs no graph: its [B, T, V] softmax would double peak memory.
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
-        pad = full_len - keep
-        if pad:
-            lp = torch.nn.functional.pad(lp, (0, pad))
-            ent = None if ent is None else torch.nn.functional.pad(ent, (0, pad))
+        pad = (first, full_len - keep)
+        if any(pad):
+            lp = torch.nn.functional.pad(lp, pad)
+            ent = None if ent is None else torch.nn.functional.pad(ent, pad)
         return lp, ent
 
     def state_dict_for_sampler(self) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 from hone.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.seeding import derive_seed
-from hone.training.policy import Policy
+from hone.training.policy import Policy, first_response_column
 from hone.types import Batch
 
 
@@ -112,6 +112,7 @@ class RLTrainer:
                         temperature=self.temperature,
                         with_entropy=True,
                         entropy_grad=bool(self.algo.entropy_coef),
+                        from_column=first_response_column(mask),
                     )
                     agg = {**loss_kwargs, "num_tokens": num_tokens, "num_seqs": len(mini)}
                     loss, metrics = loss_fn(
