@@ -1,8 +1,9 @@
 """Throughput of HFSampler vs `model.generate` on a ~1M-parameter model on CPU.
 
 Why: the hand-written decode loop in hone/rollout/hf.py is only worth keeping if it is at least as fast as
-transformers' own; it wins mainly when responses end early (finished rows are dropped from the batch and
-the KV cache, while `generate` keeps decoding them).
+transformers' own; it wins when responses end early (finished rows are dropped from the batch and the KV
+cache, while `generate` keeps decoding them) and when a prompt is sampled n times, as GRPO does (each
+prompt is prefilled once and its cache copied; `generate(num_return_sequences=n)` prefills n copies).
 Counted tokens are the ones a rollout keeps (up to and including eos), so padding that `generate` keeps
 decoding for finished rows is not counted as throughput.
 
@@ -25,7 +26,8 @@ from hone.types import SamplingParams
 
 CHARS = "abcdefghijklmnopqr"  # + <pad>, <eos> = vocab 20
 PAD, EOS = 0, 1
-WORKLOADS = [(256, 8), (64, 64)]  # (prompts, new tokens)
+# (prompts, samples per prompt, prompt length range, new tokens)
+WORKLOADS = [(256, 1, (4, 16), 8), (64, 1, (4, 16), 64), (16, 8, (96, 160), 16)]
 REPEATS = 5
 
 
@@ -65,12 +67,14 @@ def best_rates(runs: list[Callable[[], int]]) -> list[float]:
     return [max(rate) for rate in rates]
 
 
-def hone_run(sampler: HFSampler, requests: list[GenerationRequest], new_tokens: int) -> int:
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+def hone_run(sampler: HFSampler, requests: list[GenerationRequest], n: int, new_tokens: int) -> int:
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens, seed=0)
     return sum(r.response_len for r in sampler.generate(requests, params))
 
 
-def hf_run(model: Qwen2ForCausalLM, requests: list[GenerationRequest], new_tokens: int, eos: bool) -> int:
+def hf_run(
+    model: Qwen2ForCausalLM, requests: list[GenerationRequest], n: int, new_tokens: int, eos: bool
+) -> int:
     width = max(len(r.prompt_ids) for r in requests)
     input_ids = torch.tensor([[PAD] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
     with torch.inference_mode():
@@ -82,6 +86,7 @@ def hf_run(model: Qwen2ForCausalLM, requests: list[GenerationRequest], new_token
             top_k=0,
             top_p=1.0,
             max_new_tokens=new_tokens,
+            num_return_sequences=n,
             pad_token_id=PAD,
             eos_token_id=EOS if eos else None,
         )
@@ -89,10 +94,10 @@ def hf_run(model: Qwen2ForCausalLM, requests: list[GenerationRequest], new_token
     return sum(row.index(EOS) + 1 if eos and EOS in row else len(row) for row in rows)
 
 
-def random_requests(rng: random.Random, count: int) -> list[GenerationRequest]:
-    """Prompts of 4..16 random characters, so the batch needs left padding."""
+def random_requests(rng: random.Random, count: int, lengths: tuple[int, int]) -> list[GenerationRequest]:
+    """Prompts of random characters and lengths, so the batch needs left padding."""
     ids = range(2, len(CHARS) + 2)
-    return [GenerationRequest(str(i), i, rng.choices(ids, k=rng.randint(4, 16))) for i in range(count)]
+    return [GenerationRequest(str(i), i, rng.choices(ids, k=rng.randint(*lengths))) for i in range(count)]
 
 
 def main() -> None:
@@ -100,9 +105,12 @@ def main() -> None:
     model, tokenizer = build()
     rng = random.Random(0)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tokenizer)}")
-    print(f"{'prompts x new':>14} {'eos':>4} {'HFSampler tok/s':>16} {'generate tok/s':>15} {'ratio':>6}")
-    for prompts, new_tokens in WORKLOADS:
-        requests = random_requests(rng, prompts)
+    header = (
+        f"{'prompts x n x new (prompt len)':>31} {'eos':>4} {'HFSampler tok/s':>16} {'generate tok/s':>15}"
+    )
+    print(f"{header} {'ratio':>6}")
+    for prompts, n, lengths, new_tokens in WORKLOADS:
+        requests = random_requests(rng, prompts, lengths)
         for eos in (False, True):
             # Without eos every row runs the full budget: this isolates the per-step cost of the loops.
             # With it rows finish at random times, as RL responses do.
@@ -110,11 +118,12 @@ def main() -> None:
             sampler = HFSampler(model, tokenizer)
             ours, theirs = best_rates(
                 [
-                    partial(hone_run, sampler, requests, new_tokens),
-                    partial(hf_run, model, requests, new_tokens, eos),
+                    partial(hone_run, sampler, requests, n, new_tokens),
+                    partial(hf_run, model, requests, n, new_tokens, eos),
                 ]
             )
-            row = f"{prompts} x {new_tokens:<3} {'on' if eos else 'off':>4} {ours:>16,.0f} {theirs:>15,.0f}"
+            shape = f"{prompts} x {n} x {new_tokens} ({lengths[0]}-{lengths[1]})"
+            row = f"{shape:>31} {'on' if eos else 'off':>4} {ours:>16,.0f} {theirs:>15,.0f}"
             print(f"{row} {ours / theirs:>5.1f}x")
 
 

@@ -65,6 +65,16 @@ CASES = [
     case("interval-wrong-bracket", r"\boxed{[0,1]}", "(0,1]", 0.0),
     case("interval-gold-with-space", r"\boxed{[0,1)}", "[0, 1)", 1.0),
     case("interval-infinity", r"\boxed{(-\infty, 3]}", r"(-\infty,3]", 1.0),
+    # --- arithmetic left undone is not an answer to a numeric reference (math-verify would evaluate it;
+    # a SmolLM2 GRPO run learned to write "The answer is 67 - 37, which is 7." and scored 1) ---
+    case("undone-difference-in-prose", "The answer is 67 - 37, which is 7.", "30", 0.0),
+    case("undone-boxed-sum", r"\boxed{67+37}", "104", 0.0),
+    case("undone-times", r"\boxed{9 \times 9}", "81", 0.0),
+    case("undone-x", "The answer is 7 x 16.", "112", 0.0),
+    case("undone-power", r"\boxed{2^{10}}", "1024", 0.0),
+    case("done-after-equals", "The answer is $67 - 37 = 30$.", "30", 1.0),
+    case("scientific-notation-is-a-number", r"\boxed{1.5 \times 10^{3}}", "1500", 1.0),
+    case("expression-reference-still-symbolic", r"\boxed{x+1}", "1+x", 1.0),
     # --- units, currency, percentages ---
     case("units-text-cm", r"\boxed{5\text{ cm}}", "5", 1.0),
     case("units-mbox", r"\boxed{8 \mbox{ inches}}", "8", 1.0),

@@ -13,6 +13,8 @@ from hone.logging.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
+SMOOTH_WINDOW = 10
+
 
 def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[str]) -> Path | None:
     """Plot each of `keys` against `step` (one panel per key); return the PNG path, or None if skipped."""
@@ -32,7 +34,16 @@ def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[
         points = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
         if points:
             steps, values = zip(*points, strict=True)
-            axes.plot(steps, values)
+            if len(points) >= 2 * SMOOTH_WINDOW:  # per-step metrics are noisy: draw a moving mean over them
+                axes.plot(steps, values, alpha=0.3, linewidth=0.8)
+                means = [
+                    sum(values[max(0, i - SMOOTH_WINDOW + 1) : i + 1]) / min(i + 1, SMOOTH_WINDOW)
+                    for i in range(len(values))
+                ]
+                axes.plot(steps, means, label=f"mean of last {SMOOTH_WINDOW}")
+                axes.legend(loc="best", fontsize="small")
+            else:  # sparse (eval every N steps): points matter
+                axes.plot(steps, values, marker="o")
         else:
             axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes)
         axes.set_ylabel(key)

@@ -29,6 +29,9 @@ Where this departs from peers, and why:
   trips an assert); `\\boxed{([^}]*)}` regexes cut `\\boxed{\\frac{1}{2}}` at the first `}`; checking
   for `"\\boxed "` anywhere before the last `\\boxed{` lets an earlier `\\boxed 3` win. Here one
   brace-balanced scanner handles all box forms and the last box wins.
+- A numeric reference is not matched by arithmetic left undone (`67 - 37`, `9 \\times 9`, `2^{10}`):
+  math-verify evaluates such an answer and calls it equal, which an RL policy exploits by copying the
+  question's operands (observed on SmolLM2). The value after the last `=` is what counts.
 - The plain-number fast path is exact: `0.3333333` ≠ `0.333333`, while math-verify (used when either
   side is not a plain number) rounds floats to 6 places, so `0.333333` = `\\frac13`.
 - math-verify counts an *integer* percentage as both its value and its number (`50\\%` = `0.5` and
@@ -84,6 +87,9 @@ _NUMBER = re.compile(
     r"|(?<![\w.])[-+]?\.\d+(?:\s*\\?%)?"
 )
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+|\d+/\d+)")
+# A binary operation between two operands: `67 - 37`, `9 x 9`, `2^{10}` (not `90^\\circ`); `(3)(4)` is missed.
+_OPERATION = re.compile(r"[\d)}]\s*(?:[-+*/×÷·x]|\^(?!\s*\{?\s*\\circ)|\\times|\\cdot|\\div)\s*[\d({\\]")
+_SCIENTIFIC = re.compile(r"-?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*(?:\{\s*-?\d+\s*\}|-?\d+)")
 _UNICODE_MINUS = "\u2212"  # what rendered or copy-pasted math often has instead of `-`
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # Leading `**`/`$` (bold, a currency sign as in `#### $18`), trailing `**`, unescaped `$` or one period
@@ -256,7 +262,21 @@ def _equivalent(pred: str, gold: str) -> bool:
     pred_number, gold_number = _as_fraction(pred), _as_fraction(gold)
     if pred_number is not None and gold_number is not None:
         return pred_number == gold_number
+    if gold_number is not None and _unevaluated(pred):
+        return False
     return _math_verify_equal(pred, gold)
+
+
+def _unevaluated(pred: str) -> bool:
+    """Whether an answer to a numeric reference is arithmetic left undone (`67 - 37`, `9 \\times 9`).
+
+    math-verify evaluates such an expression and calls it equal, so a policy learns to copy the
+    question's operands and leave the sum to the verifier (seen: a SmolLM2 GRPO run wrote
+    "The answer is 67 - 37, which is 7." and scored 1). Only the value after the last `=` counts
+    (`67 - 37 = 30` is an answer); scientific notation (`1.5 \\times 10^{3}`) is a number.
+    """
+    final = pred.rsplit("=", 1)[-1].strip()
+    return bool(_OPERATION.search(final)) and not _SCIENTIFIC.fullmatch(final)
 
 
 def _as_fraction(text: str) -> Fraction | None:
