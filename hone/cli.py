@@ -145,8 +145,20 @@ def _eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Options may sit between the recipe and its overrides (`hone eval RECIPE --model M k=v`): argparse
+    stops filling a `*` positional at the first option, so the words after it are added back here."""
+    parser = _parser()
+    ns, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    ns.args = [*getattr(ns, "args", []), *extra]
+    return ns
+
+
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
     # Hone reports its own progress; transformers' per-shard bars would drown it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hone.cli import main
+from hone.cli import _parse, main
 
 
 def test_help_lists_recipes_and_main_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,3 +89,15 @@ def test_sft_then_eval(tmp_path: Path, micro_model_dir: Path, capsys: pytest.Cap
     metrics = json.loads(out_file.read_text())
     assert 0 <= metrics["eval/pass@1"] <= metrics["eval/pass@4"] <= 1
     assert "eval/accuracy" in capsys.readouterr().out
+
+
+def test_overrides_may_follow_options() -> None:
+    ns = _parse(["eval", "smollm2-math", "--model", "m", "eval.n=4", "--out", "o.json", "eval.k=[1,4]"])
+    assert (ns.model, ns.out) == ("m", "o.json")
+    assert ns.args == ["smollm2-math", "eval.n=4", "eval.k=[1,4]"]
+
+
+def test_unknown_option_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse(["eval", "smollm2-math", "--modle", "m"])
+    assert "unrecognized arguments: --modle" in capsys.readouterr().err
