@@ -153,7 +153,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = [a for a in extra if a.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    ns.args = [*getattr(ns, "args", []), *extra]
+    ns.args = [*ns.args, *extra]
     return ns
 
 
