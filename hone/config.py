@@ -100,6 +100,11 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(16, ge=1)
     stop: list[str] = Field(default_factory=list)
     max_batch_size: int = Field(512, ge=1)
+    prefix_cache: bool = Field(
+        True,
+        description="keep the KV cache of the last generate call's sequences and prefill only what a new "
+        "prompt adds to one (each turn of a multi-turn episode); dropped whenever a weight changes",
+    )
 
 
 class RewardComponentConfig(Section):

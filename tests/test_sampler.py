@@ -277,3 +277,70 @@ def test_rejects_invalid_params(
 ) -> None:
     with pytest.raises(ValueError):
         sampler.generate(requests(tokenizer), params)
+
+
+def _prefill_widths(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the number of new tokens each prefill of `sampler` feeds per row."""
+    widths: list[int] = []
+    forward = sampler._forward
+
+    def spy(input_ids: torch.Tensor, *args: object, **kwargs: int) -> torch.Tensor:
+        if "logits_to_keep" in kwargs:
+            widths.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(sampler, "_forward", spy)
+    return widths
+
+
+def _next_turn(tokenizer: PreTrainedTokenizerBase, rollouts: list[Rollout], reply: str) -> list[GenerationRequest]:
+    """Each rollout's whole sequence plus an observation, as the multi-turn loop sends it."""
+    obs = tokenizer(reply)["input_ids"]
+    return [GenerationRequest(r.sample_id, r.group_id, r.token_ids + obs) for r in rollouts]
+
+
+@pytest.mark.parametrize("max_batch_size", [256, 3])
+def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    monkeypatch: pytest.MonkeyPatch,
+    max_batch_size: int,
+) -> None:
+    cached = HFSampler(model, tokenizer, max_batch_size=max_batch_size)
+    fresh = HFSampler(model, tokenizer, max_batch_size=max_batch_size, prefix_cache=False)
+    widths = _prefill_widths(cached, monkeypatch)
+    first = cached.generate(requests(tokenizer), greedy(n=2))  # copies of a prompt share its prefill
+    assert {r.finish_reason for r in first} == {"stop", "length"}  # both kinds of row end are stored
+    # A prompt the cache has never seen rides in the same batch as the continuations.
+    second = [*_next_turn(tokenizer, first, " ok "), *requests(tokenizer, ["brand new"])]
+    widths.clear()
+    params = greedy(max_new_tokens=8)
+    reused, recomputed = cached.generate(second, params), fresh.generate(second, params)
+    for a, b in zip(reused, recomputed, strict=True):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(a.sampler_logprobs), full_forward_logprobs(model, a, 0.0), atol=1e-5, rtol=0
+        )
+    # Continuations prefill only the last sampled token and the observation (the new prompt: all of it).
+    assert max(widths) == len(tokenizer("brand new")["input_ids"])
+    assert sum(widths) < sum(len(r.prompt_ids) for r in second) / 2
+
+
+def test_prefix_cache_is_dropped_when_any_weight_changes(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = make_model(1)
+    sampler = HFSampler(model, tokenizer)
+    widths = _prefill_widths(sampler, monkeypatch)
+    first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
+    with torch.no_grad():  # an optimizer step in a synchronous run: in place, no load_weights call
+        next(model.parameters()).mul_(1.5)
+    second = _next_turn(tokenizer, first, " ok ")
+    widths.clear()
+    after = sampler.generate(second, greedy(max_new_tokens=8))
+    assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again
+    for rollout in after:
+        torch.testing.assert_close(
+            torch.tensor(rollout.sampler_logprobs), full_forward_logprobs(model, rollout, 0.0), atol=1e-5, rtol=0
+        )

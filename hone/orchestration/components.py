@@ -150,7 +150,14 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # In-process and synchronous, the sampler shares the policy's model object: no weight copies.
-    engines = {"hf": lambda: HFSampler(policy.model, tokenizer, max_batch_size=cfg.rollout.max_batch_size)}
+    engines = {
+        "hf": lambda: HFSampler(
+            policy.model,
+            tokenizer,
+            max_batch_size=cfg.rollout.max_batch_size,
+            prefix_cache=cfg.rollout.prefix_cache,
+        )
+    }
     sampler = engines[cfg.rollout.engine]()
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
     return RunComponents(

@@ -7,6 +7,15 @@ once, feed one token per row per step, record each token's log-prob as it is dra
 from the batch and the KV cache. On a ~1M-parameter model on CPU (transformers 5.24) it matches `generate`
 (1.0-1.2x) when rows run to the budget and is 2x on 64 prompts x 64 tokens when rows stop early
 (bench/sampler_bench.py): the forward pass is the same, so the gain is from the dropped rows.
+
+Multi-turn episodes send each turn's whole context again (the last turn's prompt, its sampled reply, the
+environment's observation). With `prefix_cache` the sampler keeps the KV cache of every sequence its
+last `generate` call fed through the model and, when a new prompt starts with one of them, prefills only
+the new tokens (what vLLM's automatic prefix caching does for the same traffic). Reused rows sit in
+the batch as [padding][cached tokens][padding][new tokens]; the attention mask hides both paddings and
+positions count real tokens only, so the model sees exactly the sequence it would see unpadded. The
+store is dropped as soon as any weight changes (every parameter's in-place version counter is compared),
+so a stale cache can never condition a new policy's samples.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from hone.rollout.base import GenerationRequest
 from hone.types import Rollout, SamplingParams
@@ -31,6 +41,34 @@ _STOP_CONTEXT_TOKENS = 4
 # measured, compacting at every finish was slower than never on 256 x 8 tokens; a quarter was at or near
 # the best on every workload tried (bench/sampler_bench.py shapes and 256 x 64).
 _COMPACT_FRACTION = 0.25
+
+# One layer's cached keys and values for one sequence, each [kv_heads, tokens, head_dim].
+LayerKV = tuple[torch.Tensor, torch.Tensor]
+
+
+class _PrefixStore:
+    """Per-sequence KV caches, found by the longest stored sequence a prompt starts with.
+
+    Keyed by the token tuple, with the stored lengths kept longest first: a lookup hashes one slice per
+    distinct length until it hits (a multi-turn prompt usually hits on the first), and adding is one
+    insert. (A trie walks each prompt once but builds a dict per token: several times slower here.)
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, ...], list[LayerKV]] = {}
+        self._lengths: list[int] = []  # distinct stored lengths, longest first
+
+    def add(self, tokens: list[int], kv: list[LayerKV]) -> None:
+        if len(tokens) not in self._lengths:
+            self._lengths = sorted([*self._lengths, len(tokens)], reverse=True)
+        self._entries[tuple(tokens)] = kv
+
+    def longest(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
+        """The longest stored sequence that `tokens` starts with: its length and KV (0, None if none)."""
+        for length in self._lengths:
+            if length <= len(tokens) and (kv := self._entries.get(tuple(tokens[:length]))) is not None:
+                return length, kv
+        return 0, None
 
 
 @dataclass
@@ -51,13 +89,23 @@ class HFSampler:
     mismatch rather than the truncation.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, max_batch_size: int = 256):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_size: int = 256,
+        prefix_cache: bool = True,
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.prefix_cache = prefix_cache
         self.policy_version = 0
+        self._prefixes: _PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
+        self._prefixes_for: tuple[int, ...] | None = None
         # transformers 5 renamed `past_key_values` to `cache`; an unknown name would be swallowed by
         # **kwargs and silently disable the cache, so ask the signature which one this model takes
         # (a PEFT wrapper's forward takes **kwargs and passes them on to the model it wraps).
@@ -74,13 +122,17 @@ class HFSampler:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
+        weights = self._weights_fingerprint()
+        previous = self._prefixes if self._prefixes_for == weights else None
+        store = _PrefixStore() if self.prefix_cache else None
         sequences: list[_Sequence] = []
         with torch.inference_mode(), _eval_mode(self.model):
             # Chunks hold whole groups where they can, so every copy of a prompt shares one prefill.
             size = self.max_batch_size // params.n * params.n or self.max_batch_size
             for start in range(0, len(prompts), size):
                 chunk = prompts[start : start + size]
-                sequences += self._decode(chunk, params, generator, device)
+                sequences += self._decode(chunk, params, generator, device, previous, store)
+        self._prefixes, self._prefixes_for = store, weights
         texts = self.tokenizer.batch_decode([s.tokens for s in sequences], skip_special_tokens=True)
         rollouts = []
         for i, (seq, text) in enumerate(zip(sequences, texts, strict=True)):
@@ -120,28 +172,77 @@ class HFSampler:
                     dst.copy_(src)
         self.policy_version = version
 
+    def _weights_fingerprint(self) -> tuple[int, ...]:
+        """Changes whenever any parameter is written in place (optimizer step, `load_weights`, `copy_`)
+        or the model or version changes: what decides whether the last call's KV caches still hold."""
+        return (id(self.model), self.policy_version, *(p._version for p in self.model.parameters()))
+
+    def _prefill(
+        self, prompts: list[list[int]], previous: _PrefixStore | None, pad: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+        """Run `prompts` through the model into a new cache, reusing `previous` KV where a prompt extends a
+        stored sequence; return the last position's logits, the attention mask and the cache."""
+        # At least the last prompt token is always fed: its logits pick the first new token.
+        hits = [previous.longest(p[:-1]) if previous else (0, None) for p in prompts]
+        reused = [n for n, _ in hits]
+        suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
+        cached_width, width = max(reused), max(len(s) for s in suffixes)
+        input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in suffixes], device=device)
+        new_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes], device=device)
+        # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
+        position_ids = torch.tensor(reused, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0)
+        old_mask = torch.tensor([[0] * (cached_width - n) + [1] * n for n in reused], device=device)
+        cache = DynamicCache(self._stack_cached(hits, cached_width) or None, config=self.model.config)
+        mask = torch.cat([old_mask, new_mask], dim=1)
+        return self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1), mask, cache
+
+    @staticmethod
+    def _stack_cached(hits: list[tuple[int, list[LayerKV] | None]], width: int) -> list[LayerKV]:
+        """The reused rows' KV, left-padded with zeros (masked out) into one [B, heads, width, dim] per layer."""
+        if width == 0:
+            return []
+        example = next(kv for _, kv in hits if kv is not None)
+        layers = []
+        for layer, (key, _) in enumerate(example):
+            keys = key.new_zeros((len(hits), key.shape[0], width, key.shape[2]))
+            values = torch.zeros_like(keys)
+            for row, (n, kv) in enumerate(hits):
+                if kv is not None:
+                    keys[row, :, width - n :] = kv[layer][0][:, :n]
+                    values[row, :, width - n :] = kv[layer][1][:, :n]
+            layers.append((keys, values))
+        return layers
+
+    @staticmethod
+    def _keep(store: _PrefixStore, tokens: list[int], cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
+        """Store `row`'s KV under `tokens`, the sequence it holds (its real columns are the mask's ones)."""
+        columns = mask[row].nonzero().squeeze(-1)
+        if len(columns) != len(tokens):
+            raise RuntimeError(f"prefix cache: row {row} holds {len(columns)} tokens, expected {len(tokens)}")
+        store.add(tokens, [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers])
+
     def _decode(
         self,
         prompts: list[list[int]],
         params: SamplingParams,
         generator: torch.Generator | None,
         device: torch.device,
+        previous: _PrefixStore | None = None,
+        store: _PrefixStore | None = None,
     ) -> list[_Sequence]:
-        """Generate for one batch of prompts (at most `max_batch_size` rows)."""
+        """Generate for one batch of prompts (at most `max_batch_size` rows); reuse KV from `previous` and
+        add every finished sequence's KV to `store` (when given)."""
         eos = _eos_token_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # A group's n rows repeat one prompt back to back: prefill each distinct prompt once, then copy its
         # KV cache to its rows (prefix sharing, as vLLM's prefix cache does; prefill is n times cheaper).
         distinct = [i for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
         unique = [prompts[i] for i in distinct]
-        width = max(len(p) for p in unique)
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in unique], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in unique], device=device)
-        # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, mask, cache = self._prefill(unique, previous, pad, device)
+        # Only plain full-attention caches hold every token (a sliding-window layer drops old ones).
+        if store is not None and not all(type(layer) is DynamicLayer for layer in cache.layers):
+            store = None
         next_positions = mask.sum(-1)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1)
         if len(unique) < len(prompts):
             copies = [end - start for start, end in zip(distinct, [*distinct[1:], len(prompts)], strict=True)]
             rows = torch.repeat_interleave(
@@ -155,6 +256,7 @@ class HFSampler:
         # the batch, its output ignored, until enough have piled up to be worth compacting the cache.
         owner: list[int | None] = list(range(len(prompts)))
         for step in range(params.max_new_tokens):
+            was = list(owner)
             tokens, logprobs = sample_next(logits, params, generator)
             for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 if (i := owner[row]) is not None:
@@ -170,8 +272,13 @@ class HFSampler:
                     if hit:
                         sequences[i].finish_reason = "stop"
                         owner[row] = None
+            last = step == params.max_new_tokens - 1
+            if store is not None:  # a row that ends now has fed its prompt and all its tokens but the last
+                for row, i in enumerate(was):
+                    if i is not None and (owner[row] is None or last):
+                        self._keep(store, prompts[i] + sequences[i].tokens[:-1], cache, mask, row)
             keep = [row for row, i in enumerate(owner) if i is not None]
-            if not keep or step == params.max_new_tokens - 1:
+            if not keep or last:
                 break
             if len(owner) - len(keep) >= _COMPACT_FRACTION * len(owner):
                 index = torch.tensor(keep, device=device)

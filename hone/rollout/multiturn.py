@@ -207,10 +207,19 @@ class _ObservationRenderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.eos_text = tokenizer.eos_token or ""
+        # Environments repeat themselves ("wrong", "higher") and a template render costs more than a
+        # model's decode step on a tiny model: remember each distinct observation's ids for this renderer.
+        self._seen: dict[str, list[int]] = {}
 
     def __call__(
         self, observation: list[Message], *, ended_with_eos: bool, tools: list[dict] | None
     ) -> list[int]:
+        key = repr((observation, ended_with_eos, tools))
+        if key not in self._seen:
+            self._seen[key] = self._ids(observation, ended_with_eos, tools)
+        return list(self._seen[key])
+
+    def _ids(self, observation: list[Message], ended_with_eos: bool, tools: list[dict] | None) -> list[int]:
         before = self._render(self._STAND_IN, tools, generation_prompt=False)
         after = self._render(self._STAND_IN + observation, tools, generation_prompt=True)
         if not after.startswith(before):
