@@ -293,7 +293,9 @@ def _prefill_widths(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> list
     return widths
 
 
-def _next_turn(tokenizer: PreTrainedTokenizerBase, rollouts: list[Rollout], reply: str) -> list[GenerationRequest]:
+def _next_turn(
+    tokenizer: PreTrainedTokenizerBase, rollouts: list[Rollout], reply: str
+) -> list[GenerationRequest]:
     """Each rollout's whole sequence plus an observation, as the multi-turn loop sends it."""
     obs = tokenizer(reply)["input_ids"]
     return [GenerationRequest(r.sample_id, r.group_id, r.token_ids + obs) for r in rollouts]
@@ -318,7 +320,9 @@ def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
     reused, recomputed = cached.generate(second, params), fresh.generate(second, params)
     for a, b in zip(reused, recomputed, strict=True):
         assert a.response_ids == b.response_ids
-        torch.testing.assert_close(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0
+        )
         torch.testing.assert_close(
             torch.tensor(a.sampler_logprobs), full_forward_logprobs(model, a, 0.0), atol=1e-5, rtol=0
         )
@@ -342,5 +346,8 @@ def test_prefix_cache_is_dropped_when_any_weight_changes(
     assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again
     for rollout in after:
         torch.testing.assert_close(
-            torch.tensor(rollout.sampler_logprobs), full_forward_logprobs(model, rollout, 0.0), atol=1e-5, rtol=0
+            torch.tensor(rollout.sampler_logprobs),
+            full_forward_logprobs(model, rollout, 0.0),
+            atol=1e-5,
+            rtol=0,
         )

@@ -198,7 +198,7 @@ class HFSampler:
 
     @staticmethod
     def _stack_cached(hits: list[tuple[int, list[LayerKV] | None]], width: int) -> list[LayerKV]:
-        """The reused rows' KV, left-padded with zeros (masked out) into one [B, heads, width, dim] per layer."""
+        """The reused rows' KV, left-padded with zeros (masked out): one [B, heads, width, dim] per layer."""
         if width == 0:
             return []
         example = next(kv for _, kv in hits if kv is not None)
@@ -214,12 +214,16 @@ class HFSampler:
         return layers
 
     @staticmethod
-    def _keep(store: _PrefixStore, tokens: list[int], cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
+    def _keep(
+        store: _PrefixStore, tokens: list[int], cache: DynamicCache, mask: torch.Tensor, row: int
+    ) -> None:
         """Store `row`'s KV under `tokens`, the sequence it holds (its real columns are the mask's ones)."""
         columns = mask[row].nonzero().squeeze(-1)
         if len(columns) != len(tokens):
             raise RuntimeError(f"prefix cache: row {row} holds {len(columns)} tokens, expected {len(tokens)}")
-        store.add(tokens, [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers])
+        store.add(
+            tokens, [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers]
+        )
 
     def _decode(
         self,
