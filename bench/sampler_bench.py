@@ -7,6 +7,10 @@ prompt is prefilled once and its cache copied; `generate(num_return_sequences=n)
 Counted tokens are the ones a rollout keeps (up to and including eos), so padding that `generate` keeps
 decoding for finished rows is not counted as throughput.
 
+The second table is multi-turn traffic (what `hone/rollout/multiturn.py` sends): each turn's prompts are
+the last turn's whole sequences plus an observation. The peer is the same sampler with `prefix_cache`
+off, which re-encodes every context each turn as `generate` would.
+
     .venv/bin/python bench/sampler_bench.py
 """
 
@@ -28,6 +32,8 @@ CHARS = "abcdefghijklmnopqr"  # + <pad>, <eos> = vocab 20
 PAD, EOS = 0, 1
 # (prompts, samples per prompt, prompt length range, new tokens)
 WORKLOADS = [(256, 1, (4, 16), 8), (64, 1, (4, 16), 64), (16, 8, (96, 160), 16)]
+# (prompts, samples per prompt, prompt length range, new tokens per turn, turns, observation tokens)
+CONVERSATIONS = [(32, 8, (24, 32), 8, 3, 20), (16, 4, (48, 64), 16, 6, 40)]
 REPEATS = 5
 
 
@@ -70,6 +76,21 @@ def best_rates(runs: list[Callable[[], int]]) -> list[float]:
 def hone_run(sampler: HFSampler, requests: list[GenerationRequest], n: int, new_tokens: int) -> int:
     params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens, seed=0)
     return sum(r.response_len for r in sampler.generate(requests, params))
+
+
+def conversation_run(
+    sampler: HFSampler, requests: list[GenerationRequest], n: int, new_tokens: int, turns: int, obs: list[int]
+) -> int:
+    """`turns` calls, each continuing every sequence of the last with the same observation tokens."""
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    rollouts = sampler.generate(requests, params)
+    tokens = sum(r.response_len for r in rollouts)
+    for turn in range(1, turns):
+        params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, seed=turn)
+        continued = [GenerationRequest(r.sample_id, r.group_id, r.token_ids + obs) for r in rollouts]
+        rollouts = sampler.generate(continued, params)
+        tokens += sum(r.response_len for r in rollouts)
+    return tokens
 
 
 def hf_run(
@@ -125,6 +146,29 @@ def main() -> None:
             shape = f"{prompts} x {n} x {new_tokens} ({lengths[0]}-{lengths[1]})"
             row = f"{shape:>31} {'on' if eos else 'off':>4} {ours:>16,.0f} {theirs:>15,.0f}"
             print(f"{row} {ours / theirs:>5.1f}x")
+
+    model.generation_config.eos_token_id = EOS
+    header = f"{'prompts x n x new x turns (prompt len, obs)':>44} {'cache tok/s':>12} {'no cache tok/s':>15}"
+    print(f"\n{header} {'ratio':>6}")
+    for prompts, n, lengths, new_tokens, turns, obs_len in CONVERSATIONS:
+        requests = random_requests(rng, prompts, lengths)
+        obs = random_requests(rng, 1, (obs_len, obs_len))[0].prompt_ids
+        cached, fresh = best_rates(
+            [
+                partial(conversation_run, HFSampler(model, tokenizer), requests, n, new_tokens, turns, obs),
+                partial(
+                    conversation_run,
+                    HFSampler(model, tokenizer, prefix_cache=False),
+                    requests,
+                    n,
+                    new_tokens,
+                    turns,
+                    obs,
+                ),
+            ]
+        )
+        shape = f"{prompts} x {n} x {new_tokens} x {turns} ({lengths[0]}-{lengths[1]}, {obs_len})"
+        print(f"{shape:>44} {cached:>12,.0f} {fresh:>15,.0f} {cached / fresh:>5.1f}x")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,22 @@ def test_sampled_tokens_are_kept_exactly_and_score_alike_in_the_trainer(policy: 
     assert float(diff.max()) < 1e-4  # no re-tokenisation drift: the trainer sees the sampled ids
 
 
+def test_prefix_cache_plays_the_same_episodes_as_re_encoding_every_turn(policy: Policy) -> None:
+    limits = EpisodeLimits(max_turns=4, max_tokens_per_turn=5)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
+    episodes = []
+    for prefix_cache in (True, False):
+        sampler = HFSampler(policy.model, policy.tokenizer, prefix_cache=prefix_cache)
+        episodes.append(run_episodes(sampler, policy.tokenizer, lambda: Echo(3), SAMPLES, params, limits))
+    cached, fresh = episodes
+    assert [r.token_ids for r in cached] == [r.token_ids for r in fresh]
+    assert all(len(r.turns) == 3 for r in cached)
+    for a, b in zip(cached, fresh, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0
+        )
+
+
 def test_observation_and_prompt_tokens_get_exactly_zero_gradient(policy: Policy) -> None:
     rollouts = play(policy, lambda: Echo(3), SAMPLES, EpisodeLimits(max_turns=4, max_tokens_per_turn=5))
     batch = collate(rollouts, pad_id=policy.tokenizer.pad_token_id)
