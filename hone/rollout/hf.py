@@ -42,33 +42,80 @@ _STOP_CONTEXT_TOKENS = 4
 # the best on every workload tried (bench/sampler_bench.py shapes and 256 x 64).
 _COMPACT_FRACTION = 0.25
 
-# One layer's cached keys and values for one sequence, each [kv_heads, tokens, head_dim].
+# One layer's cached keys and values, each [rows, kv_heads, tokens, head_dim].
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 
 
-class _PrefixStore:
-    """Per-sequence KV caches, found by the longest stored sequence a prompt starts with.
+@dataclass
+class _Stored:
+    """Where one stored sequence's KV lives: row `row` of `block`, at `columns` (its unmasked ones)."""
 
-    Keyed by the token tuple, with the stored lengths kept longest first: a lookup hashes one slice per
-    distinct length until it hits (a multi-turn prompt usually hits on the first), and adding is one
-    insert. (A trie walks each prompt once but builds a dict per token: several times slower here.)
+    block: list[LayerKV]
+    row: int
+    columns: list[int]
+
+
+class _PrefixStore:
+    """KV caches of whole sequences, found by the longest stored sequence a prompt starts with.
+
+    Rows that end at the same decode step are kept as one block (a gather per layer, not per row), and a
+    sequence's real columns are gathered into place only when a later prompt reuses it: storing stays
+    cheap for single-turn traffic that never comes back. Entries are keyed by the token tuple, with the
+    stored lengths kept longest first: a lookup hashes one slice per distinct length until it hits (a
+    multi-turn prompt usually hits on the first).
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, ...], list[LayerKV]] = {}
+        self._entries: dict[tuple[int, ...], _Stored] = {}
         self._lengths: list[int] = []  # distinct stored lengths, longest first
 
-    def add(self, tokens: list[int], kv: list[LayerKV]) -> None:
-        if len(tokens) not in self._lengths:
-            self._lengths = sorted([*self._lengths, len(tokens)], reverse=True)
-        self._entries[tuple(tokens)] = kv
+    def keep(
+        self, sequences: list[list[int]], rows: list[int], cache: DynamicCache, mask: torch.Tensor
+    ) -> None:
+        """Store `rows` of `cache`, each under `sequences[k]`, the tokens it holds (its mask's ones)."""
+        index = torch.tensor(rows, device=mask.device)
+        block = [(layer.keys[index], layer.values[index]) for layer in cache.layers]
+        for k, (tokens, row_mask) in enumerate(zip(sequences, mask[index].tolist(), strict=True)):
+            columns = [c for c, real in enumerate(row_mask) if real]
+            if len(columns) != len(tokens):
+                raise RuntimeError(f"prefix cache: a row holds {len(columns)} tokens, expected {len(tokens)}")
+            if len(tokens) not in self._lengths:
+                self._lengths = sorted([*self._lengths, len(tokens)], reverse=True)
+            self._entries[tuple(tokens)] = _Stored(block, k, columns)
 
-    def longest(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
-        """The longest stored sequence that `tokens` starts with: its length and KV (0, None if none)."""
+    def longest(self, tokens: list[int]) -> _Stored | None:
+        """The longest stored sequence that `tokens` starts with (None if none)."""
         for length in self._lengths:
-            if length <= len(tokens) and (kv := self._entries.get(tuple(tokens[:length]))) is not None:
-                return length, kv
-        return 0, None
+            if length <= len(tokens) and (stored := self._entries.get(tuple(tokens[:length]))) is not None:
+                return stored
+        return None
+
+    @staticmethod
+    def stack(hits: list[_Stored | None], width: int) -> list[LayerKV]:
+        """The hits' KV right-aligned in `width` columns, one [rows, heads, width, dim] pair per layer (the
+        columns left of a sequence repeat its first one; the attention mask hides them)."""
+        found = [(row, stored) for row, stored in enumerate(hits) if stored is not None]
+        if not found:
+            return []
+        by_block: dict[int, list[tuple[int, _Stored]]] = {}
+        for row, stored in found:
+            by_block.setdefault(id(stored.block), []).append((row, stored))
+        shapes = [(len(hits), keys.shape[1], width, keys.shape[3]) for keys, _ in found[0][1].block]
+        example = found[0][1].block[0][0]
+        layers = [(example.new_zeros(shape), example.new_zeros(shape)) for shape in shapes]
+        for group in by_block.values():
+            block = group[0][1].block
+            device = block[0][0].device
+            dest = torch.tensor([row for row, _ in group], device=device)
+            picks = torch.tensor([s.row for _, s in group], device=device)
+            columns = torch.tensor(
+                [[s.columns[0]] * (width - len(s.columns)) + s.columns for _, s in group], device=device
+            )
+            for (keys, values), (src_keys, src_values) in zip(layers, block, strict=True):
+                index = columns[:, None, :, None].expand(-1, src_keys.shape[1], -1, src_keys.shape[3])
+                keys[dest] = src_keys[picks].gather(2, index)
+                values[dest] = src_values[picks].gather(2, index)
+        return layers
 
 
 @dataclass
@@ -183,8 +230,8 @@ class HFSampler:
         """Run `prompts` through the model into a new cache, reusing `previous` KV where a prompt extends a
         stored sequence; return the last position's logits, the attention mask and the cache."""
         # At least the last prompt token is always fed: its logits pick the first new token.
-        hits = [previous.longest(p[:-1]) if previous else (0, None) for p in prompts]
-        reused = [n for n, _ in hits]
+        hits = [previous.longest(p[:-1]) if previous else None for p in prompts]
+        reused = [len(h.columns) if h else 0 for h in hits]
         suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
         cached_width, width = max(reused), max(len(s) for s in suffixes)
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in suffixes], device=device)
@@ -192,38 +239,9 @@ class HFSampler:
         # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
         position_ids = torch.tensor(reused, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0)
         old_mask = torch.tensor([[0] * (cached_width - n) + [1] * n for n in reused], device=device)
-        cache = DynamicCache(self._stack_cached(hits, cached_width) or None, config=self.model.config)
+        cache = DynamicCache(_PrefixStore.stack(hits, cached_width) or None, config=self.model.config)
         mask = torch.cat([old_mask, new_mask], dim=1)
         return self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1), mask, cache
-
-    @staticmethod
-    def _stack_cached(hits: list[tuple[int, list[LayerKV] | None]], width: int) -> list[LayerKV]:
-        """The reused rows' KV, left-padded with zeros (masked out): one [B, heads, width, dim] per layer."""
-        if width == 0:
-            return []
-        example = next(kv for _, kv in hits if kv is not None)
-        layers = []
-        for layer, (key, _) in enumerate(example):
-            keys = key.new_zeros((len(hits), key.shape[0], width, key.shape[2]))
-            values = torch.zeros_like(keys)
-            for row, (n, kv) in enumerate(hits):
-                if kv is not None:
-                    keys[row, :, width - n :] = kv[layer][0][:, :n]
-                    values[row, :, width - n :] = kv[layer][1][:, :n]
-            layers.append((keys, values))
-        return layers
-
-    @staticmethod
-    def _keep(
-        store: _PrefixStore, tokens: list[int], cache: DynamicCache, mask: torch.Tensor, row: int
-    ) -> None:
-        """Store `row`'s KV under `tokens`, the sequence it holds (its real columns are the mask's ones)."""
-        columns = mask[row].nonzero().squeeze(-1)
-        if len(columns) != len(tokens):
-            raise RuntimeError(f"prefix cache: row {row} holds {len(columns)} tokens, expected {len(tokens)}")
-        store.add(
-            tokens, [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers]
-        )
 
     def _decode(
         self,
@@ -277,10 +295,12 @@ class HFSampler:
                         sequences[i].finish_reason = "stop"
                         owner[row] = None
             last = step == params.max_new_tokens - 1
-            if store is not None:  # a row that ends now has fed its prompt and all its tokens but the last
-                for row, i in enumerate(was):
-                    if i is not None and (owner[row] is None or last):
-                        self._keep(store, prompts[i] + sequences[i].tokens[:-1], cache, mask, row)
+            ended = [(row, i) for row, i in enumerate(was) if i is not None and (owner[row] is None or last)]
+            if (
+                store is not None and ended
+            ):  # an ending row has fed its prompt and all its tokens but the last
+                fed = [prompts[i] + sequences[i].tokens[:-1] for _, i in ended]
+                store.keep(fed, [row for row, _ in ended], cache, mask)
             keep = [row for row, i in enumerate(owner) if i is not None]
             if not keep or last:
                 break
