@@ -293,3 +293,33 @@ def test_arithmetic_retry_gives_feedback_and_a_limited_number_of_tries() -> None
     assert env.step("1").done  # out of tries
     demo = env.demonstration(sample)
     assert demo[-1] == {"role": "assistant", "content": sample.answer}
+
+
+def test_arithmetic_retry_demonstrations_recover_from_near_misses_that_are_not_trained_on() -> None:
+    from hone.envs.games import ArithmeticRetry
+
+    args = {"min_digits": 2, "max_digits": 3, "ops": "+", "pad": True}
+    misses_seen = set()
+    for sample in ArithmeticRetry.make_samples(200, 0, "train", **args):
+        demo = ArithmeticRetry(tries=3, **args).demonstration(sample)
+        # replayed against a fresh environment: each miss is told "wrong", the last turn solves it
+        messages, results = play(ArithmeticRetry(tries=3, **args), sample, _assistant_turns(demo))
+        assert [r.reward for r in results] == [0.0] * (len(results) - 1) + [1.0]
+        assert messages == [{k: v for k, v in m.items() if k != "weight"} for m in demo]
+        *misses, final = [m for m in demo if m["role"] == "assistant"]
+        assert final == {"role": "assistant", "content": sample.answer}  # trained on (no weight 0)
+        assert all(m["weight"] == 0 for m in misses)
+        tried = [m["content"] for m in misses]
+        assert len(set(tried)) == len(tried) and sample.answer not in tried
+        for miss in tried:  # one digit off, same width
+            assert len(miss) == len(sample.answer or "")
+            assert sum(a != b for a, b in zip(miss, sample.answer or "", strict=True)) == 1
+        misses_seen.add(len(misses))
+    assert misses_seen == {0, 1, 2}
+    assert (
+        max(
+            len(ArithmeticRetry(tries=2, **args).demonstration(s))
+            for s in ArithmeticRetry.make_samples(50, 0, "train", **args)
+        )
+        <= 4
+    )

@@ -171,6 +171,21 @@ def test_demonstrations_use_the_same_layout_as_episodes(policy: Policy) -> None:
     assert trained == "".join(a + tok.eos_token for a in assistant)
 
 
+def test_demonstration_turns_with_weight_zero_stay_in_context_but_are_not_trained_on(policy: Policy) -> None:
+    tok = policy.tokenizer
+    messages = [
+        {"role": "user", "content": "12+30="},
+        {"role": "assistant", "content": "43", "weight": 0},
+        {"role": "user", "content": "wrong"},
+        {"role": "assistant", "content": "42"},
+    ]
+    ids, mask = demonstration_tokens(tok, messages)
+    assert "43" in tok.decode(ids)  # the miss is in the context
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "42" + tok.eos_token
+    with pytest.raises(ValueError, match="weight"):
+        demonstration_tokens(tok, [messages[0], {"role": "assistant", "content": "42", "weight": 0.5}])
+
+
 def test_an_agent_recipe_trains_end_to_end_with_sft_from_demonstrations(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:

@@ -418,4 +418,25 @@ class ArithmeticRetry(Environment):
         return StepResult([_user("wrong")], done=self.turns >= self.max_turns)
 
     def demonstration(self, sample: Sample) -> list[Message]:
-        return [_user(sample.prompt or ""), {"role": "assistant", "content": sample.answer or ""}]
+        """Half the time the right answer at once; otherwise one or two near misses (one digit off), each
+        told "wrong", then the right answer. The misses have weight 0: SFT teaches recovering after
+        "wrong" (a fresh, different answer) without teaching the misses themselves."""
+        answer = sample.answer or ""
+        rng = random.Random(f"arithmetic_retry/{sample.id}")
+        misses = min(rng.choice([0, 0, 1, 2]), self.max_turns - 1) if answer.isdigit() else 0
+        messages = [_user(sample.prompt or "")]
+        tried = {answer}
+        for _ in range(misses):
+            miss = _near_miss(answer, rng, tried)
+            tried.add(miss)
+            messages += [{"role": "assistant", "content": miss, "weight": 0}, _user("wrong")]
+        return [*messages, {"role": "assistant", "content": answer}]
+
+
+def _near_miss(answer: str, rng: random.Random, avoid: set[str]) -> str:
+    """`answer` with one digit changed (the kind of slip a small model makes), not in `avoid`."""
+    while True:
+        at = rng.randrange(len(answer))
+        miss = answer[:at] + rng.choice([d for d in "0123456789" if d != answer[at]]) + answer[at + 1 :]
+        if miss not in avoid:
+            return miss

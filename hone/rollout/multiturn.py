@@ -254,6 +254,9 @@ def demonstration_tokens(
 ) -> tuple[list[int], list[int]]:
     """A scripted conversation laid out exactly as `run_episodes` lays out a sampled one: token ids and
     a 0/1 train mask (1 on assistant tokens and their eos, 0 on the prompt and observations), for SFT.
+
+    An assistant message with `"weight": 0` (OpenAI's chat fine-tuning convention) stays in the context
+    but is not trained on: e.g. a wrong first try that shows the model how to recover, not how to err.
     """
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
@@ -271,6 +274,9 @@ def demonstration_tokens(
         if observation:
             obs_ids = render(observation, ended_with_eos=True, tools=tools)
             ids, mask, observation = ids + obs_ids, mask + [0] * len(obs_ids), []
+        weight = message.get("weight", 1)
+        if weight not in (0, 1):
+            raise ValueError(f"an assistant message's weight must be 0 or 1, got {weight!r}")
         turn = [*tokenizer.encode(message["content"], add_special_tokens=False), tokenizer.eos_token_id]
-        ids, mask = ids + turn, mask + [1] * len(turn)
+        ids, mask = ids + turn, mask + [int(weight)] * len(turn)
     return ids, mask
