@@ -13,8 +13,10 @@ import torch
 from hone.algorithms import POLICY_LOSSES, aggregate_loss
 from hone.envs import Environment, StepResult, make_env
 from hone.orchestration.collate import collate, turn_tensors
+from hone.orchestration.evaluate import evaluate
+from hone.rewards.env import env_reward
 from hone.rollout import HFSampler
-from hone.rollout.multiturn import EpisodeLimits, demonstration_tokens, run_episodes
+from hone.rollout.multiturn import EpisodeLimits, Episodes, demonstration_tokens, run_episodes
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -169,6 +171,37 @@ def test_demonstrations_use_the_same_layout_as_episodes(policy: Policy) -> None:
     trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assistant = [m["content"] for m in env.demonstration(sample) if m["role"] == "assistant"]
     assert trained == "".join(a + tok.eos_token for a in assistant)
+
+
+class SolvesAtTurn(Environment):
+    """Done with reward 1 at the turn the sample's `meta["turn"]` names; fails (reward 0) at turn 3."""
+
+    max_turns = 3
+
+    def reset(self, sample: Sample) -> list[dict[str, str]]:
+        self.solve_at, self.seen = sample.meta["turn"], 0
+        return [{"role": "user", "content": "go"}]
+
+    def step(self, assistant_message: str) -> StepResult:
+        self.seen += 1
+        solved = self.seen == self.solve_at
+        return StepResult([{"role": "user", "content": "again"}], float(solved), solved or self.seen == 3)
+
+
+def test_eval_splits_multi_turn_accuracy_by_the_turns_correct_episodes_took(policy: Policy) -> None:
+    samples = [Sample(str(i), prompt="go", meta={"turn": t}) for i, t in enumerate([1, 2, 2, 3, 9])]
+    episodes = Episodes(SolvesAtTurn, EpisodeLimits(max_turns=3, max_tokens_per_turn=3))
+    metrics = evaluate(
+        HFSampler(policy.model, policy.tokenizer),
+        policy.tokenizer,
+        samples,
+        env_reward(),
+        SamplingParams(n=2, temperature=1.0, max_new_tokens=3, seed=0),
+        episodes=episodes,
+    )
+    assert metrics["eval/accuracy"] == 0.8  # the sample with turn 9 is never solved
+    assert [metrics[f"eval/correct_in_{k}_turns"] for k in (1, 2, 3)] == [0.2, 0.4, 0.2]
+    assert "eval/correct_in_4_turns" not in metrics
 
 
 def test_demonstration_turns_with_weight_zero_stay_in_context_but_are_not_trained_on(policy: Policy) -> None:

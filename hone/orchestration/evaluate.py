@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -33,7 +34,9 @@ def evaluate(
 
     With `params.n == 1` and temperature 0 this is greedy accuracy; pass@k uses the unbiased estimator
     over `params.n` samples per problem. With `episodes` (an environment factory and limits) every
-    sample is played as a multi-turn episode and scored the same way.
+    sample is played as a multi-turn episode and scored the same way, and `eval/correct_in_<k>_turns`
+    splits the accuracy by how many assistant turns the correct episodes took (with an environment that
+    ends at success, that is the turn that solved it: what retrying or reading observations adds).
     """
     if episodes is None:
         rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
@@ -51,6 +54,10 @@ def evaluate(
         "eval/response_length": sum(r.response_len for r in rollouts) / len(rollouts),
         "eval/top_answer_share": top_answer_share([r.response_text for r in rollouts]),
     }
+    if episodes is not None:
+        by_turns = Counter(len(r.turns) for r in rollouts if r.reward >= CORRECT_AT)
+        for turns in range(1, max((len(r.turns) for r in rollouts), default=0) + 1):
+            out[f"eval/correct_in_{turns}_turns"] = by_turns[turns] / len(rollouts)
     for k in ks:
         if k <= n:
             out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
