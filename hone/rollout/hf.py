@@ -297,9 +297,8 @@ class HFSampler:
                         owner[row] = None
             last = step == params.max_new_tokens - 1
             ended = [(row, i) for row, i in enumerate(was) if i is not None and (owner[row] is None or last)]
-            if (
-                store is not None and ended
-            ):  # an ending row has fed its prompt and all its tokens but the last
+            if store is not None and ended:
+                # An ending row has fed its prompt and all its tokens but the last (sampled, never fed).
                 fed = [prompts[i] + sequences[i].tokens[:-1] for _, i in ended]
                 store.keep(fed, [row for row, _ in ended], cache, mask)
             keep = [row for row, i in enumerate(owner) if i is not None]
