@@ -351,3 +351,25 @@ def test_prefix_cache_is_dropped_when_any_weight_changes(
             atol=1e-5,
             rtol=0,
         )
+
+
+def test_prefix_cache_is_dropped_by_load_weights_and_by_a_dtype_change(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = make_model(2)
+    sampler = HFSampler(model, tokenizer)
+    widths = _prefill_widths(sampler, monkeypatch)
+    for change in (lambda: sampler.load_weights({}, sampler.policy_version), model.double):
+        first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
+        change()
+        second = _next_turn(tokenizer, first, " ok ")
+        widths.clear()
+        sampler.generate(second, greedy(max_new_tokens=8))
+        assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again
+
+
+def test_prefix_cache_off_never_reads_parameter_versions(tokenizer: PreTrainedTokenizerBase) -> None:
+    with torch.inference_mode():  # inference tensors have no version counter to read
+        model = make_model(3)
+    rollouts = HFSampler(model, tokenizer, prefix_cache=False).generate(requests(tokenizer), greedy())
+    assert len(rollouts) == len(PROMPTS)

@@ -14,9 +14,10 @@ last `generate` call fed through the model and, when a new prompt starts with on
 the new tokens (what vLLM's automatic prefix caching does for the same traffic). Reused rows sit in
 the batch as [padding][cached tokens][padding][new tokens]; the attention mask hides both paddings and
 positions count real tokens only, so the model sees exactly the sequence it would see unpadded. The
-store is dropped as soon as any weight changes (every parameter's in-place version counter is compared),
-so a stale cache can never condition a new policy's samples. Measured (bench/sampler_bench.py): 1.8x the
-tokens/s of re-encoding on 3-turn `agent-retry`-shaped traffic, 2.2x over 6 turns.
+store is dropped by `load_weights` and whenever a parameter's storage, dtype or in-place version counter
+changes (so a synchronous run's optimizer step, which tells the sampler nothing, drops it too).
+Measured (bench/sampler_bench.py): 1.8x the tokens/s of re-encoding on 3-turn `agent-retry`-shaped
+traffic, 2.2x over 6 turns.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class HFSampler:
         self.prefix_cache = prefix_cache
         self.policy_version = 0
         self._prefixes: _PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
-        self._prefixes_for: tuple[int, ...] | None = None
+        self._prefixes_for: tuple[object, ...] | None = None
         # transformers 5 renamed `past_key_values` to `cache`; an unknown name would be swallowed by
         # **kwargs and silently disable the cache, so ask the signature which one this model takes
         # (a PEFT wrapper's forward takes **kwargs and passes them on to the model it wraps).
@@ -170,8 +171,9 @@ class HFSampler:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
-        weights = self._weights_fingerprint()
-        previous = self._prefixes if self._prefixes_for == weights else None
+        weights = self._weights_fingerprint() if self.prefix_cache else None
+        previous = self._prefixes if weights is not None and self._prefixes_for == weights else None
+        self._prefixes = None  # a stale store is freed before this call's cache is built
         store = _PrefixStore() if self.prefix_cache else None
         sequences: list[_Sequence] = []
         with torch.inference_mode(), _eval_mode(self.model):
@@ -207,6 +209,7 @@ class HFSampler:
         In synchronous mode the trainer and sampler share one model, the tensors are the same storage
         and nothing is copied. Shapes are checked because `copy_` would silently broadcast a wrong one.
         """
+        self._prefixes = None  # whatever changes below, cached KV of the old weights must not be reused
         own = self.model.state_dict()
         unknown = state_dict.keys() - own.keys()
         if unknown:
@@ -220,10 +223,13 @@ class HFSampler:
                     dst.copy_(src)
         self.policy_version = version
 
-    def _weights_fingerprint(self) -> tuple[int, ...]:
-        """Changes whenever any parameter is written in place (optimizer step, `load_weights`, `copy_`)
-        or the model or version changes: what decides whether the last call's KV caches still hold."""
-        return (id(self.model), self.policy_version, *(p._version for p in self.model.parameters()))
+    def _weights_fingerprint(self) -> tuple[object, ...]:
+        """What decides whether the last call's KV caches still hold: the model, the policy version, and
+        each parameter's storage, dtype and in-place version counter (bumped by autograd-visible writes:
+        a default AdamW step, `copy_`). Writes that bypass the counter (`p.data.copy_`, fused optimizers)
+        are not seen: change weights through `load_weights` (which drops the store) or a new version."""
+        params = self.model.parameters()
+        return (id(self.model), self.policy_version, *((p.data_ptr(), p.dtype, p._version) for p in params))
 
     def _prefill(
         self, prompts: list[list[int]], previous: _PrefixStore | None, pad: int, device: torch.device
