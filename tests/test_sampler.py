@@ -331,41 +331,31 @@ def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
     assert sum(widths) < sum(len(r.prompt_ids) for r in second) / 2
 
 
-def test_prefix_cache_is_dropped_when_any_weight_changes(
+def test_prefix_cache_is_dropped_when_weights_change_in_place_are_loaded_or_change_dtype(
     tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = make_model(1)
     sampler = HFSampler(model, tokenizer)
     widths = _prefill_widths(sampler, monkeypatch)
-    first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
-    with torch.no_grad():  # an optimizer step in a synchronous run: in place, no load_weights call
-        next(model.parameters()).mul_(1.5)
-    second = _next_turn(tokenizer, first, " ok ")
-    widths.clear()
-    after = sampler.generate(second, greedy(max_new_tokens=8))
-    assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again
-    for rollout in after:
-        torch.testing.assert_close(
-            torch.tensor(rollout.sampler_logprobs),
-            full_forward_logprobs(model, rollout, 0.0),
-            atol=1e-5,
-            rtol=0,
-        )
 
+    def optimizer_step() -> None:  # a synchronous run's update: in place, no load_weights call
+        with torch.no_grad():
+            next(model.parameters()).mul_(1.5)
 
-def test_prefix_cache_is_dropped_by_load_weights_and_by_a_dtype_change(
-    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = make_model(2)
-    sampler = HFSampler(model, tokenizer)
-    widths = _prefill_widths(sampler, monkeypatch)
-    for change in (lambda: sampler.load_weights({}, sampler.policy_version), model.double):
+    for change in (optimizer_step, lambda: sampler.load_weights({}, sampler.policy_version), model.double):
         first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
         change()
         second = _next_turn(tokenizer, first, " ok ")
         widths.clear()
-        sampler.generate(second, greedy(max_new_tokens=8))
+        after = sampler.generate(second, greedy(max_new_tokens=8))
         assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again
+        for rollout in after:
+            torch.testing.assert_close(
+                torch.tensor(rollout.sampler_logprobs),
+                full_forward_logprobs(model, rollout, 0.0),
+                atol=1e-5,
+                rtol=0,
+            )
 
 
 def test_prefix_cache_off_never_reads_parameter_versions(tokenizer: PreTrainedTokenizerBase) -> None:

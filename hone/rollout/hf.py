@@ -285,7 +285,7 @@ class HFSampler:
         # the batch, its output ignored, until enough have piled up to be worth compacting the cache.
         owner: list[int | None] = list(range(len(prompts)))
         for step in range(params.max_new_tokens):
-            was = list(owner)
+            was = list(owner) if store is not None else []  # who was live, to store the rows that end
             tokens, logprobs = sample_next(logits, params, generator)
             for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 if (i := owner[row]) is not None:
