@@ -114,6 +114,13 @@ class RewardComponentConfig(Section):
         default_factory=dict, description="keyword arguments of the reward's factory"
     )
     timeout_s: float | None = Field(None, gt=0, description="per-call timeout; default reward.timeout_s")
+    correctness: bool = Field(
+        False, description="this component grades correctness: eval/accuracy counts it, not the total"
+    )
+
+
+# Built-in rewards that grade an answer right or wrong: the default correctness component.
+VERIFIER_REWARDS = ("task", "math", "code", "env")
 
 
 class RewardConfig(Section):
@@ -138,7 +145,21 @@ class RewardConfig(Section):
             raise ValueError("set either reward.fn or reward.components, not both")
         if self.args and self.fn is None:
             raise ValueError("reward.args needs reward.fn (components take their own args)")
+        marked = [name for name, c in self.components.items() if c.correctness]
+        if len(marked) > 1:
+            raise ValueError(f"only one reward component can set correctness: true, got {marked}")
         return self
+
+    def correctness_component(self) -> str | None:
+        """The component `eval/accuracy` counts: the one marked `correctness: true`, else the only one,
+        else the first verifier (task, math, code, env); None (the total reward) when there is none."""
+        resolved = self.resolved()
+        marked = [name for name, c in resolved.items() if c.correctness]
+        if marked:
+            return marked[0]
+        if len(resolved) == 1:
+            return next(iter(resolved))
+        return next((name for name, c in resolved.items() if c.fn in VERIFIER_REWARDS), None)
 
     def resolved(self) -> dict[str, RewardComponentConfig]:
         """The components to build: `components`, or the single `fn` (default 'task') named after it."""
@@ -171,6 +192,16 @@ class KLConfig(Section):
     def _estimator(cls, v: str) -> str:
         return _check_registered(v, KL_ESTIMATORS, "KL estimator")
 
+    @model_validator(mode="after")
+    def _k1_not_in_loss(self) -> KLConfig:
+        # d/dθ k1 = ∇log π, whose expectation under π is 0: as a loss term k1 regularises nothing.
+        if self.coef > 0 and self.placement == "loss" and self.estimator == "k1":
+            raise ValueError(
+                "estimator 'k1' in the loss has zero expected gradient (a no-op); "
+                "use estimator k3 (or k2) in the loss, or k1 with placement reward"
+            )
+        return self
+
 
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
@@ -186,7 +217,10 @@ class AlgorithmConfig(Section):
     entropy_coef: float = 0.0
     kl: KLConfig = Field(default_factory=KLConfig)
     old_log_probs: Literal["recompute", "sampler"] = Field(
-        "recompute", description="behaviour log-probs: trainer recomputation or the sampler's own"
+        "sampler",
+        description="behaviour log-probs: the sampler's own (free; exact while the sampler shares the "
+        "trainer's weights and numerics) or a trainer recomputation (one more forward pass; for an "
+        "engine whose numerics differ)",
     )
     skip_zero_variance_groups: bool = Field(
         False, description="drop groups whose rewards are all equal (no learning signal; DAPO)"
@@ -236,6 +270,9 @@ class SFTConfig(Section):
     examples: int = Field(20_000, ge=1)
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(128, ge=1)
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per forward/backward; null = trainer.micro_batch_size"
+    )
     max_steps: int = Field(1000, ge=1)
     stop_at_accuracy: float | None = Field(None, ge=0, le=1, description="stop when val accuracy ≥ this")
     eval_every: int = Field(25, ge=1)
@@ -247,6 +284,13 @@ class EvalConfig(Section):
     temperature: float = Field(0.0, ge=0, description="0 = greedy accuracy")
     n: int = Field(1, ge=1, description="samples per problem for pass@k")
     k: list[int] = Field(default_factory=lambda: [1])
+
+    @model_validator(mode="after")
+    def _k_within_n(self) -> EvalConfig:
+        too_big = [k for k in self.k if not 1 <= k <= self.n]
+        if too_big:  # pass@k needs k of the n samples per problem: refuse rather than drop it silently
+            raise ValueError(f"k={too_big}: pass@k needs 1 <= k <= eval.n (n={self.n}); raise eval.n")
+        return self
 
 
 class LoggingConfig(Section):
@@ -335,25 +379,42 @@ def _format_error(error: ValidationError, origin: str) -> str:
 
 def _import_plugins(tree: dict[str, Any]) -> None:
     """Import `run.plugins` before validation, so the names they register are known to it."""
-    plugins = (tree.get("run") or {}).get("plugins") or []
+    run = tree.get("run")
+    plugins = (run.get("plugins") if isinstance(run, dict) else None) or []  # a bad `run` fails validation
     if not isinstance(plugins, list):
         raise ConfigError("run.plugins: must be a list of module names")
     for module in plugins:
         try:
             importlib.import_module(str(module))
-        except ImportError as e:
-            raise ConfigError(f"run.plugins: cannot import {module!r}: {e}") from None
+        except Exception as e:  # not only ImportError: a user module may fail in any way as it runs
+            raise ConfigError(f"run.plugins: cannot import {module!r}: {type(e).__name__}: {e}") from None
+
+
+def _read_recipe(path: Path) -> dict[str, Any]:
+    """The recipe's tree of sections; one-line errors for bad YAML, an empty file or a scalar section."""
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else f"{path}"
+        problem = getattr(e, "problem", None) or e.__class__.__name__
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    if tree is None:  # almost surely a mistake (a truncated copy, the wrong file), not "all defaults"
+        raise ConfigError(f"{path}: empty recipe; start from a packaged one ({', '.join(list_recipes())})")
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+    for section, body in tree.items():
+        if body is None:  # `trainer:` with every key commented out: the section's defaults
+            tree[section] = {}
+        elif not isinstance(body, dict):
+            raise ConfigError(f"{path}: section {section!r} must be a mapping of keys, not {body!r}")
+    return tree
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> HoneConfig:
     """Load a recipe (default: the embedded one), apply dotted overrides, validate."""
     path = find_recipe(str(recipe) if recipe is not None else None)
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+    tree = _read_recipe(path)
     for text in overrides:
         keys, value = parse_override(text)
         _set_dotted(tree, keys, value, f"override {text!r}")

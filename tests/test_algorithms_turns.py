@@ -1,11 +1,19 @@
-"""Turn-level GRPO: hand-computed values, reduction to GRPO, and masking of observation tokens."""
+"""Turn-level GRPO: hand-computed values, reduction to GRPO, masking of observation tokens, groups without
+signal, a KL penalty in the reward, and the Dr.GRPO normaliser of multi-turn runs."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, scores_to_token_rewards
+from hone.config import load_config
+from hone.orchestration.collate import collate
+from hone.orchestration.loop import compute_advantages, response_budget
+from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.types import Rollout
 
 # Two trajectories of one prompt. Response positions: A = a0 a0 o a1 o a2, B = b0 o b1 pad pad pad
 # (o = observation tokens, -1 = not an assistant token).
@@ -60,3 +68,84 @@ def test_without_turns_the_response_is_one_turn_and_turn_grpo_is_grpo() -> None:
     )
     with pytest.raises(ValueError, match="needs turn_rewards or token_rewards"):
         ADVANTAGE_ESTIMATORS["turn_grpo"](response_mask=RESPONSE_MASK, group_ids=GROUPS)
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+@pytest.mark.parametrize(
+    ("groups", "turn_rewards"),
+    [
+        # gamma 0.5: A r = [0, 1, 0] → G = [0.5, 1, 0]; B r = [0.5, 0] → G = [0.5, 0]. Equal trajectory
+        # returns (0.5, 0.5), std 0, yet G_1 - mean = 0.5: the old code gave A's turn 1 0.5 / 1e-6 = 5e5.
+        ([0, 0], [[0.0, 1.0, 0.0], [0.5, 0.0, 0.0]]),
+        # two singleton groups: no baseline at all
+        ([0, 1], [[0.5, 0.0, 1.0], [0.0, 1.0, 0.0]]),
+    ],
+)
+def test_groups_without_signal_get_zero_on_every_turn(
+    groups: list[int], turn_rewards: list[list[float]], norm_by_std: bool
+) -> None:
+    advantages, _ = ADVANTAGE_ESTIMATORS["turn_grpo"](
+        response_mask=RESPONSE_MASK,
+        group_ids=torch.tensor(groups),
+        turn_rewards=torch.tensor(turn_rewards),
+        turn_mask=TURN_MASK,
+        token_turns=TOKEN_TURNS,
+        gamma=0.5,
+        eps=1e-6,
+        norm_by_std=norm_by_std,
+    )
+    assert torch.equal(advantages, torch.zeros_like(advantages))
+
+
+def multi_turn_rollout(response: list[int], turns: list[tuple[int, int]], reward: float) -> Rollout:
+    """A one-token prompt, so response token j sits in column j; loss 0 on tokens between turns."""
+    loss_mask = [0] * len(response)
+    for start, end in turns:
+        loss_mask[start:end] = [1] * (end - start)
+    return Rollout("s", 0, [1, *response], 1, loss_mask, [0.0] * len(response), turns=turns, reward=reward)
+
+
+def test_kl_in_the_reward_is_charged_to_each_turn() -> None:
+    # A: a0 a0 o a1 (turns [0,2), [3,4)), reward 1; B: b0 o b1 b1 (turns [0,1), [2,4)), reward 0.
+    rollouts = [
+        multi_turn_rollout([5, 5, 9, 5], [(0, 2), (3, 4)], 1.0),
+        multi_turn_rollout([5, 9, 5, 5], [(0, 1), (2, 4)], 0.0),
+    ]
+    batch = collate(rollouts, pad_id=0)
+    # old log-probs 0 and ref = -kl make k1 = log π - log π_ref exactly these per-token values
+    kl = torch.tensor([[0.2, 0.4, 0.0, 0.8], [0.1, 0.0, 0.3, 0.5]])
+    batch.ref_log_probs = -kl
+    cfg = load_config(
+        None,
+        [
+            "algorithm.advantage=turn_grpo",
+            "algorithm.kl.coef=0.5",
+            "algorithm.kl.placement=reward",
+            "algorithm.kl.estimator=k1",
+        ],
+    )
+    compute_advantages(batch, rollouts, cfg)
+    # Turn rewards minus 0.5 * the turn's KL sum: A = [-0.3, 1 - 0.4] → G = [0.3, 0.6];
+    # B = [-0.05, -0.4] → G = [-0.45, -0.4]. G_0 = (0.3, -0.45): mean -0.075, std 0.75 / sqrt(2).
+    std = 0.75 / math.sqrt(2) + cfg.algorithm.eps
+    a = [(0.3 + 0.075) / std, (0.6 + 0.075) / std]
+    b = [(-0.45 + 0.075) / std, (-0.4 + 0.075) / std]
+    expected = torch.tensor([[a[0], a[0], 0.0, a[1]], [b[0], 0.0, b[1], b[1]]])
+    # float32 sums of O(1) terms: error ~1e-7 relative, far inside 1e-5
+    torch.testing.assert_close(batch.advantages, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        (None, 48),  # single-turn: rollout.max_new_tokens
+        (EpisodeLimits(max_turns=7, max_tokens_per_turn=4, max_total_tokens=256), 28),  # turns bind
+        (EpisodeLimits(max_turns=8, max_tokens_per_turn=64, max_total_tokens=100), 99),  # total binds
+    ],
+)
+def test_dr_grpo_normaliser_is_the_episode_response_budget(
+    limits: EpisodeLimits | None, expected: int
+) -> None:
+    cfg = load_config(None, ["rollout.max_new_tokens=48"])
+    episodes = None if limits is None else Episodes(make_env=lambda: None, limits=limits)
+    assert response_budget(cfg, episodes) == expected

@@ -73,7 +73,7 @@ def test_recipe_file_typo_names_the_file(tmp_path: Path) -> None:
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path: Path) -> None:
-    cfg = load_config(None, ["algorithm.dual_clip=3.0", "eval.k=[1,4]"])
+    cfg = load_config(None, ["algorithm.dual_clip=3.0", "eval.n=4", "eval.k=[1,4]"])
     saved = tmp_path / "config.yaml"
     saved.write_text(cfg.to_yaml())
     assert load_config(saved) == cfg
@@ -91,9 +91,78 @@ def test_dual_clip_is_rejected_for_losses_that_ignore_it() -> None:
         load_config(None, ["algorithm.policy_loss=gspo", "algorithm.dual_clip=3"])
 
 
+def test_k1_in_the_loss_is_rejected_because_its_expected_gradient_is_zero() -> None:
+    with pytest.raises(ConfigError, match="estimator 'k1' in the loss has zero expected gradient") as info:
+        load_config(None, ["algorithm.kl.coef=0.1", "algorithm.kl.estimator=k1"])
+    assert "\n" not in str(info.value)
+    assert load_config(None, ["algorithm.kl.estimator=k1"]).algorithm.kl.coef == 0  # no KL at all: fine
+    reward = ["algorithm.kl.coef=0.1", "algorithm.kl.estimator=k1", "algorithm.kl.placement=reward"]
+    assert load_config(None, reward).algorithm.kl.placement == "reward"  # k1's value is what a reward uses
+
+
 def test_plugins_are_imported_before_names_are_checked() -> None:
     if "plugin_sign" not in ADVANTAGE_ESTIMATORS:  # not yet imported by this test process
         with pytest.raises(ConfigError, match="unknown advantage estimator 'plugin_sign'"):
             load_config(None, ["algorithm.advantage=plugin_sign"])
     cfg = load_config(None, ["run.plugins=[tests.plugin_for_tests]", "algorithm.advantage=plugin_sign"])
     assert cfg.algorithm.advantage == "plugin_sign"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("run:\n  name: [a\n  seed: 1\n", r"r\.yaml:3:7: not valid YAML: expected ',' or '\]'"),
+        ("", r"r\.yaml: empty recipe; start from a packaged one"),
+        ("# every line commented out\n", r"r\.yaml: empty recipe"),
+        ("run: 5\n", r"r\.yaml: section 'run' must be a mapping of keys, not 5"),
+        ("- run\n", r"r\.yaml: a recipe must be a mapping of sections"),
+    ],
+)
+def test_unusable_recipe_file_is_one_line_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(recipe)
+    assert "\n" not in str(info.value)
+
+
+def test_section_with_every_key_commented_out_takes_its_defaults(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("trainer:\n  # lr: 0.1\nrun:\n  steps: 3\n")
+    cfg = load_config(recipe, ["trainer.lr=0.5"])
+    assert cfg.run.steps == 3 and cfg.trainer.lr == 0.5
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def broken(:\n", "SyntaxError: "),
+        ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+    ],
+)
+def test_plugin_failing_as_it_is_imported_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, message: str
+) -> None:
+    (tmp_path / "h7_failing_plugin.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["run.plugins=[h7_failing_plugin]"])
+    text = str(info.value)
+    assert text.startswith("run.plugins: cannot import 'h7_failing_plugin': ") and message in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("overrides", [["eval.k=[1,8]"], ["eval.n=4", "eval.k=[1,8]"], ["eval.k=[0]"]])
+def test_pass_at_k_beyond_the_samples_drawn_is_an_error(overrides: list[str]) -> None:
+    with pytest.raises(ConfigError, match=r"eval: k=\[\d\]: pass@k needs 1 <= k <= eval.n"):
+        load_config(None, overrides)
+    assert load_config(None, ["eval.n=8", "eval.k=[1,8]"]).eval.k == [1, 8]
+
+
+def test_evaluate_refuses_pass_at_k_beyond_n_before_sampling() -> None:
+    from hone.orchestration.evaluate import evaluate
+    from hone.types import SamplingParams
+
+    # Nothing is sampled: the sampler, tokenizer and reward are never touched.
+    with pytest.raises(ValueError, match=r"got k=\[1, 8\], n=1"):
+        evaluate(None, None, [], None, SamplingParams(n=1), ks=[1, 8])  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from hone.algorithms.utils import (
     masked_whiten,
     scores_to_token_rewards,
     sequence_scores,
+    turn_sums,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "register_policy_loss",
     "scores_to_token_rewards",
     "sequence_scores",
+    "turn_sums",
 ]

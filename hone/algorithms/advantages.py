@@ -231,9 +231,14 @@ def turn_grpo(
     (RAGEN's StarPO, Wang et al. 2025); departure: one group baseline for all turns rather than
     per-turn-index groups, which are too small with a handful of trajectories per prompt.
 
+    A singleton group, or one whose trajectory returns are all equal, gets A = 0 on every turn (as in
+    `grpo`), even where per-turn returns differ.
+
     `turn_rewards`, `turn_mask` are [B, K] (K = most turns in the batch); `token_turns` [B, T] gives
-    each response position's turn index, -1 for prompt, observation and padding positions. Without
-    them (a single-turn run) the whole response is one turn rewarded with the sum of `token_rewards`.
+    each response position's turn index, -1 for prompt, observation and padding positions. Given
+    turns, `turn_rewards` is the whole reward: a per-token term such as a KL penalty must already be
+    summed into its turn (`turn_sums`); `token_rewards` is then unused. Without turns (a single-turn
+    run) the whole response is one turn rewarded with the sum of `token_rewards`.
     """
     if turn_rewards is None or turn_mask is None or token_turns is None:
         if token_rewards is None:
@@ -248,11 +253,14 @@ def turn_grpo(
     for k in reversed(range(rewards.shape[1])):  # turns are contiguous from 0: padding turns stay 0
         running = rewards[:, k] + gamma * running
         returns_to_go[:, k] = running
-    _, mean, std, _ = group_stats(returns_to_go[:, 0], group_ids)
+    _, mean, std, count = group_stats(returns_to_go[:, 0], group_ids)
     per_turn = returns_to_go - mean.unsqueeze(-1)
     if norm_by_std:
         per_turn = per_turn / (std.unsqueeze(-1) + eps)
-    per_turn = per_turn * turn_mask
+    # GRPO's rule: a singleton group, or one whose trajectory returns are all equal, carries no signal.
+    # Without it, gamma < 1 or per-turn rewards give later turns G_k != mean while std = 0: A ~ 1/eps.
+    signal = ((count > 1) & (std > 0)).unsqueeze(-1)
+    per_turn = torch.where(signal, per_turn, torch.zeros_like(per_turn)) * turn_mask
     index = token_turns.clamp(min=0)
     advantages = per_turn.gather(1, index) * (token_turns >= 0).to(per_turn.dtype) * response_mask
     return advantages, advantages.clone()

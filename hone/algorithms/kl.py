@@ -2,8 +2,19 @@
 
 With log-ratio d = log π_ref(y) - log π(y) on tokens y ~ π:
   k1 = -d                      unbiased, high variance, can be negative
-  k2 = d² / 2                  biased, low variance; its gradient is the true KL gradient on-policy
+  k2 = d² / 2                  biased, low variance
   k3 = exp(d) - d - 1          unbiased, low variance, always >= 0 (GRPO's choice)
+
+As a *reward* penalty only the value matters: k1 and k3 are unbiased estimates of KL(π‖π_ref).
+As a *loss* term (differentiated, the sampled tokens held fixed) what matters is the expected
+gradient E_{y~π}[∇_θ k(y)] (Tang & Munos 2025, arXiv:2506.09477; Shah et al. 2025, "A comedy of
+estimators", arXiv:2512.21852):
+  k1: E[∇log π] = 0                                    no regularisation at all (config rejects it)
+  k2: E[(log π - log π_ref) ∇log π] = ∇ KL(π ‖ π_ref)   the reverse KL, the RLHF objective's
+  k3: E[(1 - π_ref/π) ∇log π] = -Σ π_ref ∇log π = ∇ KL(π_ref ‖ π)   the forward KL (as in GRPO, verl)
+per token, given its prefix (the effect on later tokens' distributions is not included). The two
+agree to first order near π = π_ref. Exact on-policy (the first mini-batch, π_old = π); later
+mini-batches use π_old's samples without an importance weight.
 """
 
 from __future__ import annotations

@@ -44,3 +44,14 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
     rows = torch.nonzero(last >= 0).squeeze(-1)
     token_rewards[rows, last[rows]] = scores[rows]
     return token_rewards
+
+
+def turn_sums(token_values: torch.Tensor, token_turns: torch.Tensor, num_turns: int) -> torch.Tensor:
+    """Sum of `token_values` over each turn's positions. [B,T] (turn index per position, -1 = no turn)
+    → [B, num_turns]; positions with turn -1 (prompt, observations, padding) count nowhere."""
+    in_turn = token_turns >= 0
+    values = torch.where(in_turn, token_values, torch.zeros_like(token_values))
+    sums = torch.zeros(
+        (token_values.shape[0], num_turns), dtype=token_values.dtype, device=token_values.device
+    )
+    return sums.scatter_add_(1, token_turns.clamp(min=0), values)

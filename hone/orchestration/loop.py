@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
+from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards, turn_sums
 from hone.config import HoneConfig
 from hone.logging import MetricsLogger, Progress, plot_metrics
 from hone.orchestration.collate import collate, turn_tensors
@@ -23,8 +23,8 @@ from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import PromptStream, generation_requests
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
-from hone.rewards import score_rollouts, top_answer_share
-from hone.rollout.multiturn import run_episodes
+from hone.rewards import reward_failed, score_rollouts, top_answer_share
+from hone.rollout.multiturn import Episodes, run_episodes
 from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
 from hone.training.policy import Policy, first_response_column
@@ -44,6 +44,15 @@ class RunResult:
     steps: int
     start_eval: dict[str, float]
     final_eval: dict[str, float]
+
+
+def drop_failed_rewards(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
+    """Keep rollouts whose every reward component answered: one that raised or timed out scored 0 for
+    the infrastructure's sake, not the response's, and training on it as a wrong answer would push the
+    policy away from slow-to-verify responses. Only that rollout goes: the rest of its group keep their
+    grades, and group baselines (GRPO mean/std, RLOO) are taken over the members that remain."""
+    kept = [r for r in rollouts if not reward_failed(r)]
+    return kept, 1.0 - len(kept) / max(1, len(rollouts))
 
 
 def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
@@ -75,13 +84,16 @@ def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -
         [r.reward for r in rollouts], dtype=torch.float32, device=batch.response_mask.device
     )
     token_rewards = scores_to_token_rewards(scores, batch.response_mask)
+    turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
     metrics: dict[str, float] = {}
     if algo.kl.coef > 0 and algo.kl.placement == "reward":
         assert batch.ref_log_probs is not None and batch.old_log_probs is not None
         kl = KL_ESTIMATORS[algo.kl.estimator](batch.old_log_probs, batch.ref_log_probs) * batch.response_mask
         token_rewards = token_rewards - algo.kl.coef * kl
+        # Turn-level estimators read per-turn rewards: each turn pays the KL of its own tokens.
+        penalty = turn_sums(kl, turns["token_turns"], turns["turn_rewards"].shape[1])
+        turns["turn_rewards"] = turns["turn_rewards"] - algo.kl.coef * penalty
         metrics["kl"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
-    turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
     batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
         **turns,
         token_rewards=token_rewards,
@@ -93,6 +105,18 @@ def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -
         lam=algo.lam,
     )
     return metrics
+
+
+def response_budget(cfg: HoneConfig, episodes: Episodes | None) -> int:
+    """The most loss tokens one response can have: Dr.GRPO's constant normaliser (`norm_len` of
+    `seq-mean-token-sum-norm`, Liu et al. 2025). Single-turn: `rollout.max_new_tokens`. Multi-turn,
+    the episode's budget: each turn is at most `max_tokens_per_turn` and the whole sequence at most
+    `max_total_tokens`, of which the prompt takes at least one token (observations count toward the
+    total but not the loss, so they only lower it)."""
+    if episodes is None:
+        return cfg.rollout.max_new_tokens
+    limits = episodes.limits
+    return min(limits.max_turns * limits.max_tokens_per_turn, limits.max_total_tokens - 1)
 
 
 def sync_weights(parts: RunComponents, version: int) -> None:
@@ -119,15 +143,17 @@ def rl_step(
     rollouts = collect_rollouts(parts, cfg, samples, params)
     t_sample = time.perf_counter()
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, parts.reward)
+    t_reward = time.perf_counter()
     metrics.update(episode_metrics(rollouts))
     metrics["response_length/mean"] = sum(r.response_len for r in rollouts) / len(rollouts)
     metrics["response_length/clip_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
     metrics["answers/top_share"] = top_answer_share([r.response_text for r in rollouts])
     new_tokens = sum(r.response_len for r in rollouts)
 
+    rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
     if parts.episodes is not None and cfg.env.drop_void_turns:
         kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
-        metrics["episode/void_dropped_frac"] = 1 - len(kept) / len(rollouts)
+        metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))
         rollouts = kept
     if cfg.algorithm.skip_zero_variance_groups:
         rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
@@ -146,7 +172,8 @@ def rl_step(
         sync_weights(parts, version=step + 1)
     t_end = time.perf_counter()
     metrics["time/sample_s"] = t_sample - t0
-    metrics["time/train_s"] = t_end - t_sample
+    metrics["time/reward_s"] = t_reward - t_sample
+    metrics["time/train_s"] = t_end - t_reward
     metrics["time/step_s"] = t_end - t0
     metrics["throughput/tokens_per_s"] = new_tokens / max(t_end - t0, 1e-9)
     return metrics
@@ -221,9 +248,8 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     run_dir, checkpointer, latest = _open_run_dir(cfg, resume)
     parts = setup_components(cfg)
     try:
-        tokenizer = parts.policy.tokenizer
         warm = cfg.sft.enabled and latest is None
-        sft_data = make_sft_data(cfg, parts.task, parts.episodes, tokenizer) if warm else None
+        sft_data = make_sft_data(cfg, parts) if warm else None
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
     resume_step = None if latest is None else int(latest.name.removeprefix("step-"))
@@ -267,10 +293,10 @@ def _train(
             parts.policy,
             parts.sampler,
             sft_data,
-            parts.train_samples,
             parts.reward,
             sft_dir,
             parts.episodes,
+            deadline=None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s,
         )
     if cfg.algorithm.kl.coef > 0:
         parts.ref_policy = load_reference(cfg, str(sft_dir) if sft_dir.is_dir() else parts.model_path)
@@ -280,7 +306,7 @@ def _train(
         cfg.trainer,
         total_rl_steps=cfg.run.steps,
         temperature=cfg.rollout.temperature,
-        norm_len=cfg.rollout.max_new_tokens,
+        norm_len=response_budget(cfg, parts.episodes),
         seed=cfg.run.seed,
     )
     if latest is not None:
