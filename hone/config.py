@@ -255,13 +255,23 @@ class AlgorithmConfig(Section):
 class TrainerConfig(Section):
     lr: float = Field(1e-4, gt=0)
     schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up")
+    warmup_steps: int = Field(0, ge=0, description="RL steps of linear warm-up")
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch over one RL batch")
-    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
+    micro_batch_tokens: int = Field(
+        8192, ge=1, description="padded tokens per forward/backward, at most (logits are tokens x vocab)"
+    )
     grad_clip: float | None = Field(1.0, gt=0)
+    disable_dropout: bool = Field(
+        True, description="zero every dropout for RL, so the on-policy ratio is exactly 1 (as TRL)"
+    )
+    max_nonfinite_steps: int = Field(
+        3, ge=1, description="optimizer steps in a row with a NaN/inf gradient norm (each skipped) to stop"
+    )
+    log_entropy: bool = Field(True, description="log the policy's entropy (computed in chunks, no graph)")
 
 
 class SFTConfig(Section):
@@ -362,7 +372,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, origin: str) -> None:
     node = tree
     for depth, key in enumerate(keys[:-1]):
-        child = node.setdefault(key, {})
+        child = node.get(key)
+        if child is None:  # absent, or null like a saved `lora: null`: `model.lora.r=8` turns it on
+            child = node[key] = {}
         if not isinstance(child, dict):
             raise ConfigError(f"{origin}: {'.'.join(keys[: depth + 1])} is not a section")
         node = child

@@ -8,17 +8,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from hone.config import load_config
+from hone.config import AlgorithmConfig, TrainerConfig, load_config
+from hone.orchestration import evaluate as evaluate_module
+from hone.orchestration import loop
 from hone.orchestration.collate import collate
-from hone.orchestration.loop import SetupError, drop_zero_variance_groups, train
+from hone.orchestration.components import RunComponents, load_reward
+from hone.orchestration.loop import SetupError, drop_zero_variance_groups, rl_step, train
 from hone.orchestration.prompts import PromptStream
-from hone.types import Rollout, Sample
+from hone.rewards import RewardScorer
+from hone.training.policy import Policy
+from hone.training.trainer import RLTrainer
+from hone.types import Batch, Rollout, Sample, SamplingParams
 
 
 def rollout(prompt: list[int], response: list[int], group: int = 0, reward: float = 0.0) -> Rollout:
@@ -102,6 +110,8 @@ REQUIRED_KEYS = {
     "kl",
     "mismatch/logprob_abs",
     "answers/top_share",
+    "time/reward_s",
+    "reward/excluded_frac",
 }
 
 
@@ -273,3 +283,155 @@ def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: P
     with pytest.raises(SetupError, match="already holds a run"):
         train(load_config(None, overrides))
     assert (tmp_path / "once" / "metrics.jsonl").read_text() == before
+
+
+class RecordingTrainer:
+    """Stands in for `RLTrainer`: keeps the batches it is handed and takes no time."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        self.batches.append(batch)
+        return {}
+
+
+def one_step(
+    monkeypatch: pytest.MonkeyPatch, responses: dict[str, list[list[int]]], reward: RewardScorer
+) -> tuple[dict[str, float], RecordingTrainer]:
+    """`rl_step` on fixed rollouts (`responses[sample_id]`: the token ids of each of its n responses)."""
+
+    def collect(parts: object, cfg: object, samples: list[Sample], params: SamplingParams) -> list[Rollout]:
+        return [
+            Rollout(s.id, g, [1, 2, *ids], 2, [1] * len(ids), [-0.5] * len(ids))
+            for g, s in enumerate(samples)
+            for ids in responses[s.id]
+        ]
+
+    monkeypatch.setattr(loop, "collect_rollouts", collect)
+    samples = [Sample(id=sid, prompt="p") for sid in responses]
+    model = torch.nn.Linear(1, 1)
+    parts = RunComponents(
+        policy=SimpleNamespace(device=torch.device("cpu"), model=model),  # type: ignore[arg-type]
+        ref_policy=None,
+        sampler=SimpleNamespace(model=model, load_weights=lambda weights, version: None),  # type: ignore[arg-type]
+        reward=reward,
+        train_samples=samples,
+        eval_samples=[],
+        task=None,
+        pad_id=0,
+        model_path="",
+    )
+    cfg = load_config(None, ["algorithm.skip_zero_variance_groups=false", "algorithm.kl.coef=0"])
+    trainer = RecordingTrainer()
+    metrics = rl_step(0, parts, trainer, PromptStream(samples, len(samples), seed=0), cfg)  # type: ignore[arg-type]
+    return metrics, trainer
+
+
+def by_response(table: dict[int, float | Callable[[], float]]) -> Callable[[Rollout, Sample], float]:
+    """A reward looked up by a one-token response; a callable entry is called (to raise or to hang)."""
+
+    def reward(rollout: Rollout, sample: Sample) -> float:
+        entry = table[rollout.response_ids[0]]
+        return entry() if callable(entry) else entry
+
+    return reward
+
+
+def test_rollouts_whose_reward_failed_are_left_out_of_the_loss_and_the_rest_are_trained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def crash() -> float:
+        raise ConnectionError("judge returned HTTP 502")
+
+    def hang() -> float:
+        time.sleep(3)  # past the 0.5 s timeout: abandoned
+        return 1.0
+
+    reward = RewardScorer(
+        by_response({10: 1.0, 11: crash, 12: 0.0, 20: 1.0, 21: 0.0, 22: hang}), timeout_s=0.5
+    )
+    metrics, trainer = one_step(monkeypatch, {"a": [[10], [11], [12]], "b": [[20], [21], [22]]}, reward)
+    (batch,) = trainer.batches
+    trained = {int(row[2]): float(adv[1]) for row, adv in zip(batch.input_ids, batch.advantages, strict=True)}
+    # Each group keeps its two graded members, rewards 1 and 0: GRPO gives ±0.5 / std([1, 0]) = ±1/√2.
+    # Had the failures been trained on as 0, group a would be [1, 0, 0]: advantages 1.155, -0.577, -0.577.
+    assert trained == pytest.approx({10: 2**-0.5, 12: -(2**-0.5), 20: 2**-0.5, 21: -(2**-0.5)}, abs=1e-5)
+    assert metrics["reward/errors"] == 1.0 and metrics["reward/timeouts"] == 1.0
+    assert metrics["reward/excluded_frac"] == pytest.approx(2 / 6)
+
+
+def test_reward_scoring_is_timed_apart_from_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    def slow(rollout: Rollout, sample: Sample) -> float:
+        time.sleep(0.2)
+        return float(rollout.response_ids[0] % 2)
+
+    metrics, trainer = one_step(monkeypatch, {"a": [[10], [11]], "b": [[20], [21]]}, RewardScorer(slow))
+    assert trainer.batches and metrics["time/train_s"] < 0.2  # collate, advantages, an instant trainer
+    assert metrics["time/reward_s"] >= 0.2
+    parts = metrics["time/sample_s"] + metrics["time/reward_s"] + metrics["time/train_s"]
+    assert parts == pytest.approx(metrics["time/step_s"])
+
+
+def test_eval_accuracy_counts_the_correctness_component_not_the_shaped_total(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    overlong = "{fn: overlong, args: {max_len: 8, buffer: 4}}"
+    cfg = load_config(
+        None, ["reward.fn=null", f"reward.components={{correct: {{fn: math}}, overlong: {overlong}}}"]
+    )
+    responses = [("\\boxed{42}", 6), ("\\boxed{41}", 2), ("\\boxed{42}", 2)]  # right but long, wrong, right
+    rollouts = [Rollout("s", 0, [0] * (2 + n), 2, [1] * n, [0.0] * n, text) for text, n in responses]
+    monkeypatch.setattr(evaluate_module, "generation_requests", lambda samples, tokenizer, chat: [])
+    sampler = SimpleNamespace(generate=lambda requests, params: rollouts)
+    out = evaluate_module.evaluate(
+        sampler,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        [Sample("s", prompt="What is 6*7?", answer="42")],
+        load_reward(cfg, None),
+        SamplingParams(n=3, temperature=1.0),
+        ks=[1],
+    )
+    assert [r.reward for r in rollouts] == pytest.approx([0.5, 0.0, 1.0])  # overlong: -0.5 two tokens in
+    assert out["eval/accuracy"] == pytest.approx(2 / 3) and out["eval/pass@1"] == pytest.approx(2 / 3)
+
+
+def micro_batch(policy: Policy, offset: float) -> Batch:
+    """Six rollouts of uneven length whose `old_log_probs` are the policy's own plus `offset` per token."""
+    g = torch.Generator().manual_seed(0)
+    rollouts = []
+    for i in range(6):
+        prompt = torch.randint(2, 60, (3,), generator=g).tolist()
+        response = torch.randint(2, 60, (2 + i,), generator=g).tolist()
+        rollouts.append(
+            Rollout("s", i // 3, prompt + response, 3, [1] * len(response), [0.0] * len(response))
+        )
+    batch = collate(rollouts, pad_id=0)
+    with torch.no_grad():
+        policy.model.eval()
+        log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
+    batch.old_log_probs = torch.where(batch.response_mask.bool(), log_probs + offset, 0.0)
+    batch.advantages = torch.linspace(-1, 1, 6).unsqueeze(-1) * batch.response_mask
+    return batch
+
+
+@pytest.mark.parametrize("mode", ["sampler", "recompute"])
+def test_sampler_mode_reports_the_mismatch_from_the_first_mini_batch_before_any_step(
+    micro_model_dir: Path, mode: str
+) -> None:
+    policy = Policy.from_pretrained(micro_model_dir)
+    trainer = RLTrainer(
+        policy,
+        AlgorithmConfig(old_log_probs=mode),  # type: ignore[arg-type]
+        TrainerConfig(lr=5e-2, ppo_epochs=2, mini_batches=2, micro_batch_size=2),
+        total_rl_steps=1,
+        temperature=1.0,
+        norm_len=8,
+    )
+    out = trainer.update(micro_batch(policy, offset=0.25), step=0)
+    if mode == "recompute":  # the loop measures it on its recomputation pass, over the whole batch
+        assert "mismatch/logprob_abs" not in out
+        return
+    # Later mini-batches see weights the optimizer moved: counting them would pull the mean off 0.25.
+    # 1e-4: two fp32 forwards of the same weights (different micro-batch shapes) agree to ~1e-6 per token.
+    assert out["mismatch/logprob_abs"] == pytest.approx(0.25, abs=1e-4)

@@ -60,6 +60,28 @@ def test_the_task_reward_is_the_default_and_needs_a_task() -> None:
         load_reward(cfg, None)
 
 
+@pytest.mark.parametrize(
+    ("task", "overrides", "rewards"),
+    [
+        # the arithmetic tasks declare `math: {require_evaluated: true}`: a sum left undone scores 0
+        ("arithmetic", [], [1.0, 0.0, 0.0]),
+        ("word_problems", [], [1.0, 0.0, 0.0]),
+        # the recipe's args win over the task's
+        ("arithmetic", ["reward.args={require_evaluated: false}"], [1.0, 1.0, 1.0]),
+        # no task: `math`'s own default, where a closed form equal to the reference is correct
+        (None, [], [1.0, 1.0, 1.0]),
+    ],
+)
+def test_a_task_sets_its_defaults_for_the_math_reward(
+    task: str | None, overrides: list[str], rewards: list[float]
+) -> None:
+    scorer = load_reward(load_config(None, ["reward.fn=math", *overrides]), task and get_task(task))
+    samples = {"s": Sample("s", prompt="45+367=", answer="412")}
+    rollouts = [rollout("\\boxed{412}"), rollout("\\boxed{45+367}"), rollout("The answer is 400 + 12.")]
+    scorer.score(rollouts, samples)
+    assert [r.reward for r in rollouts] == rewards
+
+
 def test_dotted_paths_are_reward_functions_or_factories_with_args() -> None:
     plain = load_reward(load_config(None, ["reward.fn=tests.rewards_for_tests:token_id_reward"]), None)
     assert plain.components[0].name == "token_id_reward"
@@ -88,3 +110,33 @@ def test_bad_reward_names_and_args_fail_with_one_line(overrides: list[str], mess
 def test_fn_and_components_are_exclusive() -> None:
     with pytest.raises(ConfigError, match=r"either reward\.fn or reward\.components"):
         load_config(None, ["reward.fn=math", "reward.components={a: {fn: math}}"])
+
+
+@pytest.mark.parametrize(
+    ("components", "expected"),
+    [
+        (
+            "{fmt: {fn: format}, correct: {fn: math}, long: {fn: overlong, args: {max_len: 8, buffer: 4}}}",
+            "correct",
+        ),
+        (
+            "{fmt: {fn: format}, mine: {fn: 'tests.rewards_for_tests:token_id_reward', correctness: true}}",
+            "mine",
+        ),
+        ("{fmt: {fn: format}, long: {fn: overlong, args: {max_len: 8, buffer: 4}}}", None),
+        ("{only: {fn: format}}", "only"),
+    ],
+)
+def test_the_correctness_component_is_the_marked_one_else_the_only_one_else_the_first_verifier(
+    components: str, expected: str | None
+) -> None:
+    cfg = load_config(None, ["reward.fn=null", f"reward.components={components}"])
+    assert cfg.reward.correctness_component() == expected
+    assert load_reward(cfg, None).correctness == expected
+    assert load_config(None, ["reward.fn=math"]).reward.correctness_component() == "math"
+
+
+def test_two_correctness_components_are_refused_at_load() -> None:
+    two = "{a: {fn: math, correctness: true}, b: {fn: code, correctness: true}}"
+    with pytest.raises(ConfigError, match=r"reward: only one reward component can set correctness"):
+        load_config(None, ["reward.fn=null", f"reward.components={two}"])

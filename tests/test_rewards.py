@@ -11,7 +11,16 @@ import time
 import pytest
 
 from hone.data import Arithmetic
-from hone.rewards import RewardComponent, RewardScorer, Score, as_score, score_rollouts, task_reward
+from hone.rewards import (
+    CORRECTNESS,
+    RewardComponent,
+    RewardScorer,
+    Score,
+    as_score,
+    reward_failed,
+    score_rollouts,
+    task_reward,
+)
 from hone.types import Rollout, Sample
 
 
@@ -57,7 +66,8 @@ def test_failing_or_invalid_rewards_score_zero_and_are_counted(caplog: pytest.Lo
     with caplog.at_level(logging.WARNING, logger="hone.rewards.scoring"):
         metrics = score_rollouts(rollouts, SAMPLES, flaky)
     assert [r.reward for r in rollouts] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert rollouts[1].reward_parts == {} and rollouts[1].metrics == {"reward/error": 1.0}
+    assert rollouts[1].reward_parts == {}
+    assert rollouts[1].metrics == {"reward/error": 1.0, "reward/correctness": 0.0}
     assert "reward/error" not in rollouts[0].metrics
     assert metrics["reward/errors"] == 4.0 and metrics["reward/mean"] == pytest.approx(2 / 6)
     assert (
@@ -96,7 +106,7 @@ def test_a_failing_component_scores_zero_alone_and_the_others_still_count() -> N
     rollouts = [rollout("a", "2")]
     metrics = scorer.score(rollouts, SAMPLES)
     assert rollouts[0].reward == 1.0 and rollouts[0].reward_parts == {"correct": 1.0, "judge": 0.0}
-    assert metrics["reward/errors"] == 1.0 and rollouts[0].metrics == {"reward/error": 1.0}
+    assert metrics["reward/errors"] == 1.0 and rollouts[0].metrics["reward/error"] == 1.0
 
 
 def test_sync_and_async_calls_that_outlive_their_timeout_score_zero_and_are_counted() -> None:
@@ -120,7 +130,7 @@ def test_sync_and_async_calls_that_outlive_their_timeout_score_zero_and_are_coun
             assert time.monotonic() - started < 5
             assert [r.reward for r in rollouts] == [1.0, 0.0, 1.0]
             assert metrics["reward/timeouts"] == 1.0 and metrics["reward/errors"] == 0.0
-            assert rollouts[1].metrics == {"reward/timeout": 1.0}
+            assert rollouts[1].metrics == {"reward/timeout": 1.0, "reward/correctness": 0.0}
     finally:
         release.set()
 
@@ -194,3 +204,33 @@ def test_stop_iteration_and_system_exit_from_a_verifier_are_errors_not_hangs_or_
     metrics = RewardScorer(bad, timeout_s=10).score(rollouts, SAMPLES)
     assert time.monotonic() - started < 5
     assert metrics["reward/errors"] == 2.0 and metrics["reward/timeouts"] == 0.0
+
+
+def test_the_correctness_component_is_recorded_unweighted_per_rollout() -> None:
+    brevity = RewardComponent("brevity", short, 0.5)
+    marked = RewardScorer([brevity, RewardComponent("correct", exact, 2.0, correctness=True)])
+    rollouts = [rollout("a", "2"), rollout("a", "22")]
+    marked.score(rollouts, SAMPLES)
+    assert [r.reward for r in rollouts] == [2.5, 0.0]
+    assert [r.metrics[CORRECTNESS] for r in rollouts] == [1.0, 0.0]  # not 2.0: the grade, not its weight
+    single = RewardScorer([RewardComponent("correct", exact, 3.0)])  # the only component is the grade
+    single.score(rollouts, SAMPLES)
+    assert [r.metrics[CORRECTNESS] for r in rollouts] == [1.0, 0.0]
+    unmarked = RewardScorer([brevity, RewardComponent("correct", exact)])  # none: the total
+    unmarked.score(rollouts, SAMPLES)
+    assert [r.metrics[CORRECTNESS] for r in rollouts] == [1.5, 0.0]
+    with pytest.raises(ValueError, match="only one reward component"):
+        RewardScorer(
+            [RewardComponent("x", exact, correctness=True), RewardComponent("y", short, correctness=True)]
+        )
+
+
+def test_a_failed_verdict_is_flagged_until_the_rollout_is_scored_again() -> None:
+    def broken(r: Rollout, s: Sample) -> float:
+        raise RuntimeError("sandbox down")
+
+    rollouts = [rollout("a", "2")]
+    score_rollouts(rollouts, SAMPLES, broken)
+    assert reward_failed(rollouts[0])
+    score_rollouts(rollouts, SAMPLES, exact)
+    assert not reward_failed(rollouts[0]) and rollouts[0].reward == 1.0

@@ -7,10 +7,14 @@ seconds with one clear line, before any model is loaded or trained.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from safetensors.torch import load_file
 
 from hone.config import HoneConfig
 from hone.data import Task, get_task, load_samples
@@ -21,7 +25,7 @@ from hone.rewards import REWARDS, RewardComponent, RewardScorer, task_reward
 from hone.rewards.sandbox import set_max_concurrency as set_sandbox_concurrency
 from hone.rollout import HFSampler, Sampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes
-from hone.training.policy import LoraSettings, Policy
+from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
 from hone.types import Sample
 
 log = logging.getLogger("hone")
@@ -50,29 +54,78 @@ def load_data(
     eval_size = cfg.eval.size or data.eval_size
     if env is not None and data.task is None and data.source is None:  # a self-contained game
         game = type(env())
-        return (
-            None,
-            game.make_samples(data.train_size, cfg.run.seed, "train", **cfg.env.args),
-            game.make_samples(eval_size, EVAL_SEED, "eval", **cfg.env.args),
-        )
+        train = game.make_samples(data.train_size, cfg.run.seed, "train", **cfg.env.args)
+        return None, train, held_out_samples(cfg, None, env, eval_size)
     if data.task is not None:
         task = get_task(data.task, **data.task_args)
-        return (
-            task,
-            task.train_samples(data.train_size, seed=cfg.run.seed),
-            task.eval_samples(eval_size, EVAL_SEED),
-        )
+        train = task.train_samples(data.train_size, seed=cfg.run.seed)
+        return task, train, held_out_samples(cfg, task, env, eval_size)
     assert data.source is not None
-    fields = dict(
+    train = load_samples(data.source, split="train", **_dataset_fields(cfg))
+    return None, train, held_out_samples(cfg, None, env, eval_size)
+
+
+def held_out_samples(
+    cfg: HoneConfig, task: Task | None, env: Callable[[], Environment] | None, n: int
+) -> list[Sample]:
+    """The first `n` problems of the run's held-out stream, which it never trains on: the task's or the
+    game's eval split (drawn with `EVAL_SEED`), or the rows of `data.eval_source`. A longer stream starts
+    with a shorter one, so the eval set and SFT validation take consecutive, disjoint stretches of it."""
+    if task is not None:
+        return task.eval_samples(n, EVAL_SEED)
+    if env is not None and cfg.data.source is None:
+        return type(env()).make_samples(n, EVAL_SEED, "eval", **cfg.env.args)
+    if cfg.data.eval_source is None:
+        raise ValueError("data.eval_source is required with data.source (a held-out split to evaluate on)")
+    return load_samples(cfg.data.eval_source, split="test", limit=n, **_dataset_fields(cfg))
+
+
+def validation_samples(
+    cfg: HoneConfig,
+    task: Task | None,
+    env: Callable[[], Environment] | None,
+    train: list[Sample],
+    eval_set: list[Sample],
+) -> list[Sample]:
+    """SFT's validation problems: the `sft.val_size` held-out problems that follow the eval set, less any
+    that repeat a training or eval problem. Early stopping then sees neither an RL training prompt nor
+    a problem the final eval scores. A held-out split with nothing beyond the eval set (a tiny game, a
+    short eval file) validates on eval problems, with a warning."""
+    stream = held_out_samples(cfg, task, env, len(eval_set) + cfg.sft.val_size)[len(eval_set) :]
+    seen = {problem_key(s) for s in [*train, *eval_set]}
+    fresh = [s for s in stream if problem_key(s) not in seen]
+    if fresh:
+        if len(fresh) < len(stream):
+            log.warning(
+                "SFT validation: %d of %d held-out problems repeat training or eval problems; "
+                "validating on the other %d",
+                len(stream) - len(fresh),
+                len(stream),
+                len(fresh),
+            )
+        return fresh
+    log.warning(
+        "SFT validation: the held-out split has no problems beyond the eval set's %d; validating on "
+        "eval problems (early stopping sees the eval set)",
+        len(eval_set),
+    )
+    return (stream or eval_set)[: cfg.sft.val_size]
+
+
+def problem_key(sample: Sample) -> tuple[str | None, str | None, str | None]:
+    """What makes two samples the same problem: the question and its reference answer (not the id)."""
+    messages = None if sample.messages is None else json.dumps(sample.messages, sort_keys=True, default=str)
+    return sample.prompt, messages, sample.answer
+
+
+def _dataset_fields(cfg: HoneConfig) -> dict[str, Any]:
+    data = cfg.data
+    return dict(
         prompt_field=data.prompt_field,
         answer_field=data.answer_field,
         messages_field=data.messages_field,
         subset=data.subset,
     )
-    train = load_samples(data.source, split="train", **fields)
-    if data.eval_source is None:
-        raise ValueError("data.eval_source is required with data.source (a held-out split to evaluate on)")
-    return None, train, load_samples(data.eval_source, split="test", limit=eval_size, **fields)
 
 
 def load_reward(cfg: HoneConfig, task: Task | None) -> RewardScorer:
@@ -81,8 +134,16 @@ def load_reward(cfg: HoneConfig, task: Task | None) -> RewardScorer:
         set_sandbox_concurrency(cfg.reward.sandbox_concurrency)
     else:  # as many as the reward calls in flight: a call's timeout must not run out waiting for a slot
         set_sandbox_concurrency(cfg.reward.max_concurrency)
+    correctness = cfg.reward.correctness_component()
+    if correctness is None:
+        log.warning(
+            "no reward component grades correctness (a verifier, or one with correctness: true): "
+            "eval/accuracy counts responses whose total reward is full marks"
+        )
     components = [
-        RewardComponent(name, _reward_fn(name, c.fn, c.args, task), c.weight, c.timeout_s)
+        RewardComponent(
+            name, _reward_fn(name, c.fn, c.args, task), c.weight, c.timeout_s, correctness=name == correctness
+        )
         for name, c in cfg.reward.resolved().items()
     ]
     return RewardScorer(
@@ -111,6 +172,9 @@ def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) ->
         factory = obj if args else None  # with args the object is a factory, as built-in rewards are
     elif spec in REWARDS:
         factory = REWARDS[spec]
+        # The task's defaults for this reward (e.g. arithmetic: `math` refuses sums left undone);
+        # the recipe's args win.
+        args = {**(task.reward_args.get(spec, {}) if task is not None else {}), **args}
     else:
         raise ValueError(f"{where}: unknown reward; built-in: {', '.join(sorted(REWARDS))}, or 'pkg.mod:fn'")
     if factory is None:
@@ -134,11 +198,28 @@ def load_policy(cfg: HoneConfig, path: str) -> Policy:
     )
 
 
-def load_reference(cfg: HoneConfig, start_dir: str) -> Policy:
-    """A frozen copy of the policy where RL started (the SFT result when there was one)."""
-    ref = load_policy(cfg, start_dir)
-    ref.model.eval().requires_grad_(False)
-    return ref
+def load_reference(
+    cfg: HoneConfig, policy: Policy, start_dir: str, *, warm_started: bool
+) -> tuple[Policy, dict[str, str]]:
+    """The frozen policy where RL started (the SFT result of a warm start), and its record for checkpoints:
+    `{"path": start_dir, "sha256": weights_digest}`, so a resumed run can refuse a different reference.
+
+    With LoRA it is the policy's own model, no second copy: the base with the adapter disabled, or, after
+    a warm start (which trained the adapter), the base with the SFT adapter swapped in. Otherwise a frozen
+    copy loaded from `start_dir`.
+    """
+    if policy.is_lora:
+        adapter = None
+        if warm_started:
+            adapter_file = Path(start_dir) / ADAPTER_DIR / "adapter_model.safetensors"
+            adapter = load_file(adapter_file, device=str(policy.device))
+        ref: Policy = AdapterReference(policy, adapter)
+        tensors = ref.weights()
+    else:
+        ref = load_policy(cfg, start_dir)
+        ref.model.eval().requires_grad_(False)
+        tensors = ref.model.state_dict()
+    return ref, {"path": str(start_dir), "sha256": weights_digest(tensors)}
 
 
 def build_components(cfg: HoneConfig) -> RunComponents:
@@ -147,6 +228,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     reward = load_reward(cfg, task)
     model_path = resolve_model(cfg.model.path)
     policy = load_policy(cfg, model_path)
+    check_tokenizer(policy, model_path)
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # In-process and synchronous, the sampler shares the policy's model object: no weight copies.
@@ -163,6 +245,28 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     return RunComponents(
         policy, None, sampler, reward, train_samples, eval_samples, task, pad_id, model_path, episodes
     )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_tokenizer(policy: Policy, model_path: str) -> None:
+    """Refuse a model/tokenizer pair the sampler cannot use. transformers loads a directory without
+    tokenizer files as an empty tokenizer (text encodes to no tokens), which would only fail at the
+    first generate call, after the model loaded and an eval ran."""
+    tokenizer = policy.tokenizer
+    if not tokenizer("The answer is 42.", add_special_tokens=False)["input_ids"]:
+        local = Path(model_path)
+        found = [f for f in TOKENIZER_FILES if (local / f).is_file()] if local.is_dir() else []
+        files = f"; it has {', '.join(found)}" if found else f"; it has none of {', '.join(TOKENIZER_FILES)}"
+        raise ValueError(f"model {model_path}: no usable tokenizer (text encodes to no tokens){files}")
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"model {model_path}: the tokenizer defines no eos_token, so no response can end")
+    rows = policy.model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"model {model_path}: the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}"
+        )
 
 
 def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> EpisodeLimits:

@@ -9,13 +9,18 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import pass_at_k
 from hone.orchestration.prompts import generation_requests
-from hone.rewards import RewardFn, RewardScorer, score_rollouts, top_answer_share
+from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
 from hone.rollout.multiturn import Episodes, run_episodes
-from hone.types import Sample, SamplingParams
+from hone.types import Rollout, Sample, SamplingParams
 
-# A response counts as correct when it earns full marks; composite rewards with bonuses exceed 1.
+# A response is correct when its correctness component (see `RewardScorer`) earns full marks:
+# shaping terms (an overlong penalty, a format bonus) move its reward, not its correctness.
 CORRECT_AT = 1.0 - 1e-6
+
+
+def is_correct(rollout: Rollout) -> bool:
+    return rollout.metrics[CORRECTNESS] >= CORRECT_AT
 
 
 def evaluate(
@@ -29,8 +34,9 @@ def evaluate(
     ks: Sequence[int] = (1,),
     episodes: Episodes | None = None,
 ) -> dict[str, float]:
-    """`eval/accuracy` (share of all samples correct), `eval/reward`, `eval/pass@k` for each k ≤ n, and
-    `eval/top_answer_share` (the share of responses giving the most common answer: collapse shows here).
+    """`eval/accuracy` (share of all samples whose correctness component earns full marks),
+    `eval/reward`, `eval/pass@k` for each k ≤ n, and `eval/top_answer_share` (the share of responses
+    giving the most common answer: collapse shows here).
 
     With `params.n == 1` and temperature 0 this is greedy accuracy; pass@k uses the unbiased estimator
     over `params.n` samples per problem. With `episodes` (an environment factory and limits) every
@@ -38,6 +44,8 @@ def evaluate(
     splits the accuracy by how many assistant turns the correct episodes took (with an environment that
     ends at success, that is the turn that solved it: what retrying or reading observations adds).
     """
+    if any(not 1 <= k <= params.n for k in ks):  # checked before sampling: never drop a pass@k silently
+        raise ValueError(f"pass@k needs 1 <= k <= n samples per problem; got k={list(ks)}, n={params.n}")
     if episodes is None:
         rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
     else:
@@ -45,7 +53,7 @@ def evaluate(
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)
     correct = [0] * len(samples)
     for r in rollouts:
-        correct[r.group_id] += r.reward >= CORRECT_AT
+        correct[r.group_id] += is_correct(r)
     n = params.n
     out = {
         "eval/accuracy": sum(correct) / (n * len(samples)),
@@ -55,10 +63,9 @@ def evaluate(
         "eval/top_answer_share": top_answer_share([r.response_text for r in rollouts]),
     }
     if episodes is not None:
-        by_turns = Counter(len(r.turns) for r in rollouts if r.reward >= CORRECT_AT)
+        by_turns = Counter(len(r.turns) for r in rollouts if is_correct(r))
         for turns in range(1, max((len(r.turns) for r in rollouts), default=0) + 1):
             out[f"eval/correct_in_{turns}_turns"] = by_turns[turns] / len(rollouts)
     for k in ks:
-        if k <= n:
-            out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
+        out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
     return out

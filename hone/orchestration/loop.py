@@ -8,15 +8,18 @@ seeded per step, so a run resumed from a checkpoint ends with the same weights a
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards, turn_sums
 from hone.config import HoneConfig
-from hone.logging import MetricsLogger, Progress, plot_metrics
+from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.components import RunComponents, build_components, load_reference
 from hone.orchestration.evaluate import evaluate
@@ -28,7 +31,7 @@ from hone.rollout.multiturn import Episodes, run_episodes
 from hone.seeding import derive_seed
 from hone.training.checkpoint import Checkpointer
 from hone.training.policy import Policy, first_response_column
-from hone.training.trainer import RLTrainer
+from hone.training.trainer import RLTrainer, micro_batch_rows
 from hone.types import Batch, Rollout, Sample, SamplingParams
 
 log = logging.getLogger("hone")
@@ -36,6 +39,11 @@ log = logging.getLogger("hone")
 
 class SetupError(RuntimeError):
     """Bad input found while building a run (before any training): one line, naming the thing."""
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C (or SIGTERM, see `hone.cli`) during a run; the message is one line: where it stopped, the
+    last checkpoint, and how to resume."""
 
 
 @dataclass
@@ -159,7 +167,7 @@ def rl_step(
         rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
     if rollouts:
         batch = collate(rollouts, pad_id=parts.pad_id).to(parts.policy.device)
-        micro = cfg.trainer.micro_batch_size
+        micro = micro_batch_rows(cfg.trainer, batch.input_ids.shape[1])
         if cfg.algorithm.old_log_probs == "recompute":
             sampler_lp = batch.old_log_probs
             batch.old_log_probs = _log_probs(parts.policy, batch, cfg.rollout.temperature, micro)
@@ -168,7 +176,7 @@ def rl_step(
         if parts.ref_policy is not None:
             batch.ref_log_probs = _log_probs(parts.ref_policy, batch, cfg.rollout.temperature, micro)
         metrics.update(compute_advantages(batch, rollouts, cfg))
-        metrics.update(trainer.update(batch))
+        metrics.update(trainer.update(batch, step))
         sync_weights(parts, version=step + 1)
     t_end = time.perf_counter()
     metrics["time/sample_s"] = t_sample - t0
@@ -234,9 +242,29 @@ def _open_run_dir(cfg: HoneConfig, resume: bool) -> tuple[Path, Checkpointer, Pa
             f"{run_dir} already holds a run; resume it with `hone train --resume {run_dir}` "
             "or choose another run.name"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    return run_dir, checkpointer, checkpointer.latest() if resume else None
+    try:  # nothing is written here: a start that fails in set-up leaves an existing run as it was
+        return run_dir, checkpointer, checkpointer.latest_intact() if resume else None
+    except ValueError as e:
+        raise SetupError(str(e)) from e
+
+
+def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
+    """Write `config.yaml` (what `--resume` reads) atomically: a crash mid-write keeps the old one."""
+    tmp = run_dir / ".config.yaml.tmp"
+    with tmp.open("w") as f:
+        f.write(cfg.to_yaml())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+def _interrupted(run_dir: Path, checkpointer: Checkpointer) -> RunInterrupted:
+    rows = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
+    done = max((int(row["step"]) for row in rows), default=0)  # the last step that finished and logged
+    latest = checkpointer.latest()
+    saved = "no checkpoint yet" if latest is None else f"last checkpoint {latest.name.replace('-', ' ')}"
+    at = f"at step {done}" if done else "before the first RL step"
+    return RunInterrupted(f"interrupted {at}; {saved}; resume with `hone train --resume {run_dir}`")
 
 
 def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
@@ -253,6 +281,7 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
     resume_step = None if latest is None else int(latest.name.removeprefix("step-"))
+    created = not run_dir.exists()
     try:  # opened before SFT, so a missing W&B install fails at once, not after minutes of work
         metrics_log = MetricsLogger(
             run_dir,
@@ -268,12 +297,43 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
             resume_step=resume_step,
         )
     except ImportError as e:
+        if created:  # a failed start leaves no empty run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise SetupError(str(e)) from e
+    if latest is None:  # set-up succeeded; a resumed run's config is rewritten once its checkpoint loads
+        write_run_config(run_dir, cfg)
     with metrics_log:
-        result = _train(cfg, parts, run_dir, checkpointer, latest, sft_data, metrics_log, started)
+        try:
+            result = _train(cfg, parts, run_dir, checkpointer, latest, sft_data, metrics_log, started)
+        except KeyboardInterrupt:
+            raise _interrupted(run_dir, checkpointer) from None
     if cfg.logging.plot:
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
     return result
+
+
+def _restore(
+    checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer
+) -> dict[str, Any]:
+    """Load checkpoint `path` into the policy and trainer; one-line `SetupError` when it does not fit
+    (an override changed the model, LoRA or optimizer) or is damaged past what `damage` catches."""
+    try:
+        state = checkpointer.load(path, policy, trainer.optimizer, None)  # the LR schedule is trainer state
+        trainer.load_state_dict(state["trainer"])
+    except Exception as e:
+        detail = " ".join(str(e).split())[:300]  # state-dict mismatches list every tensor
+        raise SetupError(f"cannot resume from {path}: {type(e).__name__}: {detail}") from e
+    return state
+
+
+def check_reference(saved: dict[str, str] | None, current: dict[str, str] | None, path: Path) -> None:
+    """A resumed run keeps the KL reference it was trained against (compared by content, not path)."""
+    if saved and current and saved["sha256"] != current["sha256"]:
+        raise SetupError(
+            f"cannot resume from {path}: it was trained against the reference {saved['path']} "
+            f"(sha256 {saved['sha256'][:12]}), but this run's reference is {current['path']} "
+            f"(sha256 {current['sha256'][:12]}); resume with the same model.path and warm start"
+        )
 
 
 def _train(
@@ -298,8 +358,11 @@ def _train(
             parts.episodes,
             deadline=None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s,
         )
+    reference: dict[str, str] | None = None
     if cfg.algorithm.kl.coef > 0:
-        parts.ref_policy = load_reference(cfg, str(sft_dir) if sft_dir.is_dir() else parts.model_path)
+        warm = sft_dir.is_dir()
+        start = str(sft_dir) if warm else parts.model_path
+        parts.ref_policy, reference = load_reference(cfg, parts.policy, start, warm_started=warm)
     trainer = RLTrainer(
         parts.policy,
         cfg.algorithm,
@@ -310,9 +373,10 @@ def _train(
         seed=cfg.run.seed,
     )
     if latest is not None:
-        state = checkpointer.load(latest, parts.policy, trainer.optimizer, trainer.scheduler)
+        state = _restore(checkpointer, latest, parts.policy, trainer)
+        check_reference(state.get("reference"), reference, latest)
         start_step, start_eval = int(state["step"]), dict(state.get("start_eval", {}))
-        trainer.load_state_dict(state["trainer"])
+        write_run_config(run_dir, cfg)  # only now: overrides that do not fit the checkpoint changed nothing
         sync_weights(parts, version=start_step)
         log.info("resumed %s at step %d", run_dir, start_step)
     else:
@@ -325,13 +389,16 @@ def _train(
             step,
             parts.policy,
             trainer.optimizer,
-            trainer.scheduler,
-            {"step": step, "trainer": trainer.state_dict(), "start_eval": start_eval},
+            None,
+            {"step": step, "trainer": trainer.state_dict(), "start_eval": start_eval}
+            | ({"reference": reference} if reference else {}),
         )
 
     stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
     step = start_step
     final_eval: dict[str, float] = {}
+    if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
+        trainer.schedule.start_clock(cfg.run.time_limit_s - (time.perf_counter() - started))
     with Progress(total=cfg.run.steps, initial=start_step, enabled=cfg.logging.progress) as progress:
         while step < cfg.run.steps:
             metrics = rl_step(step, parts, trainer, stream, cfg)

@@ -10,10 +10,11 @@ from hone.rewards.base import BatchRewardFn, RewardFn, Score, TextVerifier, as_s
 from hone.rewards.code import code_reward, extract_code
 from hone.rewards.math import extract_answer, math_reward, top_answer_share
 from hone.rewards.registry import REWARDS, register_reward
-from hone.rewards.scoring import RewardComponent, RewardScorer, score_rollouts
+from hone.rewards.scoring import CORRECTNESS, RewardComponent, RewardScorer, reward_failed, score_rollouts
 from hone.rewards.shaping import overlong_penalty
 
 __all__ = [
+    "CORRECTNESS",
     "REWARDS",
     "BatchRewardFn",
     "RewardComponent",
@@ -28,6 +29,7 @@ __all__ = [
     "math_reward",
     "overlong_penalty",
     "register_reward",
+    "reward_failed",
     "score_rollouts",
     "task_reward",
     "top_answer_share",

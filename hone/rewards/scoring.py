@@ -3,7 +3,14 @@
 Why never raise: one malformed response that trips a verifier, or one hung LLM-judge request, must
 not kill an hours-long run. A component call that raises, returns a non-finite/non-numeric value, or
 outlives its timeout contributes 0 for that rollout and is counted in `reward/errors` or
-`reward/timeouts`; the first failure of each batch is logged with its traceback.
+`reward/timeouts`; the first failure of each batch is logged with its traceback. Such a rollout is
+flagged (`reward_failed`), so the loop can keep it out of the policy loss: an infrastructure failure
+is not a wrong answer.
+
+Correctness: one component may be the reward's correctness (`correctness=True`; a single component
+is it by default). Each rollout's unweighted value of it lands in `rollout.metrics["reward/correctness"]`
+(the total reward when no component is marked), which `eval/accuracy` counts: shaping such as an
+overlong penalty lowers the reward a correct answer earns, not whether it is correct.
 
 Concurrency: async reward functions run on one event loop; sync ones each run in a daemon thread
 (a thread stuck in, say, a pathological sympy simplification cannot be killed, but it is abandoned at
@@ -31,6 +38,9 @@ from hone.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
 
+CORRECTNESS = "reward/correctness"  # per-rollout metric: the correctness component's unweighted value
+_FAILURE_FLAGS = ("reward/error", "reward/timeout")
+
 
 @dataclass
 class RewardComponent:
@@ -40,6 +50,7 @@ class RewardComponent:
     fn: RewardFn | BatchRewardFn
     weight: float = 1.0
     timeout_s: float | None = None  # None: the scorer's default
+    correctness: bool = False  # this component says whether the answer is right (eval/accuracy)
 
 
 class _Failure:
@@ -73,6 +84,11 @@ class RewardScorer:
                 raise ValueError(f"weight of {c.name!r} is not finite: {c.weight}")
         if max_concurrency < 1 or timeout_s <= 0:
             raise ValueError("max_concurrency must be ≥ 1 and timeout_s > 0")
+        marked = [c.name for c in components if c.correctness]
+        if len(marked) > 1:
+            raise ValueError(f"only one reward component can be the correctness one, got {marked}")
+        single = components[0].name if len(components) == 1 else None
+        self.correctness: str | None = marked[0] if marked else single  # None: the total reward
         self.components = list(components)
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
@@ -148,7 +164,9 @@ class RewardScorer:
         part_values: dict[str, list[float]] = {}
         single = len(self.components) == 1
         for i, rollout in enumerate(rollouts):
-            total, parts = 0.0, {}
+            total, parts, correctness = 0.0, {}, None
+            for flag in _FAILURE_FLAGS:  # re-scoring a rollout replaces its verdict
+                rollout.metrics.pop(flag, None)
             for comp, comp_results in zip(self.components, results, strict=False):
                 score = comp_results[i]
                 if isinstance(score, _Failure):
@@ -167,12 +185,15 @@ class RewardScorer:
                         rollout.metrics["reward/error"] = 1.0
                     score = Score(0.0)
                 total += comp.weight * score.value
+                if comp.name == self.correctness:
+                    correctness = score.value
                 if single:
                     parts.update(score.parts)
                 else:
                     parts[comp.name] = score.value
                     parts.update({f"{comp.name}/{sub}": v for sub, v in score.parts.items()})
             rollout.reward, rollout.reward_parts = total, parts
+            rollout.metrics[CORRECTNESS] = total if correctness is None else correctness
             for name, value in parts.items():
                 part_values.setdefault(name, []).append(value)
         # Part means first, so that a part called "errors" or "mean" cannot shadow the canonical names.
@@ -182,6 +203,11 @@ class RewardScorer:
         if rollouts:
             metrics["reward/mean"] = sum(r.reward for r in rollouts) / len(rollouts)
         return metrics
+
+
+def reward_failed(rollout: Rollout) -> bool:
+    """Whether a reward component raised or timed out on `rollout` (its reward is then not a grade)."""
+    return any(rollout.metrics.get(flag) for flag in _FAILURE_FLAGS)
 
 
 def score_rollouts(
