@@ -163,5 +163,8 @@ def test_word_problems_state_the_numbers_and_grade_boxed_or_final_answers() -> N
     assert task.reward(f"so it is \\boxed{{{right}}}", sample) == 1.0
     assert task.reward(f"{wrong} apples, I mean {right}", sample) == 1.0  # no box: the final number
     assert task.reward(f"\\boxed{{{wrong}}} and not {right}", sample) == 0.0  # the box wins
+    a, b = sample.meta["a"], sample.meta["b"]
+    assert task.reward(f"\\boxed{{{a} \\times {b}}}", sample) == 0.0  # computing is the point
+    assert task.reward(f"The answer is {a} \\times {b}, which is {wrong}.", sample) == 0.0  # the final value
     with pytest.raises(ValueError, match="ops"):
         WordProblems(ops="/")

@@ -201,6 +201,9 @@ def test_tool_arithmetic_prompt_tools_and_reward():
     assert wrong.done and wrong.reward == 0.0
     env.reset(sample)
     assert asyncio.run(env.step(f"The answer is {sample.answer}.")).reward == 1.0
+    env.reset(sample)  # the sum left for the verifier to evaluate: the tool would be optional
+    expression = f"{sample.meta['a']}{sample.meta['op']}{sample.meta['b']}"
+    assert asyncio.run(env.step(f"The answer is {expression}.")).reward == 0.0
 
 
 # --- registry and make_env ---
@@ -288,6 +291,9 @@ def test_arithmetic_retry_gives_feedback_and_a_limited_number_of_tries() -> None
     assert first.messages == [{"role": "user", "content": "wrong"}] and not first.done and first.reward == 0
     right = env.step(str(int(sample.answer or "0")))  # unpadded value counts
     assert right.done and right.reward == 1.0
+    env.reset(sample)
+    undone = env.step(f"The answer is {sample.meta['a']}+{sample.meta['b']}")  # computing is the point
+    assert undone.reward == 0.0 and not undone.done
     env.reset(sample)
     env.step("0")
     assert env.step("1").done  # out of tries

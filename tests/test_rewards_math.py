@@ -65,13 +65,21 @@ CASES = [
     case("interval-wrong-bracket", r"\boxed{[0,1]}", "(0,1]", 0.0),
     case("interval-gold-with-space", r"\boxed{[0,1)}", "[0, 1)", 1.0),
     case("interval-infinity", r"\boxed{(-\infty, 3]}", r"(-\infty,3]", 1.0),
-    # --- arithmetic left undone is not an answer to a numeric reference (math-verify would evaluate it;
-    # a SmolLM2 GRPO run learned to write "The answer is 67 - 37, which is 7." and scored 1) ---
-    case("undone-difference-in-prose", "The answer is 67 - 37, which is 7.", "30", 0.0),
-    case("undone-boxed-sum", r"\boxed{67+37}", "104", 0.0),
-    case("undone-times", r"\boxed{9 \times 9}", "81", 0.0),
-    case("undone-x", "The answer is 7 x 16.", "112", 0.0),
-    case("undone-power", r"\boxed{2^{10}}", "1024", 0.0),
+    # --- a closed form equal to the reference is a correct answer, as in math-verify, verl and TRL
+    # (`require_evaluated` refuses these for arithmetic tasks: REQUIRE_EVALUATED_CASES) ---
+    case("closed-form-power", r"\boxed{2^{10}}", "1024", 1.0),
+    case("closed-form-unreduced-fraction", r"\boxed{\frac{6}{4}}", "3/2", 1.0),
+    case("closed-form-root", r"\boxed{\sqrt{16}}", "4", 1.0),
+    case("closed-form-product", r"\boxed{3 \cdot 5}", "15", 1.0),
+    case("closed-form-sum", r"\boxed{67+37}", "104", 1.0),
+    case("closed-form-wrong-value", r"\boxed{9 \times 9}", "80", 0.0),
+    # --- a calculation then its value: the final value is the answer (a SmolLM2 GRPO run learned to
+    # write "The answer is 67 - 37, which is 7." and scored 1 when `67 - 37` was taken as the answer) ---
+    case("calculation-which-is-wrong-value", "The answer is 67 - 37, which is 7.", "30", 0.0),
+    case("calculation-which-is-its-value", "The answer is 67 - 37, which is 7.", "7", 1.0),
+    case("calculation-which-equals-value", "The answer is 9 \\times 9 which equals 81 apples.", "81", 1.0),
+    case("calculation-equals-value", "The answer is 67 - 37 = 30", "30", 1.0),
+    case("calculation-equals-wrong-value", "The answer is 67 - 37 = 7", "30", 0.0),
     case("done-after-equals", "The answer is $67 - 37 = 30$.", "30", 1.0),
     case("scientific-notation-is-a-number", r"\boxed{1.5 \times 10^{3}}", "1500", 1.0),
     case("expression-reference-still-symbolic", r"\boxed{x+1}", "1+x", 1.0),
@@ -162,6 +170,47 @@ def test_math_reward_table(response: str, answer: str, expected: float) -> None:
     assert math_reward(response, answer) == expected
 
 
+# `require_evaluated=True` (the arithmetic and word-problem tasks): a numeric reference is matched only
+# by a number written out; math-verify would evaluate the rest and call it equal.
+REQUIRE_EVALUATED_CASES = [
+    case("undone-power", r"\boxed{2^{10}}", "1024", 0.0),
+    case("undone-unreduced-latex-fraction", r"\boxed{\frac{6}{4}}", "3/2", 0.0),
+    case("undone-root", r"\boxed{\sqrt{16}}", "4", 0.0),
+    case("undone-cdot", r"\boxed{3 \cdot 5}", "15", 0.0),
+    case("undone-boxed-sum", r"\boxed{67+37}", "104", 0.0),
+    case("undone-times", r"\boxed{9 \times 9}", "81", 0.0),
+    case("undone-x", "The answer is 7 x 16.", "112", 0.0),
+    case("undone-factorial", r"\boxed{5!}", "120", 0.0),
+    case("undone-division-as-plain-fraction", "The answer is 60/2.", "30", 0.0),
+    case("undone-denominator-one", "30/1", "30", 0.0),
+    case("undone-parenthesised-division", r"\boxed{(60)/2}", "30", 0.0),
+    case("done-after-equals", "The answer is $67 - 37 = 30$.", "30", 1.0),
+    case("done-boxed-equation", r"\boxed{67 - 37 = 30}", "30", 1.0),
+    case("done-value-after-which-is", "The answer is 67 - 37, which is 7.", "7", 1.0),
+    case("done-reduced-fraction", "3/2", "1.5", 1.0),
+    case("done-reduced-latex-fraction", r"\boxed{\frac{3}{2}}", "1.5", 1.0),
+    case("done-negative", r"\boxed{-7}", "-7", 1.0),
+    case("done-zero-padded", "045+367=0412", "412", 1.0),
+    case("done-thousands-and-currency", r"\boxed{\$1,234.50}", "1234.5", 1.0),
+    case("done-degrees-are-not-a-power", r"\boxed{90^\circ}", "90", 1.0),
+    case("done-percent", r"\boxed{50\%}", "0.5", 1.0),
+    case("scientific-notation-is-a-number", r"\boxed{1.5 \times 10^{3}}", "1500", 1.0),
+    case("symbolic-reference-unaffected", r"\boxed{x+1}", "1+x", 1.0),
+    case("symbolic-root-reference-unaffected", r"\boxed{2\sqrt{3}}", r"\sqrt{12}", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "answer", "expected"), REQUIRE_EVALUATED_CASES)
+def test_math_reward_require_evaluated_table(response: str, answer: str, expected: float) -> None:
+    assert math_reward(response, answer, require_evaluated=True) == expected
+
+
+@pytest.mark.parametrize(("response", "answer", "expected"), CASES)
+def test_require_evaluated_only_ever_refuses(response: str, answer: str, expected: float) -> None:
+    """The option takes credit away (arithmetic left undone), never gives it."""
+    assert math_reward(response, answer, require_evaluated=True) <= expected
+
+
 @pytest.mark.parametrize(
     ("response", "extracted"),
     [
@@ -174,6 +223,16 @@ def test_math_reward_table(response: str, answer: str, expected: float) -> None:
         ("The answer isn't obvious; it is 5", "5"),
         ("H2O and x2", None),
         ("pi is about 3.14.", "3.14"),
+        # the final value of a calculation that the answer phrase evaluates
+        ("The answer is 67 - 37, which is 7.", "7"),
+        ("The answer is 67 - 37 = 30", "30"),
+        ("The answer is $67 - 37 = 30$.", "30"),
+        ("The answer is 2^{10} which equals 1024.", "1024"),
+        ("The answer is 60/2, which is 3 \\times 10, which is 30, which is 3 tens.", "30"),
+        # ... but a value stays the answer, and so does an equation with a variable
+        ("The answer is 18, which is 2 times 9.", "18"),
+        ("The answer is $\\pi$, which is about 3.14.", "\\pi"),
+        ("The answer is x = 5, which is positive.", "x = 5"),
         (r"\boxed{}", None),
         ("", None),
     ],
@@ -257,6 +316,15 @@ def test_registered_factory_scores_rollouts() -> None:
     sample = Sample("s1", prompt="1/2 as a decimal?", answer="0.5")
     assert reward(rollout(r"\boxed{\frac{1}{2}}"), sample) == 1.0
     assert reward(rollout(r"\boxed{\frac{1}{3}}"), sample) == 0.0
+
+
+def test_registered_factory_takes_require_evaluated() -> None:
+    sample = Sample("s1", prompt="What is 2^10?", answer="1024")
+    assert REWARDS["math"]()(rollout(r"\boxed{2^{10}}"), sample) == 1.0
+    assert REWARDS["math"](require_evaluated=True)(rollout(r"\boxed{2^{10}}"), sample) == 0.0
+    assert REWARDS["math"](require_evaluated=True)(rollout(r"\boxed{1024}"), sample) == 1.0
+    with pytest.raises(ValueError, match="require_evaluated must be true or false, got 'yes'"):
+        REWARDS["math"](require_evaluated="yes")
 
 
 def test_answer_field_reads_meta() -> None:

@@ -55,6 +55,9 @@ class Task(ABC):
     # Draws per requested problem before giving up: only hit when the eval share of a small problem
     # space has fewer distinct problems than asked for.
     _max_draws_per_sample: ClassVar[int] = 1000
+    # Defaults for built-in rewards a recipe scores this task with, by reward name; the recipe's own
+    # `reward.args` win. A task knows what its answers must look like (e.g. computed, not left undone).
+    reward_args: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @abstractmethod
     def _make(self, rng: random.Random) -> Sample:
@@ -114,8 +117,11 @@ class Arithmetic(Task):
     are never negative. With `pad=True` operands and answers are zero-padded to fixed widths
     ("045+367=" → "0412"): digits of equal place value then sit at fixed offsets, which a small
     transformer learns about 4x faster (its SFT accuracy jumps after ~350 steps instead of ~1500); any
-    all-digit response with the right value scores, padded or not.
+    all-digit response with the right value scores, padded or not. Scored with `reward.fn: math`,
+    arithmetic left undone (`400+12`) is refused: computing is the point.
     """
+
+    reward_args: ClassVar[dict[str, dict[str, Any]]] = {"math": {"require_evaluated": True}}
 
     def __init__(self, min_digits: int = 2, max_digits: int = 3, ops: str = "+", pad: bool = False) -> None:
         if not 1 <= min_digits <= max_digits:
@@ -297,11 +303,14 @@ class WordProblems(Task):
 
     `a ± b` with operands in 2..`max_addend` (the larger first for `-`) and `a × b` with `a` in
     2..`max_factor` and `b` in 2..`max_multiplicand` — the ranges of the peer run recorded in issue 6.
-    Graded by `math_reward` (last `\\boxed{}`, else the final number). The train/eval split is by the
-    arithmetic (`op` and operands), not the wording, so no held-out calculation is ever trained on.
+    Graded by `math_reward` (last `\\boxed{}`, else the final number) with arithmetic left undone
+    refused, here and under `reward.fn: math`: a policy must compute `67 - 37`, not leave it to the
+    verifier. The train/eval split is by the arithmetic (`op` and operands), not the wording, so no
+    held-out calculation is ever trained on.
     """
 
     instruction: ClassVar[str] = "Put the final answer in \\boxed{}."
+    reward_args: ClassVar[dict[str, dict[str, Any]]] = {"math": {"require_evaluated": True}}
 
     def __init__(
         self, ops: str = "+-*", max_addend: int = 99, max_factor: int = 12, max_multiplicand: int = 25
@@ -334,7 +343,7 @@ class WordProblems(Task):
     def reward(self, response_text: str, sample: Sample) -> float:
         from hone.rewards.math import math_reward  # lazily: hone.rewards loads transformers and sympy
 
-        return math_reward(response_text, sample.answer or "")
+        return math_reward(response_text, sample.answer or "", **self.reward_args["math"])
 
     def demonstration(self, sample: Sample) -> str:
         a, b, op = sample.meta["a"], sample.meta["b"], sample.meta["op"]

@@ -75,7 +75,9 @@ def _split_check(split: str) -> None:
 
 @register_env("tool_arithmetic")
 class ToolArithmetic(ToolEnv):
-    """ "What is 4521*37? ..." with a calculator tool; reward 1.0 for a final answer equal to the value."""
+    """ "What is 4521*37? ..." with a calculator tool; reward 1.0 for a final answer equal to the value
+    (written out: `4521*37` left for the verifier to evaluate scores 0, or the tool would be optional).
+    """
 
     max_turns = 4
 
@@ -105,7 +107,7 @@ class ToolArithmetic(ToolEnv):
         return [_user(sample.prompt or "")]
 
     def finish(self, final_message: str) -> StepResult:
-        reward = math_reward(final_message, self.answer or "")
+        reward = math_reward(final_message, self.answer or "", require_evaluated=True)
         return StepResult([], reward=reward, done=True, info={"solved": reward})
 
     def demonstration(self, sample: Sample) -> list[Message]:
@@ -386,8 +388,9 @@ class ArithmeticRetry(Environment):
 
     The problems are `hone.data.Arithmetic`'s (same arguments, same hash-based held-out split, so
     evaluation problems are distinct and never trained on). Reward 1.0 for the right value (checked by
-    `hone.rewards.math_reward` on the reply: `0412` = `412`) in any turn, else 0. The smallest
-    multi-turn task that needs its observations: after "wrong", the same answer again is sure to fail.
+    `hone.rewards.math_reward` on the reply: `0412` = `412`, `400+12` refused) in any turn, else 0. The
+    smallest multi-turn task that needs its observations: after "wrong", the same answer again is sure
+    to fail.
     """
 
     max_turns = 3
@@ -413,7 +416,7 @@ class ArithmeticRetry(Environment):
 
     def step(self, assistant_message: str) -> StepResult:
         self.turns += 1
-        if math_reward(assistant_message, self.answer):
+        if math_reward(assistant_message, self.answer, require_evaluated=True):
             return StepResult([], reward=1.0, done=True, info={"solved": 1.0})
         return StepResult([_user("wrong")], done=self.turns >= self.max_turns)
 

@@ -15,7 +15,9 @@ Extraction, first rule that applies wins (explicit answer markup beats prose, pr
    `max_new_tokens`) gives no answer, rather than falling back to a number the box may not contain.
 2. GSM8K's `#### 42`: the rest of the line after the last `####`, markdown headings (`#### Step 1`,
    `#### 2. Solve`) skipped.
-3. "the answer is X" / "answer: X" (any case): the last one; X runs to the end of its sentence.
+3. "the answer is X" / "answer: X" (any case): the last one; X runs to the end of its clause. When X
+   is a calculation that the sentence goes on to evaluate, the final value counts: "the answer is
+   67 - 37, which is 7" gives `7`, "the answer is 67 - 37 = 30" gives `30` (not `x = 5`: a variable).
 4. The last number in the response (`-5`, `1,250`, `2.5`, `1/2`, `50%`).
 
 Nothing found scores 0. The reference goes through rules 1–2 only, so a MATH `solution` or GSM8K
@@ -29,9 +31,12 @@ Where this departs from peers, and why:
   trips an assert); `\\boxed{([^}]*)}` regexes cut `\\boxed{\\frac{1}{2}}` at the first `}`; checking
   for `"\\boxed "` anywhere before the last `\\boxed{` lets an earlier `\\boxed 3` win. Here one
   brace-balanced scanner handles all box forms and the last box wins.
-- A numeric reference is not matched by arithmetic left undone (`67 - 37`, `9 \\times 9`, `2^{10}`):
-  math-verify evaluates such an answer and calls it equal, which an RL policy exploits by copying the
-  question's operands (observed on SmolLM2). The value after the last `=` is what counts.
+- A closed form equal to the reference (`2^{10}`, `\\frac{6}{4}`, `\\sqrt{16}`, `3 \\cdot 5`) is a correct
+  answer, as in math-verify, verl and TRL. Where computing is the point (the generated arithmetic and
+  word-problem tasks) `require_evaluated=True` refuses arithmetic left undone against a numeric
+  reference: an RL policy copied the question's operands and left the sum to the verifier (observed on
+  SmolLM2: "The answer is 67 - 37, which is 7." scored 1 when X was taken as `67 - 37`; rule 3 now
+  takes the `7`). The value after the last `=` is what counts.
 - The plain-number fast path is exact: `0.3333333` ≠ `0.333333`, while math-verify (used when either
   side is not a plain number) rounds floats to 6 places, so `0.333333` = `\\frac13`.
 - math-verify counts an *integer* percentage as both its value and its number (`50\\%` = `0.5` and
@@ -56,6 +61,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from fractions import Fraction
+from math import gcd
 from typing import Any
 
 from hone.rewards.registry import register_reward
@@ -87,8 +93,21 @@ _NUMBER = re.compile(
     r"|(?<![\w.])[-+]?\.\d+(?:\s*\\?%)?"
 )
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+|\d+/\d+)")
-# A binary operation between two operands: `67 - 37`, `9 x 9`, `2^{10}` (not `90^\\circ`); `(3)(4)` is missed.
-_OPERATION = re.compile(r"[\d)}]\s*(?:[-+*/×÷·x]|\^(?!\s*\{?\s*\\circ)|\\times|\\cdot|\\div)\s*[\d({\\]")
+# A binary operation between two operands: `67 - 37`, `9 x 9`, `2^{10}` (not `90^\\circ`), `(6)/2`; `(3)(4)`
+# is missed. A slash between two numbers is a fraction, which `_FRACTION` judges.
+_OPERATION = re.compile(
+    r"[\d)}]\s*(?:[-+*×÷·x]|\^(?!\s*\{?\s*\\circ)|\\times|\\cdot|\\div)\s*[\d({\\]|[)}]\s*/|/\s*[({\\]"
+)
+# A root, binomial or factorial: `\\sqrt{16}`, `\\binom{5}{2}`, `5!`.
+_FUNCTION = re.compile(r"\\(?:sqrt|root|binom|choose)(?![A-Za-z])|\d\s*!")
+# `6/4`, `\\frac{6}{4}`, `\\dfrac64` (numerator, denominator); not the `5/3` inside `1.5/3`.
+_FRACTION = re.compile(
+    r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}|\\[dt]?frac\s*(\d)\s*(\d)|(?<![\d.])(\d+)\s*/\s*(\d+)(?![\d.])"
+)
+# After "the answer is X": ", which is Y" / " which equals Y" / " that gives Y", Y starting as math does.
+_THEN_VALUE = re.compile(
+    r"\s*,?\s*(?:which|that)\s+(?:is\s+equal\s+to|is|equals|gives|makes)\s+(?=[-+$\\\d(]|\*\*)", re.IGNORECASE
+)
 _SCIENTIFIC = re.compile(r"-?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*(?:\{\s*-?\d+\s*\}|-?\d+)")
 _UNICODE_MINUS = "\u2212"  # what rendered or copy-pasted math often has instead of `-`
 _DELIMITERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
@@ -112,15 +131,19 @@ def extract_answer(response: str) -> str | None:
     return (mathlike or candidates or [None])[0]
 
 
-def math_reward(response: str, answer: str) -> float:
+def math_reward(response: str, answer: str, *, require_evaluated: bool = False) -> float:
     """1.0 if the answer extracted from `response` equals the reference `answer`, else 0.0.
 
     `answer` may be a bare answer (`72`, `\\frac{1}{2}`, `[0, 1)`) or a solution ending in `\\boxed{...}`
     or `#### ...`. An empty reference raises `ValueError`: that is a data bug, not a wrong answer.
+    With `require_evaluated`, a numeric reference is matched only by a number written out: arithmetic
+    left undone (`67 - 37`, `2^{10}`, `\\sqrt{16}`, `6/4` — a fraction not in lowest terms) scores 0.
     """
     gold = _reference_answer(answer)
     pred = extract_answer(response)
     if pred is None or len(pred) > MAX_ANSWER_CHARS:
+        return 0.0
+    if require_evaluated and _as_fraction(gold) is not None and _unevaluated(pred):
         return 0.0
     return 1.0 if _equivalent(pred, gold) else 0.0
 
@@ -139,15 +162,21 @@ def top_answer_share(responses: Sequence[str]) -> float:
 
 
 @register_reward("math")
-def math_verifier(answer_field: str | None = None) -> Callable[[Rollout, Sample], float]:
+def math_verifier(
+    answer_field: str | None = None, require_evaluated: bool = False
+) -> Callable[[Rollout, Sample], float]:
     """`reward.fn: math`: `math_reward` of the response against `sample.answer`, or against
     `sample.meta[answer_field]` when `answer_field` is given. A sample without a reference raises
-    `ValueError` naming it (the runner scores it 0 and counts the error).
+    `ValueError` naming it (the runner scores it 0 and counts the error). `require_evaluated` as in
+    `math_reward`; a task can turn it on for its problems (`Task.reward_args`).
     """
+    if not isinstance(require_evaluated, bool):
+        raise ValueError(f"require_evaluated must be true or false, got {require_evaluated!r}")
     _math_verify()  # a missing dependency fails when the recipe is built, not on every rollout
 
     def reward(rollout: Rollout, sample: Sample) -> float:
-        return math_reward(rollout.response_text, _sample_reference(sample, answer_field))
+        reference = _sample_reference(sample, answer_field)
+        return math_reward(rollout.response_text, reference, require_evaluated=require_evaluated)
 
     return reward
 
@@ -204,12 +233,36 @@ def _after_last_gsm8k_marker(text: str) -> str | None:
 
 
 def _after_last_answer_is(text: str) -> str | None:
-    """X in the last "answer is X" / "answer: X", up to the end of its line or sentence."""
+    """X in the last "answer is X" / "answer: X", up to the end of its clause; the final value when X
+    is a calculation that the sentence evaluates ("X, which is Y", "X = Y").
+    """
     anchors = list(_ANSWER_IS.finditer(text))
     if not anchors:
         return None
     line = text[anchors[-1].end() :].split("\n", 1)[0]
-    return _CLAUSE_END.split(_SENTENCE_END.split(line, maxsplit=1)[0], maxsplit=1)[0]
+    answer, rest = _first_clause(_SENTENCE_END.split(line, maxsplit=1)[0])
+    # Only a calculation gives way to what follows: in "18, which is 2 times 9" the answer is 18.
+    while _is_calculation(answer) and (then := _THEN_VALUE.match(rest)):
+        answer, rest = _first_clause(rest[then.end() :])
+    return _after_arithmetic_equals(answer)
+
+
+def _first_clause(sentence: str) -> tuple[str, str]:
+    """The sentence up to its first clause end, and the rest from that end on."""
+    end = _CLAUSE_END.search(sentence)
+    return (sentence, "") if end is None else (sentence[: end.start()], sentence[end.start() :])
+
+
+def _is_calculation(text: str) -> bool:
+    return bool(_OPERATION.search(text) or _FUNCTION.search(text) or _FRACTION.search(text))
+
+
+def _after_arithmetic_equals(answer: str) -> str:
+    """`Y` of `67 - 37 = Y` (numbers only on the left); `x = 5` is kept whole for math-verify."""
+    left, equals, right = answer.rpartition("=")
+    if equals and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", left)) and _MATHLIKE.search(right):
+        return right
+    return answer
 
 
 def _last_number(text: str) -> str | None:
@@ -262,21 +315,27 @@ def _equivalent(pred: str, gold: str) -> bool:
     pred_number, gold_number = _as_fraction(pred), _as_fraction(gold)
     if pred_number is not None and gold_number is not None:
         return pred_number == gold_number
-    if gold_number is not None and _unevaluated(pred):
-        return False
     return _math_verify_equal(pred, gold)
 
 
 def _unevaluated(pred: str) -> bool:
-    """Whether an answer to a numeric reference is arithmetic left undone (`67 - 37`, `9 \\times 9`).
+    """Whether an answer is arithmetic left undone (`67 - 37`, `9 \\times 9`, `\\sqrt{16}`, `6/4`).
 
-    math-verify evaluates such an expression and calls it equal, so a policy learns to copy the
-    question's operands and leave the sum to the verifier (seen: a SmolLM2 GRPO run wrote
-    "The answer is 67 - 37, which is 7." and scored 1). Only the value after the last `=` counts
-    (`67 - 37 = 30` is an answer); scientific notation (`1.5 \\times 10^{3}`) is a number.
+    math-verify evaluates such an expression and calls it equal, so where computing is the point a
+    policy learns to copy the question's operands and leave the sum to the verifier. Only the value
+    after the last `=` counts (`67 - 37 = 30` is an answer); scientific notation (`1.5 \\times 10^{3}`)
+    is a number, and so is a fraction in lowest terms (`3/2`, `\\frac{3}{2}`).
     """
     final = pred.rsplit("=", 1)[-1].strip()
-    return bool(_OPERATION.search(final)) and not _SCIENTIFIC.fullmatch(final)
+    if _SCIENTIFIC.fullmatch(final):
+        return False
+    return bool(_OPERATION.search(final) or _FUNCTION.search(final)) or any(
+        _unreduced(*(int(g) for g in match.groups() if g is not None)) for match in _FRACTION.finditer(final)
+    )
+
+
+def _unreduced(numerator: int, denominator: int) -> bool:
+    return denominator <= 1 or gcd(numerator, denominator) != 1
 
 
 def _as_fraction(text: str) -> Fraction | None:
