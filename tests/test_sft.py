@@ -1,15 +1,28 @@
-"""SFT: prompt masking, token boundaries, accumulation and that a tiny model actually learns."""
+"""SFT: prompt masking, token boundaries, accumulation, the deadline, held-out validation, learning."""
 
 from __future__ import annotations
 
-import time
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
+from hone.config import HoneConfig, load_config
+from hone.envs import make_env
+from hone.orchestration import warmstart
+from hone.orchestration.components import held_out_samples, load_data, problem_key, validation_samples
+from hone.orchestration.evaluate import evaluate
+from hone.orchestration.loop import train
+from hone.training import sft as sft_module
 from hone.training.policy import Policy
-from hone.training.sft import collate_sft, encode_pair, run_sft, sft_loss
+from hone.training.sft import _step, collate_sft, encode_pair, run_sft, sft_loss
+from hone.types import Sample
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
+from tests.test_orchestration import tiny_overrides
 
 PAIRS = [(f"{c}=", LETTERS[(i + 1) % 26] * 2) for i, c in enumerate(LETTERS[:8])]  # "a=" -> "bb"
 
@@ -68,15 +81,33 @@ def test_prompt_and_padding_positions_get_zero_gradient(policy: Policy) -> None:
     assert nll.item() == pytest.approx(-(lp * loss_mask).sum().item(), rel=1e-6)
 
 
-def test_micro_batching_matches_full_batch() -> None:
-    results = []
-    for micro in (None, 3):
-        torch.manual_seed(0)
-        pol = Policy(tiny_qwen2(), char_tokenizer())
-        run_sft(pol, PAIRS, batch_size=8, micro_batch_size=micro, lr=1e-3, max_steps=2, seed=1)
-        results.append(pol.model.state_dict())
-    for key, value in results[0].items():
-        torch.testing.assert_close(value, results[1][key], rtol=1e-4, atol=1e-5)
+def test_micro_batched_step_has_the_full_batch_loss_and_gradient_in_float64() -> None:
+    # Responses of 1..4 tokens: a per-micro-batch mean (instead of one global token count) would weight
+    # the chunks differently and move the gradient by tens of percent.
+    pairs = [(f"{c}=", LETTERS[i % 26] * (1 + i % 4)) for i, c in enumerate(LETTERS[:8])]
+    torch.manual_seed(0)
+    pol = Policy(tiny_qwen2(train_mode=True).double(), char_tokenizer())
+    assert pol.tokenizer is not None
+    batch = [encode_pair(pol.tokenizer, p, r) for p, r in pairs]
+    params = pol.trainable_parameters()
+    runs = []
+    for micro in (None, 3):  # 3 + 3 + 2 rows: uneven chunks with different token counts
+        loss, tokens, _ = _step(pol, batch, 0, micro, params, grad_clip=None)
+        runs.append((loss, tokens, [p.grad.clone() for p in params]))
+        pol.model.zero_grad(set_to_none=True)
+    (full_loss, full_tokens, full_grads), (micro_loss, micro_tokens, micro_grads) = runs
+    ids, mask, loss_mask = collate_sft(batch, pad_id=0)
+    with torch.no_grad():
+        lp, _ = pol.token_log_probs(ids, mask)
+    assert full_tokens == micro_tokens == loss_mask.sum().item() == sum(len(r) + 1 for _, r in pairs)
+    # The reported loss sums ~30 fp32 log-probs (`Policy._score` works in fp32) in another order:
+    # |error| <= 30 * 6e-8 = 2e-6 relative.
+    assert full_loss == pytest.approx(-(lp * loss_mask).sum().item() / full_tokens, rel=1e-5)
+    assert micro_loss == pytest.approx(full_loss, rel=1e-5)
+    # Float64 weights: the passes differ only by float64 summation order (~1e-16); both round their
+    # logits to the same fp32 values, so the gradients agree far inside these bounds (measured 1e-16 abs).
+    for full, micro in zip(full_grads, micro_grads, strict=True):
+        torch.testing.assert_close(micro, full, rtol=1e-9, atol=1e-12)
 
 
 def test_tiny_model_learns_mapping_and_stops_on_eval(policy: Policy) -> None:
@@ -103,9 +134,105 @@ def test_tiny_model_learns_mapping_and_stops_on_eval(policy: Policy) -> None:
     assert not policy.model.training  # mode restored
 
 
-def test_sft_stops_at_the_deadline_of_the_runs_time_budget(policy: Policy) -> None:
-    result = run_sft(policy, PAIRS, batch_size=4, max_steps=50, deadline=time.perf_counter() - 1)
-    assert result["steps"] == 1 and result["out_of_time"] is True
+def test_the_deadline_is_checked_before_every_step_and_every_evaluation(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0.0]  # a fake clock: a step takes 1 s, an evaluation 0.1 s
+    monkeypatch.setattr(sft_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    evaluated: list[float] = []
+
+    def tick(row: dict[str, float]) -> None:
+        now[0] += 1.0 if "sft/loss" in row else 0.0
+
+    def evaluate() -> float:
+        evaluated.append(now[0])
+        now[0] += 0.1
+        return 0.0
+
+    result = run_sft(
+        policy, PAIRS, batch_size=4, max_steps=50, eval_fn=evaluate, eval_every=1, log=tick, deadline=2.5
+    )
+    # Steps 1 and 2 end at 1.0 and 2.1 s and are evaluated; step 3 starts at 2.2 s (in time) and ends at
+    # 3.2 s, past the deadline: no evaluation after it, no step 4.
+    assert result["steps"] == 3 and result["out_of_time"] is True and not result["stopped_early"]
+    assert evaluated == pytest.approx([1.0, 2.1])
+    now[0] = 0.0
+    assert run_sft(policy, PAIRS, batch_size=4, max_steps=50, deadline=-1.0)["steps"] == 0
+
+
+def _sft_run(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> HoneConfig:
+    overrides = {
+        "run.steps": 0,
+        "sft.enabled": "true",
+        "sft.examples": 32,
+        "sft.batch_size": 8,
+        "sft.val_size": 6,
+        "sft.eval_every": 2,
+        "sft.max_steps": 2,
+        "rollout.max_new_tokens": 4,
+        **extra,
+    }
+    return load_config(None, tiny_overrides(tmp_path, model_dir, name, **overrides))
+
+
+def test_train_ends_sft_at_the_runs_time_limit(tmp_path: Path, micro_model_dir: Path) -> None:
+    # The budget is spent by set-up already (it starts with `train`), so SFT takes no step at all.
+    cfg = _sft_run(tmp_path, micro_model_dir, "late", **{"run.time_limit_s": 1e-3, "sft.max_steps": 40})
+    result = train(cfg)
+    assert (result.run_dir / "sft" / "sft_log.jsonl").read_text() == ""
+
+
+def test_train_validates_sft_on_held_out_problems_in_micro_batches(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    validated: list[list[Sample]] = []
+    rows_per_forward: list[int] = []
+
+    def spy_evaluate(sampler: Any, tokenizer: Any, samples: list[Sample], *args: Any, **kw: Any) -> Any:
+        validated.append(samples)
+        return evaluate(sampler, tokenizer, samples, *args, **kw)
+
+    def spy_loss(policy: Policy, input_ids: torch.Tensor, *args: Any) -> Any:
+        rows_per_forward.append(input_ids.shape[0])
+        return sft_loss(policy, input_ids, *args)
+
+    monkeypatch.setattr(warmstart, "evaluate", spy_evaluate)
+    monkeypatch.setattr(sft_module, "sft_loss", spy_loss)
+    cfg = _sft_run(tmp_path, micro_model_dir, "held-out", **{"sft.micro_batch_size": 3})
+    train(cfg)
+    assert rows_per_forward == [3, 3, 2, 3, 3, 2]  # 2 steps of 8 rows, micro-batches of 3
+    task, train_set, eval_set = load_data(cfg)
+    assert task is not None and len(validated) == 1 and len(validated[0]) == 6
+    val = validated[0]
+    assert all(task.is_eval(s) for s in val)  # the hash split: never an RL training prompt
+    keys = {problem_key(s) for s in val}
+    assert not keys & {problem_key(s) for s in train_set + eval_set}
+
+
+def test_validation_for_games_and_datasets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    game = {"data.task": "null", "env.name": "arithmetic_retry", "env.args": "{pad: true}"}
+    cfg = load_config(None, [f"{k}={v}" for k, v in {**game, "data.eval_size": 20}.items()])
+    task, train_set, eval_set = load_data(cfg, make_env(cfg.env.name, cfg.env.args))
+    val = validation_samples(cfg, task, make_env(cfg.env.name, cfg.env.args), train_set, eval_set)
+    assert len(val) == cfg.sft.val_size
+    assert not {problem_key(s) for s in val} & {problem_key(s) for s in train_set + eval_set}
+    # A dataset validates on the eval file's rows after the eval set's.
+    rows = tmp_path / "eval.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(10)))
+    dataset = {"data.task": "null", "data.source": str(rows), "data.eval_source": str(rows)}
+    cfg = load_config(None, [f"{k}={v}" for k, v in {**dataset, "data.eval_size": 4}.items()])
+    eval_set = held_out_samples(cfg, None, None, 4)
+    val = validation_samples(cfg, None, None, [], eval_set)
+    assert [s.prompt for s in val] == ["q4", "q5", "q6", "q7", "q8", "q9"]
+    # Guess-the-number's held-out split (a quarter of 1..8) is all in the eval set: say so, use it.
+    game = {"data.task": "null", "env.name": "guess_number", "env.args": "{high: 8}"}
+    cfg = load_config(None, [f"{k}={v}" for k, v in {**game, "data.eval_size": 16}.items()])
+    env = make_env(cfg.env.name, cfg.env.args)
+    _, train_set, eval_set = load_data(cfg, env)
+    with caplog.at_level(logging.WARNING, logger="hone"):
+        val = validation_samples(cfg, None, env, train_set, eval_set)
+    assert "validating on eval problems" in caplog.text
+    assert {s.answer for s in val} <= {s.answer for s in eval_set}
 
 
 def test_token_mask_examples_train_only_where_the_mask_is_one() -> None:

@@ -10,10 +10,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
+from hone.orchestration.components import RunComponents, validation_samples
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import render_prompt
 from hone.rewards import RewardFn, RewardScorer
@@ -28,24 +28,37 @@ log = logging.getLogger("hone")
 
 @dataclass
 class SFTData:
-    """What SFT trains on: (prompt sample, response text) pairs, or tokenised multi-turn examples."""
+    """What SFT trains on: (prompt sample, response text) pairs, or tokenised multi-turn examples; and
+    the held-out problems it validates on."""
 
     pairs: list[tuple[Sample, str]] = field(default_factory=list)
     examples: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    val: list[Sample] = field(default_factory=list)
 
 
-def sft_data(cfg: HoneConfig, task: Task | None, episodes: Episodes | None, tokenizer: Any) -> SFTData:
+def sft_data(cfg: HoneConfig, parts: RunComponents) -> SFTData:
     """Multi-turn runs without `sft.data` use the environment's scripted demonstrations, laid out token
-    by token as episodes are (observations masked); everything else uses `sft_pairs`."""
+    by token as episodes are (observations masked); everything else uses `sft_pairs`. Validation takes
+    held-out problems that are neither RL training prompts nor eval problems (`validation_samples`)."""
+    episodes = parts.episodes
+    val = validation_samples(
+        cfg,
+        parts.task,
+        None if episodes is None else episodes.make_env,
+        parts.train_samples,
+        parts.eval_samples,
+    )
     if episodes is None or cfg.sft.data is not None:
-        return SFTData(pairs=sft_pairs(cfg, task))
+        return SFTData(pairs=sft_pairs(cfg, parts.task), val=val)
     env = episodes.make_env()
     demos = type(env).make_samples(cfg.sft.examples, cfg.run.seed + 7, "train", **cfg.env.args)
     examples = []
     for sample in demos:
         player = episodes.make_env()
-        examples.append(demonstration_tokens(tokenizer, player.demonstration(sample), player.tools))
-    return SFTData(examples=examples)
+        examples.append(
+            demonstration_tokens(parts.policy.tokenizer, player.demonstration(sample), player.tools)
+        )
+    return SFTData(examples=examples, val=val)
 
 
 def sft_pairs(cfg: HoneConfig, task: Task | None) -> list[tuple[Sample, str]]:
@@ -64,13 +77,13 @@ def warm_start_sft(
     policy: Policy,
     sampler: Sampler,
     data: SFTData,
-    train_samples: list[Sample],
     reward: RewardScorer | RewardFn,
     out_dir: Path,
     episodes: Episodes | None = None,
     deadline: float | None = None,
 ) -> dict[str, float]:
-    val = train_samples[: cfg.sft.val_size]
+    """SFT on `data` until validation accuracy on `data.val` reaches `sft.stop_at_accuracy`, `sft.max_steps`
+    or `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`."""
     greedy = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop
     )
@@ -79,7 +92,7 @@ def warm_start_sft(
         return evaluate(
             sampler,
             policy.tokenizer,
-            val,
+            data.val,
             reward,
             greedy,
             chat_template=cfg.data.chat_template,
@@ -99,6 +112,7 @@ def warm_start_sft(
         texts,
         examples=data.examples,
         batch_size=cfg.sft.batch_size,
+        micro_batch_size=cfg.sft.micro_batch_size or cfg.trainer.micro_batch_size,
         lr=cfg.sft.lr,
         schedule="constant",
         max_steps=cfg.sft.max_steps,
@@ -109,6 +123,8 @@ def warm_start_sft(
         seed=cfg.run.seed,
         deadline=deadline,
     )
+    if result["out_of_time"]:
+        log.warning("SFT stopped at the run's time limit after %d steps", result["steps"])
     policy.save_pretrained(out_dir)
     (out_dir / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     log.info("SFT warm-start: %s", result)

@@ -101,10 +101,11 @@ def run_sft(
     Each step takes `batch_size` pairs (reshuffled every epoch with `seed`), accumulating gradients over
     `micro_batch_size` chunks; the loss is the mean NLL over all response tokens of the batch. Every
     `eval_every` steps and after the last, `eval_fn()` is called (the model in eval mode) and training
-    stops once it reaches `stop_at`, or once `time.perf_counter()` passes `deadline` (result
-    `"out_of_time": True`). `log` receives `{"step", "sft/loss", "sft/lr", "sft/grad_norm",
-    "sft/tokens"}` per step and `{"step", "sft/eval"}` per evaluation. Returns `{"steps", "loss", "eval",
-    "stopped_early"}` (`eval` is the last score, or None).
+    stops once it reaches `stop_at`. `deadline` (a `time.perf_counter()` value) is checked before every
+    step and every evaluation: past it, training stops at once (result `"out_of_time": True`), so it
+    overruns the deadline by at most one step or one evaluation. `log` receives `{"step", "sft/loss",
+    "sft/lr", "sft/grad_norm", "sft/tokens"}` per step and `{"step", "sft/eval"}` per evaluation.
+    Returns `{"steps", "loss", "eval", "stopped_early", "out_of_time"}` (`eval`: the last score, or None).
     """
     if policy.tokenizer is None:
         raise ValueError("run_sft needs a policy with a tokenizer")
@@ -128,9 +129,15 @@ def run_sft(
         "out_of_time": False,
     }
 
+    def out_of_time() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
     policy.model.train()
     try:
         for step in range(1, max_steps + 1):
+            if out_of_time():
+                result["out_of_time"] = True
+                break
             while len(order) < batch_size:
                 epoch = list(range(len(encoded)))
                 rng.shuffle(epoch)
@@ -152,6 +159,9 @@ def run_sft(
                         "sft/tokens": tokens,
                     }
                 )
+            if out_of_time():  # no validation either: it can cost as much as many steps
+                result["out_of_time"] = True
+                break
             if eval_fn is not None and (step % eval_every == 0 or step == max_steps):
                 policy.model.eval()
                 result["eval"] = score = float(eval_fn())
@@ -161,9 +171,6 @@ def run_sft(
                 if stop_at is not None and score >= stop_at:
                     result["stopped_early"] = step < max_steps
                     break
-            if deadline is not None and time.perf_counter() > deadline:
-                result["out_of_time"] = step < max_steps
-                break
     finally:
         policy.model.train(was_training)
     return result
