@@ -9,21 +9,36 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import POLICY_LOSSES, aggregate_loss
 from hone.envs import Environment, StepResult, make_env
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.evaluate import evaluate
 from hone.rewards.env import env_reward
-from hone.rollout import HFSampler
+from hone.rewards.math import math_verifier
+from hone.rollout import GenerationRequest, HFSampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes, demonstration_tokens, run_episodes
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
+
+# Log-prob agreement of two computations of the same tokens, compared in float64: they differ only in
+# summation order (~1e-16 relative per operation, ~1e-14 over this 2-layer model), while a wrong token or
+# position moves a log-prob by >= 1e-3. An fp32 bound (~1e-5 here) would depend on the CPU's kernels.
+ATOL = 1e-10
 
 
 @pytest.fixture(scope="module")
 def policy(micro_model_dir: Path) -> Policy:
     return Policy.from_pretrained(str(micro_model_dir))
+
+
+@pytest.fixture(scope="module")
+def policy64(micro_model_dir: Path) -> Policy:
+    """The same micro model in float64, for exact comparisons (greedy ties and log-probs alike)."""
+    policy = Policy.from_pretrained(str(micro_model_dir))
+    policy.model.double()
+    return policy
 
 
 class Echo(Environment):
@@ -80,28 +95,34 @@ def test_trajectory_layout_masks_exactly_the_observation_tokens(policy: Policy) 
         assert r.metrics["env/steps"] == 3.0 and r.metrics["episode/turns"] == 3.0
 
 
-def test_sampled_tokens_are_kept_exactly_and_score_alike_in_the_trainer(policy: Policy) -> None:
-    rollouts = play(policy, lambda: Echo(2), SAMPLES, EpisodeLimits(max_turns=4, max_tokens_per_turn=5))
-    batch = collate(rollouts, pad_id=policy.tokenizer.pad_token_id)
+def test_sampled_tokens_are_kept_exactly_and_score_alike_in_the_trainer(policy64: Policy) -> None:
+    rollouts = play(policy64, lambda: Echo(2), SAMPLES, EpisodeLimits(max_turns=4, max_tokens_per_turn=5))
+    batch = collate(rollouts, pad_id=policy64.tokenizer.pad_token_id)
     with torch.no_grad():
-        log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
+        log_probs, _ = policy64.token_log_probs(batch.input_ids, batch.attention_mask)
     diff = (log_probs - batch.old_log_probs).abs() * batch.response_mask
-    assert float(diff.max()) < 1e-4  # no re-tokenisation drift: the trainer sees the sampled ids
+    # No re-tokenisation drift: the trainer sees the sampled ids. The float64 model agrees to ~1e-14; the
+    # trainer hands back float32 (and collate stores float32), i.e. log p ~ -6 rounded to 2^-24 relative
+    # (~4e-7) plus a few ulps from its float32 logsumexp: 1e-5 bounds that, a wrong id moves it by >= 1e-3.
+    assert float(diff.max()) < 1e-5
 
 
-def test_prefix_cache_plays_the_same_episodes_as_re_encoding_every_turn(policy: Policy) -> None:
+def test_prefix_cache_plays_the_same_episodes_as_re_encoding_every_turn(policy64: Policy) -> None:
     limits = EpisodeLimits(max_turns=4, max_tokens_per_turn=5)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
     episodes = []
     for prefix_cache in (True, False):
-        sampler = HFSampler(policy.model, policy.tokenizer, prefix_cache=prefix_cache)
-        episodes.append(run_episodes(sampler, policy.tokenizer, lambda: Echo(3), SAMPLES, params, limits))
+        sampler = HFSampler(policy64.model, policy64.tokenizer, prefix_cache=prefix_cache)
+        episodes.append(run_episodes(sampler, policy64.tokenizer, lambda: Echo(3), SAMPLES, params, limits))
     cached, fresh = episodes
     assert [r.token_ids for r in cached] == [r.token_ids for r in fresh]
     assert all(len(r.turns) == 3 for r in cached)
     for a, b in zip(cached, fresh, strict=True):
         torch.testing.assert_close(
-            torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0
+            torch.tensor(a.sampler_logprobs, dtype=torch.float64),
+            torch.tensor(b.sampler_logprobs, dtype=torch.float64),
+            atol=ATOL,
+            rtol=0,
         )
 
 
@@ -145,6 +166,128 @@ def test_limits_end_episodes_cleanly_and_mark_truncation(policy: Policy) -> None
     tight = EpisodeLimits(max_turns=8, max_tokens_per_turn=4, max_total_tokens=30)
     by_tokens = play(policy, lambda: Echo(10), SAMPLES[:1], tight)
     assert all(len(r.token_ids) <= 30 and r.finish_reason == "length" for r in by_tokens)
+
+
+def test_an_episode_plays_alike_alone_and_beside_an_episode_with_less_room(policy64: Policy) -> None:
+    tok = policy64.tokenizer
+    short, long = Sample("short", prompt="hi"), Sample("long", prompt="x" * 40)
+    long_prompt = len(
+        tok.apply_chat_template([{"role": "user", "content": long.prompt}], add_generation_prompt=True)[
+            "input_ids"
+        ]
+    )
+    # The long episode has room for 3 tokens; the short one for two whole 6-token turns and an observation.
+    limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=6, max_total_tokens=long_prompt + 3)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+
+    def episodes(samples: list[Sample]) -> list[Rollout]:
+        sampler = HFSampler(policy64.model, tok)
+        return run_episodes(sampler, tok, lambda: Echo(2), samples, params, limits)
+
+    (alone,) = episodes([short])
+    beside, cut = episodes([short, long])
+    assert alone.turns[0][1] - alone.turns[0][0] > 3  # the long episode's room would have cut this turn
+    assert (beside.token_ids, beside.turns, beside.response_text) == (
+        alone.token_ids,
+        alone.turns,
+        alone.response_text,
+    )
+    assert (beside.turn_rewards, beside.finish_reason, beside.metrics) == (
+        alone.turn_rewards,
+        "stop",
+        alone.metrics,
+    )
+    torch.testing.assert_close(
+        torch.tensor(beside.sampler_logprobs, dtype=torch.float64),
+        torch.tensor(alone.sampler_logprobs, dtype=torch.float64),
+        atol=ATOL,
+        rtol=0,
+    )
+    assert (
+        cut.turns == [(0, 3)]
+        and cut.finish_reason == "length"
+        and len(cut.token_ids) == limits.max_total_tokens
+    )
+
+
+def test_a_turn_ended_by_a_secondary_eos_gets_no_second_end_of_turn(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = policy.tokenizer
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=4)
+
+    def episode() -> Rollout:
+        sampler = HFSampler(policy.model, tok)
+        return run_episodes(sampler, tok, lambda: Echo(2), SAMPLES[:1], params, limits)[0]
+
+    first_token = episode().response_ids[0]
+    assert first_token != tok.eos_token_id
+    # Chat models list several terminators (Qwen: <|im_end|> and <|endoftext|>): make the token this greedy
+    # episode starts with the second one, so its first turn ends on it at once.
+    monkeypatch.setattr(policy.model.generation_config, "eos_token_id", [tok.eos_token_id, first_token])
+    rollout = episode()
+    (_, end), (start, _) = rollout.turns
+    assert end == 1
+    # The template closes an assistant turn with "<eos>\n"; the turn has ended, so only the "\n" follows.
+    assert tok.decode(rollout.response_ids[end:start]) == "\nuser: obs 1\nassistant: "
+
+
+class Scripted:
+    """A sampler that answers turn k of every episode with `replies[k]` and the eos."""
+
+    policy_version = 0
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, replies: list[str]) -> None:
+        self.tokenizer, self.replies, self.calls = tokenizer, replies, 0
+        self.eos_token_ids = frozenset([tokenizer.eos_token_id])
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
+        text, self.calls = self.replies[self.calls], self.calls + 1
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        return [
+            Rollout(
+                r.sample_id,
+                r.group_id,
+                r.prompt_ids + ids,
+                len(r.prompt_ids),
+                [1] * len(ids),
+                [0.0] * len(ids),
+                text,
+            )
+            for r in requests
+        ]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        raise NotImplementedError
+
+
+class ToolSays(Environment):
+    """A tool result holding the sample's answer after turn 1; done after turn 2."""
+
+    max_turns = 2
+
+    def reset(self, sample: Sample) -> list[dict[str, str]]:
+        self.answer, self.seen = sample.answer, 0
+        return [{"role": "user", "content": "What is 987654320 + 1?"}]
+
+    def step(self, assistant_message: str) -> StepResult:
+        self.seen += 1
+        return StepResult([{"role": "tool", "content": f"result: {self.answer}"}], 0.0, self.seen == 2)
+
+
+@pytest.mark.parametrize(("final", "expected"), [("no idea", 0.0), ("it is 987654321", 1.0)])
+def test_text_rewards_score_the_final_assistant_message_not_the_observations(
+    policy: Policy, final: str, expected: float
+) -> None:
+    sample = Sample("s", prompt="", answer="987654321")
+    sampler = Scripted(policy.tokenizer, ["let me call the tool", final])
+    params = SamplingParams(n=1, max_new_tokens=24)
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=24)
+    (rollout,) = run_episodes(sampler, policy.tokenizer, ToolSays, [sample], params, limits)
+    assert [m["content"] for m in rollout.messages if m["role"] == "tool"] == ["result: 987654321"]
+    assert math_verifier()(rollout, sample) == expected
+    assert rollout.response_text == final
 
 
 def test_environments_step_concurrently_one_instance_per_trajectory(policy: Policy) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,13 +18,19 @@ from tests.conftest import char_tokenizer, tiny_qwen2
 CHARS = "abcdefghijklmnopqrstuvwxyz .!?"
 PAD, EOS = 0, 1
 PROMPTS = ["ab", "hello world", "x", "the quick brown", "zz top"]
+# Log-prob agreement between two ways of computing the same thing (cached decode vs one full forward, a
+# reused prefix vs a fresh prefill), compared in float64: the paths differ only in summation order, ~1e-16
+# relative per operation, so ~1e-14 at most after two layers over logits of magnitude ~10 (measured: under
+# 1e-15), while a real bug (a wrong position, an attended pad, a stale KV cache) moves log-probs by >= 1e-3.
+# In fp32 the same reordering gives ~1e-5 here, more or less with another CPU's kernels: not portable.
+ATOL = 1e-10
 
 
-def make_model(seed: int) -> Qwen2ForCausalLM:
+def make_model(seed: int, dtype: torch.dtype = torch.float64) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     # A large init range: with the default one a tied tiny model just repeats its last input token, which
     # would hide position and padding bugs.
-    return tiny_qwen2(initializer_range=0.3, pad_token_id=PAD, eos_token_id=EOS)
+    return tiny_qwen2(initializer_range=0.3, pad_token_id=PAD, eos_token_id=EOS).to(dtype)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ def greedy(max_new_tokens: int = 12, **kwargs: object) -> SamplingParams:
 def full_forward_logprobs(model: Qwen2ForCausalLM, rollout: Rollout, temperature: float) -> torch.Tensor:
     """What the trainer computes: one unpadded forward over prompt + response."""
     with torch.no_grad():
-        logits = model(torch.tensor([rollout.token_ids])).logits[0, rollout.prompt_len - 1 : -1].float()
+        logits = model(torch.tensor([rollout.token_ids])).logits[0, rollout.prompt_len - 1 : -1]
     if temperature > 0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, -1)
@@ -98,7 +105,9 @@ def test_sampler_logprobs_match_a_full_forward_pass(
 ) -> None:
     for rollout in sampler.generate(requests(tokenizer), params):
         recomputed = full_forward_logprobs(model, rollout, params.temperature)
-        torch.testing.assert_close(torch.tensor(rollout.sampler_logprobs), recomputed, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(rollout.sampler_logprobs, dtype=torch.float64), recomputed, atol=ATOL, rtol=0
+        )
 
 
 def test_same_seed_same_output_other_seed_differs(
@@ -147,6 +156,27 @@ def test_max_new_tokens_and_finish_reason(sampler: HFSampler, tokenizer: PreTrai
             assert r.response_ids.index(EOS) == r.response_len - 1  # eos is part of the response
             assert "<eos>" not in r.response_text
     assert {r.finish_reason for r in rollouts} == {"stop", "length"}
+
+
+def test_each_request_stops_at_its_own_token_budget(
+    sampler: HFSampler, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    free = sampler.generate(requests(tokenizer), greedy(max_new_tokens=12))
+    own = [1, 3, None, 12, 2]  # None: the params' 5; 12 is above the params' budget
+    capped = sampler.generate(
+        [replace(r, max_new_tokens=b) for r, b in zip(requests(tokenizer), own, strict=True)],
+        greedy(max_new_tokens=5, n=2),
+    )
+    budgets = [5 if b is None else b for b in own]
+    assert (
+        sum(f.response_len > b for f, b in zip(free, budgets, strict=True)) >= 3
+    )  # cut at different lengths
+    for i, (f, budget) in enumerate(zip(free, budgets, strict=True)):
+        for rollout in capped[2 * i : 2 * i + 2]:
+            assert rollout.response_ids == f.response_ids[:budget]
+            assert rollout.finish_reason == ("length" if f.response_len > budget else f.finish_reason)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sampler.generate([replace(requests(tokenizer)[0], max_new_tokens=0)], greedy())
 
 
 def test_n_rollouts_per_request_grouped_in_request_order(
@@ -320,11 +350,15 @@ def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
     reused, recomputed = cached.generate(second, params), fresh.generate(second, params)
     for a, b in zip(reused, recomputed, strict=True):
         assert a.response_ids == b.response_ids
+        expected = torch.tensor(b.sampler_logprobs, dtype=torch.float64)
         torch.testing.assert_close(
-            torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=0
+            torch.tensor(a.sampler_logprobs, dtype=torch.float64), expected, atol=ATOL, rtol=0
         )
         torch.testing.assert_close(
-            torch.tensor(a.sampler_logprobs), full_forward_logprobs(model, a, 0.0), atol=1e-5, rtol=0
+            torch.tensor(a.sampler_logprobs, dtype=torch.float64),
+            full_forward_logprobs(model, a, 0.0),
+            atol=ATOL,
+            rtol=0,
         )
     # Continuations prefill only the last sampled token and the observation (the new prompt: all of it).
     assert max(widths) == len(tokenizer("brand new")["input_ids"])
@@ -334,7 +368,7 @@ def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
 def test_prefix_cache_is_dropped_when_weights_change_in_place_are_loaded_or_change_dtype(
     tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = make_model(1)
+    model = make_model(1, torch.float32)  # becomes float64 with the first change, where log-probs compare
     sampler = HFSampler(model, tokenizer)
     widths = _prefill_widths(sampler, monkeypatch)
 
@@ -342,7 +376,7 @@ def test_prefix_cache_is_dropped_when_weights_change_in_place_are_loaded_or_chan
         with torch.no_grad():
             next(model.parameters()).mul_(1.5)
 
-    for change in (optimizer_step, lambda: sampler.load_weights({}, sampler.policy_version), model.double):
+    for change in (model.double, optimizer_step, lambda: sampler.load_weights({}, sampler.policy_version)):
         first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
         change()
         second = _next_turn(tokenizer, first, " ok ")
@@ -351,9 +385,9 @@ def test_prefix_cache_is_dropped_when_weights_change_in_place_are_loaded_or_chan
         assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again
         for rollout in after:
             torch.testing.assert_close(
-                torch.tensor(rollout.sampler_logprobs),
+                torch.tensor(rollout.sampler_logprobs, dtype=torch.float64),
                 full_forward_logprobs(model, rollout, 0.0),
-                atol=1e-5,
+                atol=ATOL,
                 rtol=0,
             )
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from hone.types import Rollout, SamplingParams
 
@@ -25,6 +27,9 @@ class GenerationRequest:
     sample_id: str
     group_id: int
     prompt_ids: list[int]
+    # This request's own cap on new tokens (None: the `SamplingParams` value). Multi-turn episodes need it:
+    # each has its own room left, and one shared cap would let the longest episode cut every other's turn.
+    max_new_tokens: int | None = None
 
 
 @runtime_checkable
@@ -36,10 +41,29 @@ class Sampler(Protocol):
     sampler's `policy_version` at the time of sampling. `load_weights` installs new policy weights and
     sets `policy_version`, so each rollout records which weights produced it (what an asynchronous
     mode's staleness bound will check; the synchronous loop is always on-policy).
+    `eos_token_ids` are the ids a response stops on (see `eos_token_ids`): a multi-turn episode reads a
+    turn as ended by the very same set.
     """
 
     policy_version: int
+    eos_token_ids: frozenset[int]
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+def eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """End-of-sequence ids, as `model.generate` picks them: the one set an engine stops on and a multi-turn
+    episode reads a turn's end by.
+
+    The generation config comes first because chat models list several terminators there (e.g. Qwen's
+    <|im_end|> and <|endoftext|>); the tokenizer's single eos is the fallback.
+    """
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)

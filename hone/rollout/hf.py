@@ -32,7 +32,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from hone.rollout.base import GenerationRequest
+from hone.rollout.base import GenerationRequest, eos_token_ids
 from hone.types import Rollout, SamplingParams
 
 # A stop string of m characters is at most 4m UTF-8 bytes and every non-special token carries at least one
@@ -166,7 +166,11 @@ class HFSampler:
         _check_params(params)
         if any(not r.prompt_ids for r in requests):
             raise ValueError("every request needs at least one prompt token")
+        if any(r.max_new_tokens is not None and r.max_new_tokens < 1 for r in requests):
+            raise ValueError("a request's max_new_tokens must be >= 1 (or None for the params' value)")
         prompts = [r.prompt_ids for r in requests for _ in range(params.n)]
+        budgets = [params.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens for r in requests]
+        budgets = [b for b in budgets for _ in range(params.n)]
         device = next(self.model.parameters()).device
         generator = None
         if params.seed is not None:
@@ -180,8 +184,8 @@ class HFSampler:
             # Chunks hold whole groups where they can, so every copy of a prompt shares one prefill.
             size = self.max_batch_size // params.n * params.n or self.max_batch_size
             for start in range(0, len(prompts), size):
-                chunk = prompts[start : start + size]
-                sequences += self._decode(chunk, params, generator, device, previous, store)
+                chunk, limits = prompts[start : start + size], budgets[start : start + size]
+                sequences += self._decode(chunk, limits, params, generator, device, previous, store)
         self._prefixes, self._prefixes_for = store, weights
         texts = self.tokenizer.batch_decode([s.tokens for s in sequences], skip_special_tokens=True)
         rollouts = []
@@ -202,6 +206,10 @@ class HFSampler:
                 )
             )
         return rollouts
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return eos_token_ids(self.model, self.tokenizer)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Copy `state_dict` into the model in place (a partial dict updates only those tensors).
@@ -253,15 +261,16 @@ class HFSampler:
     def _decode(
         self,
         prompts: list[list[int]],
+        budgets: list[int],
         params: SamplingParams,
         generator: torch.Generator | None,
         device: torch.device,
         previous: _PrefixStore | None = None,
         store: _PrefixStore | None = None,
     ) -> list[_Sequence]:
-        """Generate for one batch of prompts (at most `max_batch_size` rows); reuse KV from `previous` and
-        add every finished sequence's KV to `store` (when given)."""
-        eos = _eos_token_ids(self.model, self.tokenizer)
+        """Generate for one batch of prompts (at most `max_batch_size` rows), each up to its own budget of
+        new tokens; reuse KV from `previous` and add every finished sequence's KV to `store` (when given)."""
+        eos = self.eos_token_ids
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # A group's n rows repeat one prompt back to back: prefill each distinct prompt once, then copy its
         # KV cache to its rows (prefix sharing, as vLLM's prefix cache does; prefill is n times cheaper).
@@ -284,7 +293,7 @@ class HFSampler:
         # Batch row -> index into `sequences`; None once that row has finished. A finished row stays in
         # the batch, its output ignored, until enough have piled up to be worth compacting the cache.
         owner: list[int | None] = list(range(len(prompts)))
-        for step in range(params.max_new_tokens):
+        for _ in range(max(budgets)):
             was = list(owner) if store is not None else []  # who was live, to store the rows that end
             tokens, logprobs = sample_next(logits, params, generator)
             for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
@@ -301,14 +310,16 @@ class HFSampler:
                     if hit:
                         sequences[i].finish_reason = "stop"
                         owner[row] = None
-            last = step == params.max_new_tokens - 1
-            ended = [(row, i) for row, i in enumerate(was) if i is not None and (owner[row] is None or last)]
+            for row, i in enumerate(owner):
+                if i is not None and len(sequences[i].tokens) == budgets[i]:
+                    owner[row] = None  # out of budget: finish_reason stays "length"
+            ended = [(row, i) for row, i in enumerate(was) if i is not None and owner[row] is None]
             if store is not None and ended:
                 # An ending row has fed its prompt and all its tokens but the last (sampled, never fed).
                 fed = [prompts[i] + sequences[i].tokens[:-1] for _, i in ended]
                 store.keep(fed, [row for row, _ in ended], cache, mask)
             keep = [row for row, i in enumerate(owner) if i is not None]
-            if not keep or last:
+            if not keep:
                 break
             if len(owner) - len(keep) >= _COMPACT_FRACTION * len(owner):
                 index = torch.tensor(keep, device=device)
@@ -354,7 +365,7 @@ def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [B, V]; return the tokens and their untruncated log-probs."""
-    logits = logits.float()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32; float64 stays
     if params.temperature == 0:
         tokens = logits.argmax(-1)
         logprobs = torch.log_softmax(logits, -1)
@@ -392,21 +403,6 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"top_k must be >= 0, got {params.top_k}")
     if params.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-
-
-def _eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """End-of-sequence ids, as `model.generate` picks them.
-
-    The generation config comes first because chat models list several terminators there (e.g. Qwen's
-    <|im_end|> and <|endoftext|>); the tokenizer's single eos is the fallback.
-    """
-    config = getattr(model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return frozenset()
-    return frozenset([eos] if isinstance(eos, int) else eos)
 
 
 @contextmanager

@@ -12,10 +12,14 @@ turns, e.g. dropping reasoning, can't shift it), plus whatever the template writ
 message beyond the end-of-turn token the model sampled (e.g. Qwen's "\\n" after `<|im_end|>`).
 
 Limits: `max_turns` assistant turns, `max_tokens_per_turn`, and `max_total_tokens` for the whole
-sequence; an episode that hits a limit before the environment says done ends with
-`finish_reason="length"` and `metrics["episode/truncated"] = 1`. A "void turn" (SimpleTIR, Xue et al.
+sequence (each episode's turn is capped by its own room left, whatever else is in the batch); an
+episode that hits a limit before the environment says done ends with `finish_reason="length"` and
+`metrics["episode/truncated"] = 1`. A "void turn" (SimpleTIR, Xue et al.
 2025: a turn that produced nothing usable — empty, or cut off by the per-turn limit) is counted in
 `metrics["episode/void_turns"]` so the trainer can filter such trajectories.
+
+A rollout's `response_text`, what text rewards score, is the final assistant message; `messages` holds the
+whole conversation for rewards that want more.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class _Episode:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[tuple[int, int]] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)  # each sampled assistant message's text
     turn_rewards: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     done: bool = False
@@ -97,7 +102,8 @@ async def _play(
         _Episode(s, i, env, list(msgs), _render_prompt(tokenizer, msgs, env.tools))
         for (i, s, env), msgs in zip(envs, starts, strict=True)
     ]
-    render = _ObservationRenderer(tokenizer)
+    eos = sampler.eos_token_ids
+    render = _ObservationRenderer(tokenizer, eos)
     for turn in range(limits.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
@@ -106,28 +112,32 @@ async def _play(
             if len(e.context) >= limits.max_total_tokens:
                 e.done = e.truncated = True
         live = [e for e in live if not e.done]
-        budget = min(limits.max_tokens_per_turn, *(limits.max_total_tokens - len(e.context) for e in live))
-        turn_params = _turn_params(params, budget, turn)
-        outs = sampler.generate(
-            [GenerationRequest(e.sample.id, e.group_id, e.context) for e in live], turn_params
-        )
+        # Each episode's own room: a shared cap would let the longest episode cut every other's turn.
+        requests = [
+            GenerationRequest(e.sample.id, e.group_id, e.context, _turn_budget(e, limits)) for e in live
+        ]
+        outs = sampler.generate(requests, _turn_params(params, limits.max_tokens_per_turn, turn))
         texts = [_take_turn(e, out, tokenizer) for e, out in zip(live, outs, strict=True)]
         results = await asyncio.gather(
             *(_maybe_await(e.env.step(t)) for e, t in zip(live, texts, strict=True))
         )
         for e, out, text, result in zip(live, outs, texts, results, strict=True):
-            _apply(e, out, text, result, render, tokenizer, limits, turn)
+            ended = bool(out.response_ids) and out.response_ids[-1] in eos
+            _apply(e, text, ended, result, render, limits, turn)
     for e in episodes:
         if not e.done:  # ran out of turns
             e.truncated = True
-    return [_to_rollout(e, sampler.policy_version, tokenizer) for e in episodes]
+    return [_to_rollout(e, sampler.policy_version) for e in episodes]
+
+
+def _turn_budget(e: _Episode, limits: EpisodeLimits) -> int:
+    """New tokens this episode's next turn may take (its context is below `max_total_tokens`)."""
+    return min(limits.max_tokens_per_turn, limits.max_total_tokens - len(e.context))
 
 
 def _turn_params(params: SamplingParams, budget: int, turn: int) -> SamplingParams:
     seed = None if params.seed is None else derive_seed(params.seed, "turn", turn)
-    return SamplingParams(
-        1, params.temperature, params.top_p, params.top_k, max(budget, 1), params.stop, seed
-    )
+    return SamplingParams(1, params.temperature, params.top_p, params.top_k, budget, params.stop, seed)
 
 
 def _take_turn(e: _Episode, out: Rollout, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -138,6 +148,7 @@ def _take_turn(e: _Episode, out: Rollout, tokenizer: PreTrainedTokenizerBase) ->
     e.logprobs += out.sampler_logprobs
     e.turns.append((start, len(e.response_ids)))
     text = tokenizer.decode(out.response_ids, skip_special_tokens=True)
+    e.replies.append(text)
     if not text.strip() or out.finish_reason == "length":
         e.metrics["episode/void_turns"] = e.metrics.get("episode/void_turns", 0.0) + 1
     return text
@@ -145,14 +156,14 @@ def _take_turn(e: _Episode, out: Rollout, tokenizer: PreTrainedTokenizerBase) ->
 
 def _apply(
     e: _Episode,
-    out: Rollout,
     text: str,
+    ended: bool,
     result: StepResult,
     render: _ObservationRenderer,
-    tokenizer: PreTrainedTokenizerBase,
     limits: EpisodeLimits,
     turn: int,
 ) -> None:
+    """Record the environment's answer to a turn (`ended`: the turn stopped on an eos token)."""
     e.messages.append({"role": "assistant", "content": text})
     e.turn_rewards.append(float(result.reward))
     for key, value in result.info.items():
@@ -163,7 +174,6 @@ def _apply(
     if turn + 1 >= limits.max_turns:
         e.done = e.truncated = True
         return
-    ended = bool(out.response_ids) and out.response_ids[-1] == tokenizer.eos_token_id
     obs_ids = render(result.messages, ended_with_eos=ended, tools=e.env.tools)
     e.messages += result.messages
     room = limits.max_total_tokens - len(e.context)
@@ -175,7 +185,7 @@ def _apply(
     e.logprobs += [0.0] * len(obs_ids)
 
 
-def _to_rollout(e: _Episode, version: int, tokenizer: PreTrainedTokenizerBase) -> Rollout:
+def _to_rollout(e: _Episode, version: int) -> Rollout:
     e.metrics["episode/turns"] = float(len(e.turns))
     e.metrics["episode/truncated"] = float(e.truncated)
     return Rollout(
@@ -185,7 +195,9 @@ def _to_rollout(e: _Episode, version: int, tokenizer: PreTrainedTokenizerBase) -
         prompt_len=len(e.prompt_ids),
         loss_mask=e.loss_mask,
         sampler_logprobs=e.logprobs,
-        response_text=tokenizer.decode(e.response_ids, skip_special_tokens=True),
+        # What text rewards score: the final assistant message, never the observations (a tool result
+        # holding the right number must not pass `math`'s last-number fallback). `messages` has it all.
+        response_text=e.replies[-1] if e.replies else "",
         finish_reason="length" if e.truncated else "stop",
         policy_version=version,
         turns=e.turns,
@@ -204,9 +216,11 @@ class _ObservationRenderer:
         {"role": "assistant", "content": _MARK},
     ]
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_ids: frozenset[int]) -> None:
         self.tokenizer = tokenizer
-        self.eos_text = tokenizer.eos_token or ""
+        # Longest first, so an eos whose text starts with another's is stripped whole.
+        texts = {tokenizer.decode([i]) for i in eos_ids}
+        self.eos_texts = sorted((t for t in texts if t), key=len, reverse=True)
         # Environments repeat themselves ("wrong", "higher") and a template render costs more than a
         # model's decode step on a tiny model: remember each distinct observation's ids for this renderer.
         self._seen: dict[str, list[int]] = {}
@@ -226,10 +240,11 @@ class _ObservationRenderer:
             raise ValueError(
                 "the chat template rewrites earlier turns when messages are added; cannot splice"
             )
-        # What follows the assistant content, e.g. "<eos>\n"; the model sampled the eos itself.
+        # What follows the assistant content, e.g. "<|im_end|>\n". A turn that stopped on any eos of the
+        # sampler's set has ended it already: the template's own end-of-turn token is not added again.
         closing = before[before.rindex(self._MARK) + len(self._MARK) :]
-        if ended_with_eos and closing.startswith(self.eos_text):
-            closing = closing[len(self.eos_text) :]
+        if ended_with_eos:
+            closing = next((closing[len(t) :] for t in self.eos_texts if closing.startswith(t)), closing)
         return self.tokenizer.encode(closing + after[len(before) :], add_special_tokens=False)
 
     def _render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
@@ -265,7 +280,7 @@ def demonstration_tokens(
         raise ValueError("multi-turn SFT needs a tokenizer with an eos token (it ends every assistant turn)")
     ids = _render_prompt(tokenizer, messages[:first], tools)
     mask = [0] * len(ids)
-    render = _ObservationRenderer(tokenizer)
+    render = _ObservationRenderer(tokenizer, frozenset([tokenizer.eos_token_id]))
     observation: list[Message] = []
     for message in messages[first:]:
         if message["role"] != "assistant":
