@@ -9,11 +9,15 @@ hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,20 +112,18 @@ def _summary(result: RunResult, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _train(ns: argparse.Namespace) -> int:
+def _train(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.loop import train
 
-    cfg = _config(ns)
     started = time.perf_counter()
     result = train(cfg, resume=bool(ns.resume))
     print(_summary(result, time.perf_counter() - started))
     return 0
 
 
-def _sft(ns: argparse.Namespace) -> int:
+def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.loop import train
 
-    cfg = _config(ns)
     cfg.sft.enabled = True
     cfg.run.steps = 0
     result = train(cfg)
@@ -130,12 +132,9 @@ def _sft(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(ns: argparse.Namespace) -> int:
+def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.loop import run_eval, setup_components
 
-    cfg = _config(ns)
-    if ns.model:
-        cfg.model.path = ns.model
     parts = setup_components(cfg)
     metrics = run_eval(parts, cfg)
     for key, value in metrics.items():
@@ -160,21 +159,62 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     ns = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
+    try:  # the recipe is checked before torch models and transformers load: a typo fails in a second
+        cfg = _config(ns)
+        if getattr(ns, "model", None):
+            cfg.model.path = ns.model
+    except ConfigError as e:
+        return _error(e)
     # Hone reports its own progress; transformers' per-shard bars would drown it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from hone.orchestration.loop import SetupError
+    from hone.orchestration.loop import RunInterrupted, SetupError
+    from hone.training.trainer import NonFiniteGradientError
 
     handlers = {"train": _train, "sft": _sft, "eval": _eval}
+    with _signals_interrupt() as received:
+        try:
+            return handlers[ns.command](ns, cfg)
+        except (ConfigError, SetupError, NonFiniteGradientError) as e:
+            return _error(e)
+        except (RunInterrupted, KeyboardInterrupt) as e:
+            if os.environ.get("HONE_DEBUG"):
+                raise
+            print(f"hone: {e or 'interrupted'}", file=sys.stderr)
+            return 128 + received.get("signal", signal.SIGINT)
+
+
+def _error(e: Exception) -> int:
+    if os.environ.get("HONE_DEBUG"):
+        raise e
+    # One line, even when a message (a user's reward or plugin error) spans several.
+    line = "; ".join(part.strip() for part in str(e).splitlines() if part.strip())
+    print(f"hone: error: {line}", file=sys.stderr)
+    return 2
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[dict[str, int]]:
+    """SIGINT and SIGTERM (a scheduler's or `kill`'s stop) both raise KeyboardInterrupt, so either ends a
+    run the same way: one line saying where it stopped. The signal received is recorded for the exit code
+    (128 + signal, the shell's convention)."""
+    received: dict[str, int] = {}
+
+    def interrupt(signum: int, _frame: object) -> None:
+        received["signal"] = signum
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield received
+        return
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return handlers[ns.command](ns)
-    except (ConfigError, SetupError) as e:
-        if os.environ.get("HONE_DEBUG"):
-            raise
-        print(f"hone: error: {e}", file=sys.stderr)
-        return 2
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

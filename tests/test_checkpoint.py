@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hone.training.checkpoint import Checkpointer
+from hone.training.checkpoint import Checkpointer, damage
 from hone.training.policy import LoraSettings, Policy
 from tests.conftest import tiny_qwen2
 
@@ -157,3 +157,35 @@ def test_crash_mid_save_leaves_previous_checkpoint_latest(
         ckpt.save(2, policy, opt, sched, {})
     assert (tmp_path / "checkpoints" / ".tmp-step-2" / "optimizer.pt").exists()
     assert ckpt.latest() == tmp_path / "checkpoints" / "step-1"
+
+
+def _cut_short(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("file", "problem"),
+    [
+        ("model/model.safetensors", "model/model.safetensors: "),
+        ("optimizer.pt", "optimizer.pt: "),
+        ("rng.pt", "rng.pt: "),
+        ("state.json", "state.json: "),
+    ],
+)
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, file: str, problem: str
+) -> None:
+    policy = _new_policy(0)
+    opt, sched = _trainer(policy)
+    ckpt = Checkpointer(tmp_path)
+    first, second = ckpt.save(1, policy, opt, sched, {}), ckpt.save(2, policy, opt, sched, {})
+    assert damage(second) is None and ckpt.latest_intact() == second
+    _cut_short(second / file)
+    assert ckpt.latest() == second  # complete by name: only reading the files shows the damage
+    assert ckpt.latest_intact() == first
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"checkpoint {second} is damaged ({problem}")
+    assert warning.endswith("; trying the one before")
+    _cut_short(first / file)
+    with pytest.raises(ValueError, match=r"every checkpoint in .* is damaged"):
+        ckpt.latest_intact()

@@ -1,13 +1,25 @@
-"""The `hone` command: help, error lines, sft and eval subcommands (in-process, tiny model)."""
+"""The `hone` command: help, error lines, sft and eval subcommands, failed starts, damaged checkpoints,
+interrupts (in-process where possible, tiny model)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hone.cli import _parse, main
+from hone.orchestration import loop
+from hone.training.checkpoint import Checkpointer, damage
+
+REPO = Path(__file__).parents[1]
 
 
 def test_help_lists_recipes_and_main_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,3 +113,186 @@ def test_unknown_option_is_an_argparse_error(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         _parse(["eval", "smollm2-math", "--modle", "m"])
     assert "unrecognized arguments: --modle" in capsys.readouterr().err
+
+
+def tiny_run(root: Path, model_dir: Path, name: str = "r", **extra: object) -> list[str]:
+    """Overrides for a run of a few seconds: micro model, 2 prompts x 2 samples, no SFT, no TensorBoard."""
+    base = {
+        "run.dir": root,
+        "run.name": name,
+        "run.threads": 1,
+        "run.time_limit_s": "null",
+        "run.steps": 2,
+        "run.save_every": 1,
+        "run.eval_every": 0,
+        "model.path": model_dir,
+        "data.train_size": 16,
+        "data.eval_size": 4,
+        "data.prompts_per_step": 2,
+        "rollout.n": 2,
+        "rollout.max_new_tokens": 4,
+        "sft.enabled": "false",
+        "logging.progress": "false",
+        "logging.tensorboard": "false",
+    }
+    return [f"{k}={v}" for k, v in (base | extra).items()]
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hone: error: "), err
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, micro_model_dir: Path) -> Path:
+    """A 2-step run with checkpoints step-1 and step-2; tests copy it before changing anything."""
+    root = tmp_path_factory.mktemp("finished")
+    assert main(["train", *tiny_run(root, micro_model_dir, "base")]) == 0
+    return root / "base"
+
+
+@pytest.fixture
+def run_copy(finished_run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_config_error_exits_before_transformers_or_the_loop_is_imported() -> None:
+    probe = (
+        "import sys; from hone.cli import main; code = main(['train', 'algorithm.advantge=rloo']); "
+        "print(code, [m for m in ('transformers', 'hone.orchestration.loop') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split("\n")[0] == "2 []", done.stdout + done.stderr
+    assert "algorithm.advantge: unknown key" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "spec", "message"),
+    [
+        ("reward.fn", "h7_broken_user_module:score", "cannot be imported: SyntaxError: "),
+        (
+            "env.name",
+            "h7_broken_user_module:Env",
+            "cannot import 'Env' from 'h7_broken_user_module': SyntaxError",
+        ),
+    ],
+)
+def test_user_module_that_fails_to_import_is_one_line_and_leaves_no_run_dir(
+    tmp_path: Path,
+    micro_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    spec: str,
+    message: str,
+) -> None:
+    (tmp_path / "h7_broken_user_module.py").write_text("def score(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir), f"{key}={spec}"]) == 2
+    assert message in _one_error_line(capsys)
+    assert not (tmp_path / "r").exists()  # no stray config.yaml (nor an empty run directory)
+
+
+def test_model_directory_without_tokenizer_fails_at_set_up(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = Path(shutil.copytree(micro_model_dir, tmp_path / "model"))
+    for file in model.glob("tokenizer*"):
+        file.unlink()
+    assert main(["train", *tiny_run(tmp_path, model)]) == 2
+    line = _one_error_line(capsys)
+    assert f"model {model}: no usable tokenizer" in line and "it has none of tokenizer.json" in line
+    assert not (tmp_path / "r").exists()  # not even a metrics.jsonl from a start eval
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.path=./missing-model", "model directory not found: ./missing-model"),  # fails in set-up
+        ("model.lora.r=4", "cannot resume from"),  # set-up succeeds; the checkpoint does not fit
+    ],
+)
+def test_a_failed_resume_leaves_the_run_as_it_was(
+    run_copy: Path, capsys: pytest.CaptureFixture[str], override: str, message: str
+) -> None:
+    before = _snapshot(run_copy)
+    assert main(["train", "--resume", str(run_copy), override]) == 2
+    assert message in _one_error_line(capsys)
+    assert _snapshot(run_copy) == before  # config.yaml above all: the next plain --resume must work
+    assert main(["train", "--resume", str(run_copy), "run.steps=3"]) == 0
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
+    run_copy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    weights = run_copy / "checkpoints" / "step-2" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    assert main(["train", "--resume", str(run_copy), "run.steps=3"]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    damaged = [w for w in warnings if "damaged" in w]
+    assert len(damaged) == 1 and damaged[0].startswith(
+        f"checkpoint {weights.parents[1]} is damaged (model/model.safetensors: "
+    )
+    steps = [json.loads(line)["step"] for line in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]  # resumed from step 1: step 2 redone, its old row dropped
+    assert damage(weights.parents[1]) is None  # step 2 was saved again, whole
+    assert Checkpointer(run_copy).latest_intact() == run_copy / "checkpoints" / "step-3"
+
+
+def test_ctrl_c_is_one_line_saying_where_and_how_to_resume(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real_step = loop.rl_step
+
+    def step_until_interrupted(step: int, *args: object, **kwargs: object) -> dict[str, float]:
+        if step == 2:  # steps 1 and 2 (0-based 0 and 1) are done and checkpointed
+            raise KeyboardInterrupt
+        return real_step(step, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "rl_step", step_until_interrupted)
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir, **{"run.steps": 5})]) == 130
+    run = tmp_path / "r"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"hone: interrupted at step 2; last checkpoint step 2; resume with `hone train --resume {run}`"
+    ]
+    monkeypatch.setattr(loop, "rl_step", real_step)
+    assert main(["train", "--resume", str(run), "run.steps=3"]) == 0
+    assert Checkpointer(run).latest() == run / "checkpoints" / "step-3"
+
+
+@pytest.fixture
+def running_cli(tmp_path: Path, micro_model_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    args = tiny_run(tmp_path, micro_model_dir, **{"run.steps": 10_000, "run.save_every": 0})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hone.cli", "train", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_ends_a_run_like_ctrl_c(tmp_path: Path, running_cli: subprocess.Popen[str]) -> None:
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and '"step": 1' in metrics.read_text()):  # mid-run: step 1 is logged
+        assert time.monotonic() < deadline and running_cli.poll() is None, "the run never reached step 1"
+        time.sleep(0.05)
+    running_cli.send_signal(signal.SIGTERM)
+    _, err = running_cli.communicate(timeout=60)
+    assert running_cli.returncode == 128 + signal.SIGTERM, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hone: interrupted at step ") and "no checkpoint yet" in last, err
+    assert "Traceback" not in err

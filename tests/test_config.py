@@ -166,3 +166,10 @@ def test_evaluate_refuses_pass_at_k_beyond_n_before_sampling() -> None:
     # Nothing is sampled: the sampler, tokenizer and reward are never touched.
     with pytest.raises(ValueError, match=r"got k=\[1, 8\], n=1"):
         evaluate(None, None, [], None, SamplingParams(n=1), ks=[1, 8])  # type: ignore[arg-type]
+
+
+def test_override_below_a_null_section_fills_it(tmp_path: Path) -> None:
+    saved = tmp_path / "config.yaml"  # what a run directory holds: `lora: null` written out
+    saved.write_text(load_config().to_yaml())
+    cfg = load_config(saved, ["model.lora.r=4"])
+    assert cfg.model.lora is not None and cfg.model.lora.r == 4

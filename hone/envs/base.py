@@ -112,8 +112,10 @@ def resolve_env(spec: str) -> Callable[..., Environment]:
     module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"environment {spec!r}: cannot import {attr!r} from {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a missing name, or the user's module failing in any way as it is imported
+        raise ValueError(
+            f"environment {spec!r}: cannot import {attr!r} from {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(target):
         raise ValueError(f"environment {spec!r} is a {type(target).__name__}, not a class or factory")
     return target

@@ -312,9 +312,7 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     return result
 
 
-def _restore(
-    checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer
-) -> dict[str, Any]:
+def _restore(checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer) -> dict[str, Any]:
     """Load checkpoint `path` into the policy and trainer; one-line `SetupError` when it does not fit
     (an override changed the model, LoRA or optimizer) or is damaged past what `damage` catches."""
     try:

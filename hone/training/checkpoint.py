@@ -8,17 +8,22 @@ the previous one instead of loading half-written tensors.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 
 from hone.training.policy import Policy
+
+log = logging.getLogger("hone")
 
 CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
@@ -67,6 +72,32 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def damage(path: Path) -> str | None:
+    """What makes checkpoint `path` unloadable, found cheaply (headers and directories, no tensors
+    read), or None. Truncation is what this catches: every safetensors file must cover the length its
+    header declares, every `.pt` (a zip archive) must have its central directory, state.json must parse."""
+    try:
+        json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"state.json: {e}"
+    weights = sorted((path / MODEL_DIR).rglob("*.safetensors"))
+    if not weights:
+        return f"no *.safetensors under {MODEL_DIR}/"
+    for file in weights:
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except (OSError, SafetensorError) as e:
+            return f"{file.relative_to(path)}: {e}"
+    for file in sorted(path.glob("*.pt")):
+        try:
+            with zipfile.ZipFile(file):
+                pass
+        except (OSError, zipfile.BadZipFile) as e:
+            return f"{file.name}: {e}"
+    return None
+
+
 class Checkpointer:
     """Saves `run_dir/checkpoints/step-N/` and restores from it; keeps only the newest `keep_last` if set.
 
@@ -95,6 +126,20 @@ class Checkpointer:
         """The newest complete checkpoint, or None. Temp and half-deleted directories are never returned."""
         found = self._complete()
         return found[-1][1] if found else None
+
+    def latest_intact(self) -> Path | None:
+        """The newest complete checkpoint whose files are whole, warning about each damaged one skipped
+        (a disk filled or a copy cut short after the rename): resuming from the one before is what a kill
+        mid-save gives, so the run loses steps, not weights. `ValueError` when every checkpoint is damaged."""
+        found = self._complete()
+        for _, path in reversed(found):
+            problem = damage(path)
+            if problem is None:
+                return path
+            log.warning("checkpoint %s is damaged (%s); trying the one before", path, problem)
+        if found:
+            raise ValueError(f"every checkpoint in {self.root} is damaged; move them away to start over")
+        return None
 
     def save(
         self,
