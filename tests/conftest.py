@@ -10,8 +10,22 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hone.models import build_tiny_model
+from hone.rewards import sandbox
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def sandbox_unavailable(isolation: sandbox.Isolation = "auto") -> str | None:
+    """Why the code sandbox cannot run here in `isolation` mode (what to install), or None."""
+    try:
+        sandbox._interpreter(None, sandbox.resolve_isolation(isolation))
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+# For tests that run programs in the sandbox: skipped, with what to install, on a machine without one.
+needs_sandbox = pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable()))
 
 
 def tiny_qwen2(*, train_mode: bool = False, **config: Any) -> transformers.Qwen2ForCausalLM:

@@ -22,6 +22,7 @@ from hone.envs import (
     sql_tool,
 )
 from hone.types import Sample
+from tests.conftest import needs_sandbox
 
 
 def lookup(city: str, days: int = 1, metric: bool | None = None) -> str:
@@ -257,6 +258,7 @@ def test_search_no_match():
 # --- python (sandboxed) ---
 
 
+@needs_sandbox
 def test_python_tool_runs_in_the_sandbox():
     tool = python_tool(timeout_s=5)
     assert run_tool(tool, {"code": "print(6 * 7)"}).strip() == "42"
@@ -265,6 +267,7 @@ def test_python_tool_runs_in_the_sandbox():
     assert run_tool(tool, {"code": "x = 1"}) == "(no output)"
 
 
+@needs_sandbox
 def test_python_tool_timeout_note():
     out = run_tool(
         python_tool(timeout_s=0.5), {"code": "import time\nprint('start', flush=True)\ntime.sleep(30)"}

@@ -10,6 +10,7 @@ import pytest
 from hone.rewards import REWARDS, code_reward, extract_code
 from hone.rewards.code import normalize_output, run_tests
 from hone.types import Rollout, Sample
+from tests.conftest import needs_sandbox
 
 ADD = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 IO_TESTS = [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4", "output": "6"}]
@@ -38,6 +39,7 @@ def test_extract_code_takes_the_last_python_block(response: str, expected: str |
     assert extract_code(response) == expected
 
 
+@needs_sandbox
 def test_stdin_stdout_tests_pass_and_fail() -> None:
     assert code_reward(ADD, IO_TESTS) == 1.0
     wrong = ADD.replace("a + b", "a - b")
@@ -47,6 +49,7 @@ def test_stdin_stdout_tests_pass_and_fail() -> None:
     assert code_reward(half, IO_TESTS, mode="all") == 0.0
 
 
+@needs_sandbox
 def test_output_comparison_ignores_trailing_whitespace_only() -> None:
     assert normalize_output("1 2  \n3\t\n\n\n") == "1 2\n3"
     assert (
@@ -55,6 +58,7 @@ def test_output_comparison_ignores_trailing_whitespace_only() -> None:
     assert code_reward(respond("print(' 3')"), [{"input": "", "output": "3"}]) == 0.0  # leading space counts
 
 
+@needs_sandbox
 def test_a_correct_program_with_a_long_output_passes() -> None:
     expected = "\n".join(map(str, range(20_000)))  # ~109 KB, above the sandbox's default output cap
     assert (
@@ -63,6 +67,7 @@ def test_a_correct_program_with_a_long_output_passes() -> None:
     )
 
 
+@needs_sandbox
 def test_a_crash_or_timeout_fails_the_test_even_with_the_right_output() -> None:
     crash = respond("print(3)\nraise SystemExit(1)")
     assert code_reward(crash, [{"input": "", "output": "3"}]) == 0.0
@@ -70,6 +75,7 @@ def test_a_crash_or_timeout_fails_the_test_even_with_the_right_output() -> None:
     assert code_reward(slow, [{"input": "", "output": "3"}], timeout_s=0.5) == 0.0
 
 
+@needs_sandbox
 def test_assert_tests_run_after_the_program_in_its_namespace() -> None:
     assert code_reward(FN, ASSERTS) == 1.0
     assert code_reward(FN.replace("a + b", "a * b"), ASSERTS, mode="fraction") == 0.0
@@ -81,6 +87,7 @@ def test_assert_tests_run_after_the_program_in_its_namespace() -> None:
     ]
 
 
+@needs_sandbox
 @pytest.mark.parametrize(
     "hack",
     [
@@ -98,6 +105,7 @@ def test_assert_harness_gives_nothing_for_reward_hacks(hack: str) -> None:
     assert code_reward(respond("def add(a, b):\n    return 7\n" + hack), ASSERTS, mode="fraction") == 0.0
 
 
+@needs_sandbox
 def test_a_program_calling_sys_exit_0_still_faces_its_tests() -> None:
     program = "def add(a, b):\n    return a + b\nimport sys\nsys.exit(0)"
     assert code_reward(respond(program), ASSERTS) == 1.0
@@ -115,6 +123,7 @@ def test_malformed_tests_are_rejected_with_their_index() -> None:
         code_reward(ADD, [])
 
 
+@needs_sandbox
 def test_registered_code_reward_reads_tests_from_sample_meta() -> None:
     reward = REWARDS["code"](mode="fraction")
     rollout = Rollout("s", 0, [1, 2], 1, [1], [0.0], response_text=ADD)

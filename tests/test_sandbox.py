@@ -11,7 +11,10 @@ alone; README "Reward sandbox" states that limit of `process` mode.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -22,6 +25,7 @@ import pytest
 
 from hone.rewards import sandbox
 from hone.rewards.sandbox import SANDBOX_UID_BASE, SandboxOptions, run_python
+from tests.conftest import needs_sandbox, sandbox_unavailable
 
 MARGIN_S = 3.0  # interpreter start + kill + cleanup, generous for a loaded 2-core CI machine
 MODES = [
@@ -31,24 +35,16 @@ MODES = [
     pytest.param(
         "process",
         marks=pytest.mark.skipif(
-            os.geteuid() != 0
-            or not (sandbox._runnable_by_others(sandbox._python()) or os.path.exists("/usr/bin/python3")),
-            reason="process mode isolates the trainer only as root, with an interpreter other uids can run",
+            os.geteuid() != 0 or sandbox_unavailable("process") is not None,
+            reason=sandbox_unavailable("process") or "process mode isolates the trainer only as root",
         ),
     ),
 ]
 BWRAP = [MODES[0]]
-
-
-# Process mode drops root to another uid, which must be able to run the interpreter.
-PROCESS_PYTHON = None if sandbox._runnable_by_others(sandbox._python()) else "/usr/bin/python3"
+PROCESS = [MODES[1]]
 
 
 def run(code: str, mode: str, timeout_s: float = 5, **kw: object) -> sandbox.SandboxResult:
-    if mode == "process" and PROCESS_PYTHON:
-        kw["limits"] = SandboxOptions(
-            **{**vars(kw.get("limits") or SandboxOptions()), "python": PROCESS_PYTHON}
-        )
     started = time.monotonic()
     result = run_python(textwrap.dedent(code), timeout_s=timeout_s, isolation=mode, **kw)  # type: ignore[arg-type]
     assert time.monotonic() - started < timeout_s + MARGIN_S
@@ -302,6 +298,7 @@ def test_filling_the_disk_stops_at_the_sandbox_quota(mode: str) -> None:
     assert 0 < int(result.stdout) <= 2 * 8  # megabytes: two 8 MB tmpfs, and nothing more
 
 
+@needs_sandbox
 def test_concurrency_is_bounded_by_the_slot_pool() -> None:
     sandbox.set_max_concurrency(2)
     try:
@@ -340,3 +337,134 @@ def test_isolation_bwrap_fails_loudly_where_bubblewrap_is_missing(
     with pytest.raises(RuntimeError, match="bubblewrap is not installed"):
         run_python("print(1)", isolation="bwrap")
     assert sandbox.resolve_isolation("auto") == "process"
+
+
+# --- a fresh machine: root, no bubblewrap, the trainer's Python under a private home ---
+
+
+@pytest.fixture
+def private_trainer_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Pretend the trainer's interpreter sits in a 0700 directory (a pyenv under /root)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    fake = home / "python3"
+    fake.write_text("")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "_base_executable", str(fake))
+    sandbox._shared_python.cache_clear()
+    yield str(fake)
+    sandbox._shared_python.cache_clear()
+
+
+@pytest.mark.parametrize("mode", PROCESS)
+def test_a_private_trainer_python_falls_back_once_to_one_every_uid_can_run(
+    mode: str, private_trainer_python: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for _ in range(2):
+        result = run("import sys; print(sys.executable)", mode)
+        assert result.exit_code == 0, result.stderr
+        used = result.stdout.strip()
+        assert used != private_trainer_python and os.path.realpath(used).startswith("/usr/")
+    warnings = [r for r in caplog.records if "private directory" in r.getMessage()]
+    assert len(warnings) == 1 and used in warnings[0].getMessage()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops to an unprivileged uid")
+def test_no_interpreter_other_uids_can_run_is_one_clear_error_at_setup(
+    private_trainer_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hone.rewards.code import code
+
+    if not sandbox._can_switch_uid():
+        pytest.skip("root cannot switch uid here (rootless container)")
+    monkeypatch.setattr(sandbox, "_SHARED_PYTHON_DIRS", (str(tmp_path / "empty"),))
+    with pytest.raises(
+        RuntimeError, match=r"install bubblewrap \(apt-get install bubblewrap\) or a system python3"
+    ):
+        code(isolation="process")
+
+
+# --- sandboxed programs never outlive the trainer ---
+
+# The program leaves three processes whose command line carries `marker`: itself, a child in its
+# process group, and a daemon that left the session (setsid + double fork).
+SPAWN_THREE = """
+import os, sys
+def park():
+    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", {marker!r}])
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        park()
+    os._exit(0)
+if os.fork() == 0:
+    park()
+park()
+"""
+
+# A trainer that calls the sandbox from a worker thread (as reward scoring and tools do). It loads
+# sandbox.py alone: importing `hone` would cost seconds of torch.
+TRAINER = """
+import importlib.util, sys
+from concurrent.futures import ThreadPoolExecutor
+spec = importlib.util.spec_from_file_location("sandbox", {path!r})
+sandbox = importlib.util.module_from_spec(spec)
+sys.modules["sandbox"] = sandbox
+spec.loader.exec_module(sandbox)
+with ThreadPoolExecutor(1) as pool:
+    pool.submit(sandbox.run_python, {program!r}, timeout_s=60, isolation={mode!r}).result()
+"""
+
+
+def live_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in cmdline.split(b"\0") and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sandboxed_programs_and_their_descendants_die_with_a_killed_trainer(mode: str) -> None:
+    marker = f"hone-test-{uuid.uuid4().hex}"
+    program = SPAWN_THREE.format(marker=marker)
+    script = TRAINER.format(path=sandbox.__file__, program=program, mode=mode)
+    trainer = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while len(live_with(marker)) < 3 and time.monotonic() < deadline and trainer.poll() is None:
+            time.sleep(0.05)
+        assert len(live_with(marker)) == 3
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 3.0
+    while (left := live_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:  # don't leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+@pytest.mark.parametrize("mode", PROCESS)
+@pytest.mark.parametrize("ends", ["exits", "times out"])
+def test_the_watchdog_alone_kills_every_descendant_after_the_call(
+    mode: str, ends: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What holds for a trainer that is not root, where no dedicated uid is cleaned up after the call."""
+    monkeypatch.setattr(sandbox, "_kill_uid", lambda uid: None)
+    marker = f"hone-test-{uuid.uuid4().hex}"
+    program = SPAWN_THREE.format(marker=marker)
+    if ends == "exits":
+        program = program.rsplit("park()", 1)[0] + "print('done')\n"
+    result = run(program, mode, timeout_s=1)
+    left = live_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert (result.stdout, result.timed_out) == (("done\n", False) if ends == "exits" else ("", True))
+    assert left == []

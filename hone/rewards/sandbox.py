@@ -13,13 +13,17 @@ Two layers, both real OS mechanisms:
   files, core dumps off, number of processes. When the trainer runs as root, the program runs as a
   dedicated unprivileged uid per concurrent slot (`SANDBOX_UID_BASE + slot`), so files private to the
   trainer's user are unreadable, signals to the trainer fail with EPERM, `RLIMIT_NPROC` applies
-  (the kernel ignores it for root), and stragglers of that uid are killed after every call.
+  (the kernel ignores it for root), and stragglers of that uid are killed after every call. In
+  process mode a watchdog between the trainer and the program (see `_BOOT`) kills every descendant
+  of the program when the call ends or the trainer dies, however it dies. If the unprivileged uid
+  cannot run the trainer's interpreter (a pyenv under a private home), a system `python3` runs it.
 * **Namespaces via bubblewrap** (`isolation="bwrap"`, the default when `bwrap` works on the machine):
   new PID, network, IPC, UTS, mount (and, unprivileged, user) namespaces. The program sees a
   read-only `/usr` + the Python install, a fresh `/proc` showing only its own processes, no network
   but its own loopback, and size-capped tmpfs at `/work` (its cwd) and `/tmp`; nothing of `/home`,
   `/root` or the project. When the call ends, the PID namespace dies and takes every descendant with
-  it, whatever `setsid`/double-fork tricks the program played.
+  it, whatever `setsid`/double-fork tricks the program played; `--die-with-parent` ends it with the
+  trainer.
 
 Without bubblewrap (`isolation="process"`) only the first layer holds: the program can read files its
 uid can read, write to world-writable directories (`/tmp`), open network connections, and, when the
@@ -30,6 +34,7 @@ logs a warning once when it falls back. See README "Reward sandbox" for the tabl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -48,21 +53,92 @@ logger = logging.getLogger(__name__)
 
 Isolation = Literal["auto", "bwrap", "process"]
 SANDBOX_UID_BASE = 1_960_000_000  # far above any real account; one uid per concurrent slot
+_PROBE_UID = SANDBOX_UID_BASE - 1  # set-up probes: never a slot's uid, so no call's cleanup kills them
+# Process isolation as root: where to look for an interpreter every uid can run (see _shared_python).
+_SHARED_PYTHON_DIRS = ("/usr/local/bin", "/usr/bin")
+_MIN_SANDBOX_PYTHON = (3, 9)  # the boot code's os.waitstatus_to_exitcode
 _KILL_MARGIN_S = 0.5  # extra wall time granted for interpreter start before the kill
 _MAX_READ = 1 << 20
 
 # Runs inside the sandbox, before any untrusted code: limits and privileges can only go down from
 # here. `cfg` arrives as argv[1]. The program's source is read from a file in the working directory.
+# Process mode: this process stays behind as the program's watchdog, so that nothing the program
+# started outlives the trainer, even a SIGKILLed one (under bwrap, --die-with-parent and the PID
+# namespace do that). The kernel tells it of the trainer's death (PR_SET_PDEATHSIG; it fires when the
+# *thread* that spawned it exits, and that thread is blocked in run_python until the call is over). As
+# a child subreaper it inherits every orphaned descendant (setsid + double fork included), so it can
+# kill them all: when the trainer dies, when the trainer ends the call (SIGTERM), and when the program
+# exits. The program itself gets SIGKILL when the watchdog dies.
 _BOOT = r"""
-import json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-for name, value in cfg["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), (value, value))
-if cfg["uid"] is not None and os.getuid() == 0:
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-del cfg, json, resource
+import os, sys
+
+
+def _boot():
+    import json, resource, signal
+    cfg = json.loads(sys.argv[1])
+    PDEATHSIG, SUBREAPER = 1, 36
+
+    def live_children():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError, ValueError):
+                continue
+            if int(ppid) == watchdog and state != "Z":
+                found.append(int(pid))
+        return found
+
+    def end(status):
+        # Killed ones' orphans become our children: repeat until none lives. Reap only then: a zombie
+        # holds its RLIMIT_NPROC slot, so a fork bomb cannot refill the ranks meanwhile.
+        while kids := live_children():
+            for pid in kids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+        code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
+        if code < 0:  # died of a signal: so do we, and the trainer sees which
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(watchdog, -code)
+        os._exit(code if code >= 0 else 128 - code)
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    watchdog = os.getpid()
+    if cfg["trainer"] is not None:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(SUBREAPER, 1, 0, 0, 0)
+        signal.signal(signal.SIGTERM, lambda *_: end(None))
+        prctl(PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != cfg["trainer"]:  # it died before prctl
+            end(None)
+        program = os.fork()
+        if program:
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # stdin is the program's alone
+            end(os.waitpid(program, 0)[1])
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for name, value in cfg["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    if cfg["uid"] is not None and os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(cfg["uid"])
+        os.setuid(cfg["uid"])
+    if cfg["trainer"] is not None:
+        prctl(PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+        if os.getppid() != watchdog:
+            os._exit(128 + signal.SIGKILL)
+
+
+_boot()
+del _boot
 sys.argv = ["solution.py"]
 __file__ = "solution.py"
 with open("solution.py") as f:
@@ -195,12 +271,7 @@ def run_python(
     overrides = {"timeout_s": timeout_s, "memory_mb": memory_mb}
     limits = SandboxOptions(**{**vars(limits), **{k: v for k, v in overrides.items() if v is not None}})
     mode = resolve_isolation(isolation)
-    if mode == "process" and _can_switch_uid() and not _runnable_by_others(_python(limits)):
-        raise RuntimeError(
-            f"process isolation drops root to an unprivileged uid, which cannot run {_python(limits)} "
-            "(a parent directory is private); pass an interpreter other users can run "
-            "(e.g. python='/usr/bin/python3'), or install bubblewrap"
-        )
+    limits = dataclasses.replace(limits, python=_interpreter(limits.python, mode))
     slot = _slots.acquire()
     try:
         return _run(code, stdin, limits, mode, slot)
@@ -208,11 +279,78 @@ def run_python(
         _slots.release(slot)
 
 
-def _python(options: SandboxOptions | None = None) -> str:
-    """The base interpreter (a venv's python is a symlink into a prefix the sandbox may not see)."""
-    if options is not None and options.python:
-        return os.path.realpath(shutil.which(options.python) or options.python)
+def _python(name: str | None = None) -> str:
+    """`name` (a path or a command on PATH), else the base interpreter (a venv's python is a symlink
+    into a prefix the sandbox may not see)."""
+    if name:
+        return os.path.realpath(shutil.which(name) or name)
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def _interpreter(python: str | None, mode: str) -> str:
+    """The interpreter the program runs under. Process isolation as root runs it as an unprivileged
+    uid, which cannot run the trainer's own when that sits under a private directory (a pyenv in a
+    0700 /root); bwrap re-creates the parents with open modes, so it can."""
+    chosen = _python(python)
+    if mode == "bwrap" or not _can_switch_uid() or _runnable_by_others(chosen):
+        return chosen
+    if python is None:
+        return _shared_python()
+    raise RuntimeError(
+        f"process isolation drops root to an unprivileged uid, which cannot run {chosen} "
+        "(a parent directory is private); pass an interpreter other users can run "
+        "(e.g. python='/usr/bin/python3'), or install bubblewrap"
+    )
+
+
+@functools.cache
+def _shared_python() -> str:
+    """An interpreter every uid can run, preferring the trainer's Python version; warns once.
+    Only the sandbox's own boot code and the code reward's harness (stdlib only) must run on it."""
+    own = _python()
+    names = [f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"]
+    for path in [os.path.realpath(os.path.join(d, n)) for n in names for d in _SHARED_PYTHON_DIRS]:
+        if not (os.path.isfile(path) and _runnable_by_others(path)):
+            continue
+        version = _version_for_others(path)
+        if version is not None and version >= _MIN_SANDBOX_PYTHON:
+            logger.warning(
+                "the trainer's Python (%s) is under a private directory that the sandbox's unprivileged "
+                "uid cannot enter: sandboxed programs run under %s (Python %d.%d, its own site-packages) "
+                "instead. Install bubblewrap to run them under the trainer's Python.",
+                own,
+                path,
+                *version,
+            )
+            return path
+    minimum = ".".join(map(str, _MIN_SANDBOX_PYTHON))
+    raise RuntimeError(
+        f"the code sandbox cannot run here: without bubblewrap it drops root to an unprivileged uid, which "
+        f"cannot run {own} (a parent directory is private), and no python3 >= {minimum} other users can "
+        f"run is in {' or '.join(_SHARED_PYTHON_DIRS)}; install bubblewrap (apt-get install bubblewrap) "
+        "or a system python3 (apt-get install python3)"
+    )
+
+
+def _version_for_others(path: str) -> tuple[int, int] | None:
+    """The (major, minor) of `path` when the sandbox's unprivileged uid can really start it."""
+    probe = [path, "-I", "-S", "-c", "import sys; print(*sys.version_info[:2])"]
+    try:
+        done = subprocess.run(
+            probe,
+            user=_PROBE_UID,
+            group=_PROBE_UID,
+            extra_groups=[],
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    fields = done.stdout.split()
+    if done.returncode != 0 or len(fields) != 2 or not all(f.isdigit() for f in fields):
+        return None
+    return int(fields[0]), int(fields[1])
 
 
 def _runnable_by_others(path: str) -> bool:
@@ -230,7 +368,7 @@ def _can_switch_uid() -> bool:
     if os.geteuid() != 0:
         return False
     try:
-        uid = SANDBOX_UID_BASE
+        uid = _PROBE_UID
         subprocess.run(["true"], user=uid, group=uid, extra_groups=[], check=True, capture_output=True)
         return True
     except (OSError, subprocess.CalledProcessError):
@@ -305,8 +443,9 @@ def _env(home: str) -> dict[str, str]:
 
 
 def _command(workdir: str, limits: SandboxOptions, mode: str, uid: int | None) -> list[str]:
-    cfg = json.dumps({"rlimits": _rlimits(limits), "uid": uid})
-    python = [_python(limits), "-I", "-c", _BOOT, cfg]
+    trainer = os.getpid() if mode == "process" else None
+    cfg = json.dumps({"rlimits": _rlimits(limits), "uid": uid, "trainer": trainer})
+    python = [_python(limits.python), "-I", "-c", _BOOT, cfg]
     if mode == "process":
         return python
     env = [arg for key, value in _env("/work").items() for arg in ("--setenv", key, value)]
@@ -360,7 +499,7 @@ def _execute(workdir: str, stdin: str, limits: SandboxOptions, mode: str, uid: i
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _kill_group(proc)
+            _kill_group(proc, mode)
             feeder.join(timeout=1.0)
         duration = time.monotonic() - start
         stdout, cut_out = _read(out, limits.max_output_bytes)
@@ -380,7 +519,16 @@ def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
         pipe.close()
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], mode: str) -> None:
+    if mode == "process" and proc.poll() is None:
+        # The watchdog kills every descendant, also those that left the group. Freeze the group and
+        # wake the watchdog alone first: a fork bomb's spinning processes would starve it of CPU.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGSTOP)
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
     with contextlib.suppress(ProcessLookupError):  # its session: the program or bwrap, and their group
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
