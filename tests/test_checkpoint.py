@@ -1,17 +1,25 @@
-"""Checkpointer: full-state round trip, atomic visibility, pruning and LoRA resume."""
+"""Checkpointer: full-state round trip, atomic visibility, pruning, LoRA resume; a run's checkpoints keep
+their KL reference and survive non-finite gradients."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from hone.cli import main
+from hone.config import load_config
+from hone.orchestration import loop
+from hone.orchestration.components import load_reference
+from hone.orchestration.loop import SetupError, train
 from hone.training.checkpoint import Checkpointer, damage
-from hone.training.policy import LoraSettings, Policy
+from hone.training.policy import AdapterReference, LoraSettings, Policy, weights_digest
 from tests.conftest import tiny_qwen2
 
 
@@ -189,3 +197,103 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(
     _cut_short(first / file)
     with pytest.raises(ValueError, match=r"every checkpoint in .* is damaged"):
         ckpt.latest_intact()
+
+
+def _run(tmp_path: Path, model_dir: Path | str, **extra: object) -> list[str]:
+    base = {
+        "run.dir": str(tmp_path),
+        "run.name": "run",
+        "run.threads": 1,
+        "run.time_limit_s": "null",
+        "run.eval_every": 0,
+        "run.save_every": 1,
+        "model.path": str(model_dir),
+        "data.eval_size": 4,
+        "data.train_size": 16,
+        "data.prompts_per_step": 2,
+        "rollout.n": 2,
+        "rollout.max_new_tokens": 3,
+        "sft.enabled": "false",
+        "logging.progress": "false",
+        "logging.tensorboard": "false",
+        "reward.fn": "tests.rewards_for_tests:token_id_reward",
+        "algorithm.skip_zero_variance_groups": "false",
+    }
+    return [f"{k}={v}" for k, v in (base | extra).items()]
+
+
+def _perturbed_copy(model_dir: Path, out: Path) -> Path:
+    shutil.copytree(model_dir, out)
+    weights = load_file(str(out / "model.safetensors"))
+    save_file({k: v + 0.01 for k, v in weights.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def test_a_resumed_run_refuses_a_different_kl_reference(tmp_path: Path, micro_model_dir: Path) -> None:
+    other = _perturbed_copy(micro_model_dir, tmp_path / "other-model")
+    train(load_config(None, _run(tmp_path, micro_model_dir, **{"run.steps": 1, "algorithm.kl.coef": 0.1})))
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "step-1" / "state.json").read_text())
+    assert saved["reference"]["path"] == str(micro_model_dir) and len(saved["reference"]["sha256"]) == 64
+    same = load_config(None, _run(tmp_path, micro_model_dir, **{"run.steps": 2, "algorithm.kl.coef": 0.1}))
+    changed = same.model_copy(update={"model": same.model.model_copy(update={"path": str(other)})})
+    with pytest.raises(SetupError, match=r"trained against the reference .* but this run's reference is"):
+        train(changed, resume=True)
+    assert train(same, resume=True).steps == 2  # the same reference resumes
+
+
+def test_lora_reference_is_the_policy_itself_and_its_record_names_the_base(micro_model_dir: Path) -> None:
+    cfg = load_config(None, ["model.lora.r=4", "model.lora.alpha=8", f"model.path={micro_model_dir}"])
+    policy = Policy.from_pretrained(micro_model_dir, lora=LoraSettings(r=4, alpha=8))
+    ref, record = load_reference(cfg, policy, str(micro_model_dir), warm_started=False)
+    assert isinstance(ref, AdapterReference) and ref.model is policy.model and ref.adapter is None
+    assert record == {"path": str(micro_model_dir), "sha256": weights_digest(ref.weights())}
+    # The record is the base's content: training the adapter does not change it, a different base does.
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(1.0)
+    assert load_reference(cfg, policy, str(micro_model_dir), warm_started=False)[1] == record
+
+
+def test_lora_reference_after_a_warm_start_is_the_sft_adapter(tmp_path: Path, micro_model_dir: Path) -> None:
+    cfg = load_config(None, ["model.lora.r=4", "model.lora.alpha=8", f"model.path={micro_model_dir}"])
+    policy = Policy.from_pretrained(micro_model_dir, lora=LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_" in name:
+                param.normal_(0, 0.2)
+    sft_dir = policy.save_pretrained(tmp_path / "sft")  # what a warm start leaves
+    ids = torch.randint(3, 200, (2, 7))
+    with torch.no_grad():
+        at_sft, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+        ref, record = load_reference(cfg, policy, str(sft_dir), warm_started=True)
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.5)  # RL moves the adapter on; the reference stays at the SFT adapter
+        torch.testing.assert_close(ref.token_log_probs(ids, torch.ones_like(ids))[0], at_sft, rtol=0, atol=0)
+    assert record["path"] == str(sft_dir) and ref.model is policy.model
+
+
+def test_nonfinite_gradients_stop_the_run_in_one_line_with_the_checkpoint_intact(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = loop.compute_advantages
+
+    def nan_from_step_2(batch: object, rollouts: object, cfg: object) -> dict[str, float]:
+        metrics = real(batch, rollouts, cfg)  # type: ignore[arg-type]
+        if nan_from_step_2.calls:
+            batch.advantages = batch.advantages * float("nan")  # type: ignore[attr-defined]
+        nan_from_step_2.calls += 1
+        return metrics
+
+    nan_from_step_2.calls = 0  # type: ignore[attr-defined]
+    monkeypatch.setattr(loop, "compute_advantages", nan_from_step_2)
+    code = main(
+        ["train", *_run(tmp_path, micro_model_dir, **{"run.steps": 5, "trainer.max_nonfinite_steps": 2})]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("hone: error: stopped at RL step 3: the gradient norm was nan")
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints[-1] == "step-2"  # step 2 skipped its update (finite weights saved), step 3 stopped
+    weights = load_file(str(tmp_path / "run" / "checkpoints" / "step-2" / "model" / "model.safetensors"))
+    assert all(bool(torch.isfinite(v).all()) for v in weights.values())

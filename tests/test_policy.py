@@ -8,7 +8,14 @@ import pytest
 import torch
 import transformers
 
-from hone.training.policy import LoraSettings, Policy, first_response_column
+from hone.training.policy import (
+    AdapterReference,
+    LoraSettings,
+    Policy,
+    chunked_entropy,
+    disable_dropout,
+    first_response_column,
+)
 from tests.conftest import char_tokenizer, tiny_qwen2
 
 
@@ -199,3 +206,50 @@ def test_load_weights_rejects_a_different_architecture(policy: Policy, tmp_path:
     other.save_pretrained(tmp_path / "other")
     with pytest.raises(ValueError, match="do not fit"):
         policy.load_weights(tmp_path / "other")
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 20, 1024])  # position chunks within a row, and rows per chunk
+def test_chunked_entropy_equals_the_direct_formula(chunk: int) -> None:
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 8, 50, dtype=torch.float64) * 3)[:, :-1]  # a strided slice, as in `_score`
+    lse = torch.logsumexp(logits, -1)
+    direct = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(chunked_entropy(logits, lse, chunk=chunk), direct, rtol=0, atol=1e-12)
+
+
+def test_disable_dropout_makes_the_train_forward_the_eval_forward(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    tiny_qwen2(attention_dropout=0.5).save_pretrained(tmp_path / "m")
+    policy = Policy.from_pretrained(tmp_path / "m", lora=LoraSettings(r=4, alpha=8, dropout=0.5))
+    _perturb_lora(policy)
+    ids = torch.randint(3, 32, (2, 9))
+    policy.model.eval()
+    with torch.no_grad():
+        evaluated, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+        policy.model.train()
+        assert not torch.equal(policy.token_log_probs(ids, torch.ones_like(ids))[0], evaluated)
+        disable_dropout(policy.model)
+        trained, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+    assert torch.equal(trained, evaluated)
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "m").attention_dropout == 0.5
+
+
+def test_lora_reference_is_the_base_or_the_start_adapter_without_a_copy(model_dir: Path) -> None:
+    policy = Policy.from_pretrained(model_dir, lora=LoraSettings(r=4, alpha=8))
+    _perturb_lora(policy)
+    start = policy.adapter_state()  # e.g. where a warm start left the adapter
+    ids = torch.randint(3, 32, (2, 8))
+    with torch.no_grad():
+        at_start, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+        _perturb_lora(policy)  # RL moved the adapter on
+        trained, _ = policy.token_log_probs(ids, torch.ones_like(ids))
+        base, swapped = AdapterReference(policy), AdapterReference(policy, start)
+        plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+        torch.testing.assert_close(
+            base.token_log_probs(ids, torch.ones_like(ids))[0], _reference_log_probs(plain, ids)
+        )
+        assert torch.equal(swapped.token_log_probs(ids, torch.ones_like(ids))[0], at_start)
+        assert torch.equal(policy.token_log_probs(ids, torch.ones_like(ids))[0], trained)  # swapped back
+    assert base.model is policy.model is swapped.model
+    with pytest.raises(RuntimeError, match="no_grad"):
+        base.token_log_probs(ids, torch.ones_like(ids))

@@ -1,4 +1,5 @@
-"""RLTrainer.update: micro-batching is exact, the loss moves the policy the right way."""
+"""RLTrainer.update: micro-batching is exact, the loss moves the policy the right way, dropout is off,
+non-finite steps are skipped, and the LR schedule runs on RL steps."""
 
 from __future__ import annotations
 
@@ -10,9 +11,17 @@ import torch
 
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.orchestration.collate import collate
-from hone.training.policy import Policy
-from hone.training.trainer import RLTrainer, build_scheduler
+from hone.training.policy import LoraSettings, Policy
+from hone.training.trainer import (
+    NonFiniteGradientError,
+    RLSchedule,
+    RLTrainer,
+    build_scheduler,
+    decay_factor,
+    micro_batch_rows,
+)
 from hone.types import Batch, Rollout
+from tests.conftest import tiny_qwen2
 
 
 def make_batch(policy: Policy) -> Batch:
@@ -44,9 +53,8 @@ def trained_weights(model_dir: Path, micro: int, agg: str, mini_batches: int = 1
     # Plain SGD: the update is linear in the gradient, so this compares gradients (Adam's g/sqrt(v) would
     # amplify float noise on near-zero gradients into full-size steps).
     trainer.optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
-    trainer.scheduler = build_scheduler(trainer.optimizer, "constant", 0, 1)
     batch = make_batch(policy)
-    trainer.update(batch)
+    trainer.update(batch, 0)
     return {k: v.clone() for k, v in policy.model.state_dict().items()}
 
 
@@ -67,7 +75,7 @@ def test_update_raises_log_prob_of_positive_advantage_tokens(micro_model_dir: Pa
     )
     batch = make_batch(policy)
     before = copy.deepcopy(batch.old_log_probs)
-    metrics = trainer.update(batch)
+    metrics = trainer.update(batch, 0)
     with torch.no_grad():
         after, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
     delta = ((after - before) * batch.response_mask).sum(-1)
@@ -86,3 +94,83 @@ def test_scheduler_warmup_then_cosine() -> None:
     assert lrs[:3] == pytest.approx([0.5, 1.0, 1.0]) and lrs[-1] == pytest.approx(
         0.5 * (1 + torch.cos(torch.tensor(0.75 * torch.pi)).item())
     )
+
+
+def _trainer(policy: Policy, steps: int = 1, **trainer: object) -> RLTrainer:
+    cfg = TrainerConfig(**{"lr": 1e-3, **trainer})
+    return RLTrainer(policy, AlgorithmConfig(), cfg, total_rl_steps=steps, temperature=1.0, norm_len=8)
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_dropout_is_off_so_the_first_update_is_exactly_on_policy(tmp_path: Path, disable: bool) -> None:
+    torch.manual_seed(0)
+    tiny_qwen2(attention_dropout=0.5, vocab_size=64).save_pretrained(tmp_path / "model")
+    policy = Policy.from_pretrained(tmp_path / "model", lora=LoraSettings(r=4, alpha=8, dropout=0.5))
+    trainer = _trainer(policy, disable_dropout=disable)
+    policy.model.eval()  # old log-probs as the sampler / recomputation scores them
+    batch = make_batch(policy)
+    metrics = trainer.update(batch, 0)
+    if disable:  # ratio exactly 1: nothing clipped, no divergence at the first (pre-step) forward
+        assert metrics["clip_frac"] == 0.0 and metrics["approx_kl"] == 0.0
+    else:  # the bug: dropout noise alone moves the ratio off 1
+        assert metrics["approx_kl"] > 1e-4
+
+
+def test_nonfinite_gradient_skips_the_step_and_a_streak_stops_the_run(micro_model_dir: Path) -> None:
+    policy = Policy.from_pretrained(micro_model_dir)
+    trainer = _trainer(policy, steps=10, max_nonfinite_steps=2)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    bad = make_batch(policy)
+    row, col = bad.response_mask.nonzero()[-1]
+    bad.advantages[row, col] = float("nan")  # on a trained (masked-in) token
+    metrics = trainer.update(bad, 0)
+    assert metrics["train/nonfinite_steps"] == 1.0 and "grad_norm" not in metrics
+    assert all(torch.equal(v, before[k]) for k, v in policy.model.state_dict().items())
+    assert not trainer.optimizer.state  # Adam moments untouched too
+    good = make_batch(policy)
+    assert trainer.update(good, 1)["train/nonfinite_steps"] == 0.0  # a finite step ends the streak
+    trainer.update(bad, 2)
+    with pytest.raises(NonFiniteGradientError, match=r"RL step 4: .* 2 optimizer steps in a row"):
+        trainer.update(bad, 3)
+
+
+def test_lr_logged_is_the_lr_applied_and_filtered_steps_still_advance(micro_model_dir: Path) -> None:
+    policy = Policy.from_pretrained(micro_model_dir)
+    # 8 mini-batches of a 6-row batch: 6 optimizer steps per update, not the 8 an optimizer clock expects.
+    trainer = _trainer(policy, steps=4, schedule="cosine", mini_batches=8)
+    applied: list[float] = []
+    step = trainer.optimizer.step
+    trainer.optimizer.step = lambda: applied.append(trainer.optimizer.param_groups[0]["lr"]) or step()
+    logged = []
+    for rl_step in (0, 2, 3):  # RL step 1 had all its rollouts filtered: no update
+        applied.clear()
+        logged.append(trainer.update(make_batch(policy), rl_step)["lr"])
+        assert applied == [logged[-1]] * 6
+    cosine = [1e-3 * decay_factor("cosine", s / 4) for s in (0, 2, 3)]
+    assert logged == pytest.approx(cosine, rel=1e-12)
+    assert trainer.schedule.factor(4) == pytest.approx(0.0, abs=1e-15)  # the end, at run.steps
+
+
+def test_schedule_warmup_in_rl_steps_and_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    sched = RLSchedule("linear", warmup_steps=2, total_steps=12)
+    assert [sched.factor(s) for s in (0, 1, 2, 7)] == pytest.approx([0.5, 1.0, 1.0, 0.5])
+    now = [100.0]
+    monkeypatch.setattr("hone.training.trainer.time.perf_counter", lambda: now[0])
+    timed = RLSchedule("linear", warmup_steps=0, total_steps=100)
+    timed.start_clock(50.0)
+    now[0] = 125.0  # half the time budget spent at step 10: time wins
+    assert timed.factor(10) == pytest.approx(0.5)
+    # Resumed in a new session with a fresh 10 s budget: the rest of the decay maps onto it.
+    resumed = RLSchedule("linear", warmup_steps=0, total_steps=100)
+    resumed.progress = timed.progress
+    resumed.start_clock(10.0)
+    now[0] = 130.0  # half of the new budget: half of the remaining half
+    assert resumed.factor(11) == pytest.approx(0.25)
+    assert RLSchedule("linear", 0, 100).factor(10) == pytest.approx(0.9)  # no clock: steps alone
+
+
+def test_micro_batch_rows_caps_padded_tokens() -> None:
+    cfg = TrainerConfig(micro_batch_size=256, micro_batch_tokens=8192)
+    assert micro_batch_rows(cfg, 30) == 256  # short sequences: the row cap
+    assert micro_batch_rows(cfg, 1000) == 8  # long ones: 8 x 1000 <= 8192 tokens of logits
+    assert micro_batch_rows(cfg, 20_000) == 1  # never zero rows

@@ -7,9 +7,12 @@ and the sampler-mismatch check all score tokens the same way.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file
@@ -19,6 +22,8 @@ DType = Literal["float32", "bfloat16", "auto"]
 Device = Literal["cpu", "cuda", "auto"]
 
 ADAPTER_DIR = "adapter"
+# Positions per softmax when entropy is a metric: a [1024, V] float temporary instead of a [B, T, V] one.
+ENTROPY_CHUNK = 1024
 
 
 @dataclass
@@ -44,6 +49,53 @@ def _enable_checkpointing(model: PreTrainedModel) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout probability in `model`, as TRL's `disable_dropout` does for RL, and more.
+
+    RL compares the training forward's log-probs with the sampler's (or a recomputation's, or the
+    reference's), which run in eval mode: with dropout on in training the on-policy ratio is not 1 and
+    clipping fires on noise. `nn.Dropout` modules (LoRA's included) get `p = 0`; attention dropout is a
+    float attribute read in train mode only (`attention_dropout` in HF attention modules), so every float
+    attribute named `*dropout*` is zeroed too. The model's config (what a checkpoint saves) is untouched.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        names = [k for k, v in vars(module).items() if "dropout" in k and isinstance(v, float)]
+        for name in names:
+            setattr(module, name, 0.0)
+
+
+@torch.no_grad()
+def chunked_entropy(logits: torch.Tensor, lse: torch.Tensor, chunk: int = ENTROPY_CHUNK) -> torch.Tensor:
+    """Entropy `lse - sum(softmax(z) * z)` of `[B, T, V]` logits `z` with `lse = logsumexp(z)`, no graph.
+
+    About `chunk` positions at a time, through views of `logits` (a strided slice is never copied), so the
+    peak extra memory is one `[chunk, V]` float tensor rather than a second `[B, T, V]` one.
+    """
+    rows, cols = logits.shape[:2]
+    out = torch.empty_like(lse)
+    step_rows, step_cols = max(1, chunk // max(cols, 1)), max(1, min(cols, chunk))
+    for r in range(0, rows, step_rows):
+        for c in range(0, cols, step_cols):
+            z = logits[r : r + step_rows, c : c + step_cols].to(lse.dtype)
+            part_lse = lse[r : r + step_rows, c : c + step_cols]
+            # One [chunk, V] temporary: the probabilities, then (in place) their products with z.
+            weighted = (z - part_lse.unsqueeze(-1)).exp_().mul_(z)
+            out[r : r + step_rows, c : c + step_cols] = part_lse - weighted.sum(-1)
+    return out
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of named tensors (names, dtypes, shapes and bytes, in name order): which weights a run used."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensors[name].shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy())  # the buffer itself, no copy
+    return digest.hexdigest()
 
 
 def first_response_column(response_mask: torch.Tensor) -> int:
@@ -91,6 +143,19 @@ class Policy:
     @property
     def is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the LoRA adapter's tensors (peft's names, as `adapter_model.safetensors`)."""
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def load_adapter_state(self, state: dict[str, torch.Tensor], origin: str | Path) -> None:
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.model, state)
+        if result.unexpected_keys:
+            raise ValueError(f"adapter in {origin} does not fit this policy: {result.unexpected_keys}")
 
     @property
     def device(self) -> torch.device:
@@ -163,18 +228,19 @@ class Policy:
             logits_to_keep=keep - first,
         ).logits[:, :-1]
         logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
+        if temperature != 1.0:  # in place when no graph needs the original: one [B, T, V] tensor less
+            logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
         targets = ids[:, first + 1 :]
         target_mask = mask[:, first + 1 :].to(logits.dtype)
         # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
         lse = torch.logsumexp(logits, dim=-1)
         lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
         ent = None
-        if with_entropy:
-            # As a metric only, entropy needs no graph: its [B, T, V] softmax would double peak memory.
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
+        if with_entropy and entropy_grad and torch.is_grad_enabled():
+            # An entropy bonus needs the graph, which keeps the [B, T, V] softmax whatever we do.
+            ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
+        elif with_entropy:
+            ent = chunked_entropy(logits.detach(), lse.detach()) * target_mask
         pad = (first, full_len - keep)
         if any(pad):
             lp = torch.nn.functional.pad(lp, pad)
@@ -229,12 +295,8 @@ class Policy:
         """Restore the trainable weights from a `save_pretrained` directory into this (same-shaped) policy."""
         directory = Path(directory)
         if self.is_lora:
-            from peft import set_peft_model_state_dict
-
             state = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors", device=str(self.device))
-            result = set_peft_model_state_dict(self.model, state)
-            if result.unexpected_keys:
-                raise ValueError(f"adapter in {directory} does not fit this policy: {result.unexpected_keys}")
+            self.load_adapter_state(state, directory)
             return
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(directory.glob("*.safetensors")):
@@ -247,3 +309,43 @@ class Policy:
         untied = [k for k in missing if current[k].data_ptr() not in loaded_ptrs]
         if unexpected or untied:
             raise ValueError(f"weights in {directory} do not fit: missing {untied}, unexpected {unexpected}")
+
+
+class AdapterReference(Policy):
+    """The reference policy of a LoRA run, scored by the policy's own model (no second copy of the base).
+
+    With `adapter=None` it is the base model: every forward runs under peft's `disable_adapter()`. With
+    an adapter state (the warm-start SFT's adapter, where RL started) that state is swapped into the
+    adapter for the forward and the trained one swapped back after, bit for bit. Scoring only, never
+    under grad: the swap writes the trainable tensors in place.
+    """
+
+    def __init__(self, policy: Policy, adapter: dict[str, torch.Tensor] | None = None) -> None:
+        if not policy.is_lora:
+            raise ValueError("AdapterReference needs a LoRA policy")
+        super().__init__(policy.model, policy.tokenizer)
+        self.adapter = adapter
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        if self.adapter is None:
+            with self.model.disable_adapter():
+                yield
+            return
+        trained = self.adapter_state()
+        self.load_adapter_state(self.adapter, "the reference")
+        try:
+            yield
+        finally:
+            self.load_adapter_state(trained, "the trained policy")
+
+    def token_log_probs(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if torch.is_grad_enabled():
+            raise RuntimeError("the LoRA reference scores under torch.no_grad() only")
+        with self._active():
+            return super().token_log_probs(*args, **kwargs)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The tensors that define the reference: the frozen base, plus the swapped-in adapter if any."""
+        base = {k: v for k, v in self.model.state_dict().items() if ".lora_" not in k}
+        return base | {f"adapter.{k}": v for k, v in (self.adapter or {}).items()}
