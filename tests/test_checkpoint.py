@@ -238,6 +238,7 @@ def test_a_resumed_run_refuses_a_different_kl_reference(tmp_path: Path, micro_mo
     changed = same.model_copy(update={"model": same.model.model_copy(update={"path": str(other)})})
     with pytest.raises(SetupError, match=r"trained against the reference .* but this run's reference is"):
         train(changed, resume=True)
+    assert load_config(tmp_path / "run" / "config.yaml").model.path == str(micro_model_dir)  # untouched
     assert train(same, resume=True).steps == 2  # the same reference resumes
 
 
