@@ -136,6 +136,38 @@ def test_guess_number_binary_search_is_short():
         assert all(len(m["content"]) <= 6 for m in demo[1:])  # "16", "higher", "lower": a few tokens
 
 
+def _consistent_guesses(demo: list[dict], high: int) -> bool:
+    low, top = 1, high
+    for message, reply in zip(demo[1::2], [*demo[2::2], None], strict=True):
+        guess = int(message["content"])
+        if not low <= guess <= top:
+            return False
+        if reply is not None:
+            low, top = (guess + 1, top) if reply["content"] == "higher" else (low, guess - 1)
+    return True
+
+
+def test_guess_number_spread_demonstrations_search_every_interval():
+    """With `demo_spread`, demonstrations pick within the middle of the interval still possible, so they
+    stay consistent with every reply and still end at the secret — and a held-out secret that bisection
+    reaches only as a leaf (never a demonstrated guess in training games) is guessed in some of them."""
+    high = 64
+    train = GuessNumber.make_samples(2000, seed=0, split="train", high=high)
+    held_out = {s.meta["secret"] for s in GuessNumber.make_samples(64, seed=0, split="eval", high=high)}
+    guessed: dict[float, set[int]] = {}
+    for spread in (0.0, 0.5):
+        env = GuessNumber(high=high, demo_spread=spread)
+        guessed[spread] = set()
+        for sample in train[:300]:
+            demo = env.demonstration(sample)
+            assert demo[-1]["content"] == str(sample.meta["secret"]) and _consistent_guesses(demo, high)
+            guessed[spread] |= {int(m["content"]) for m in demo[1::2]}
+    assert len(held_out - guessed[0.0]) >= 5  # bisection on training games never guesses most of them
+    assert held_out <= guessed[0.5]
+    with pytest.raises(ValueError, match="demo_spread"):
+        GuessNumber(demo_spread=1.5)
+
+
 # --- frozen_lake ---
 
 LAKE = ["SFFF", "FHFH", "FFFH", "HFFG"]

@@ -150,12 +150,14 @@ class GuessNumber(Environment):
 
     max_turns = 7
 
-    def __init__(self, high: int = 32, slack: int = 1) -> None:
+    def __init__(self, high: int = 32, slack: int = 1, demo_spread: float = 0.0) -> None:
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack}")
-        self.high, self.slack = high, slack
+        if not 0.0 <= demo_spread <= 1.0:
+            raise ValueError(f"demo_spread must be in [0, 1], got {demo_spread}")
+        self.high, self.slack, self.demo_spread = high, slack, demo_spread
         self.max_turns = high.bit_length() + slack
         self.secret = 0
         self.turns = 0
@@ -209,9 +211,10 @@ class GuessNumber(Environment):
 
     def demonstration(self, sample: Sample) -> list[Message]:
         messages = self.reset(sample)
+        rng = random.Random(f"guess_number/demo/{sample.id}")
         low, high = 1, self.high
         while True:
-            guess = (low + high) // 2
+            guess = _demo_guess(low, high, self.demo_spread, rng)
             messages.append(_assistant(str(guess)))
             if guess == self.secret:
                 return messages
@@ -221,6 +224,15 @@ class GuessNumber(Environment):
             else:
                 high = guess - 1
                 messages.append(_user("lower"))
+
+
+def _demo_guess(low: int, high: int, spread: float, rng: random.Random) -> int:
+    """Bisection's guess, or with `spread` > 0 a uniform pick from the middle `spread` of [low, high]:
+    demonstrations then show a guess for every interval, not only the intervals of one fixed search tree
+    (with exact bisection, a held-out secret that is a leaf of the tree is never a demonstrated guess)."""
+    mid = (low + high) // 2
+    half = round(spread * (high - low) / 2)
+    return rng.randint(max(low, mid - half), min(high, mid + half))
 
 
 def _guess_prompt(high: int) -> str:
