@@ -235,6 +235,27 @@ def test_validation_for_games_and_datasets(tmp_path: Path, caplog: pytest.LogCap
     assert {s.answer for s in val} <= {s.answer for s in eval_set}
 
 
+def test_validation_takes_what_a_small_task_split_has(caplog: pytest.LogCaptureFixture) -> None:
+    # One-digit sums: 55 problems (a+b = b+a), 6 of them in the eval split. Validation asks for
+    # eval_size + val_size of them and takes what there is; only a short eval set is an error.
+    one_digit = ["data.task=arithmetic", "data.task_args={min_digits: 1, max_digits: 1}", "sft.val_size=50"]
+
+    def held_out(eval_size: int) -> tuple[list[Sample], list[Sample]]:
+        cfg = load_config(None, [*one_digit, f"data.eval_size={eval_size}"])
+        task, train_set, eval_set = load_data(cfg)
+        with caplog.at_level(logging.WARNING, logger="hone"):
+            return eval_set, validation_samples(cfg, task, None, train_set, eval_set)
+
+    eval_set, val = held_out(4)
+    assert len(val) == 2 and not {problem_key(s) for s in val} & {problem_key(s) for s in eval_set}
+    assert "only 2 problems beyond the eval set's 4" in caplog.text
+    caplog.clear()
+    eval_set, val = held_out(6)  # the whole split is the eval set: validate on it, as a game does
+    assert "validating on eval problems" in caplog.text and val == eval_set
+    with pytest.raises(ValueError, match="found only 6 distinct eval problems of 7"):
+        held_out(7)
+
+
 def test_token_mask_examples_train_only_where_the_mask_is_one() -> None:
     ids, mask = [5, 6, 7, 8, 9], [0, 1, 0, 1, 1]  # prompt, assistant, observation, assistant, eos
     _, _, loss_mask = collate_sft([(ids, mask)], pad_id=0)

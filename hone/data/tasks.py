@@ -83,11 +83,13 @@ class Task(ABC):
         """`n` training problems (repeats allowed: small problem spaces are sampled with replacement)."""
         return self._draw(n, seed, eval_split=False)
 
-    def eval_samples(self, n: int, seed: int = 0) -> list[Sample]:
-        """`n` distinct evaluation problems, disjoint from every `train_samples` result."""
-        return self._draw(n, seed, eval_split=True)
+    def eval_samples(self, n: int, seed: int = 0, *, at_most: bool = False) -> list[Sample]:
+        """`n` distinct evaluation problems, disjoint from every `train_samples` result. A small problem
+        space may have fewer: an error, or with `at_most` the ones found (a longer draw starts with a
+        shorter one either way)."""
+        return self._draw(n, seed, eval_split=True, at_most=at_most)
 
-    def _draw(self, n: int, seed: int, eval_split: bool) -> list[Sample]:
+    def _draw(self, n: int, seed: int, eval_split: bool, at_most: bool = False) -> list[Sample]:
         split = "eval" if eval_split else "train"
         rng = random.Random(f"{self.name}/{split}/{seed}")
         samples: list[Sample] = []
@@ -102,7 +104,7 @@ class Task(ABC):
             seen.add(key)
             sample.id = f"{self.name}-{split}-{seed}-{len(samples)}"
             samples.append(sample)
-        if len(samples) < n:
+        if len(samples) < n and not at_most:
             raise ValueError(
                 f"task {self.name!r}: found only {len(samples)} distinct {split} problems of {n}"
             )

@@ -66,13 +66,20 @@ def load_data(
 
 
 def held_out_samples(
-    cfg: HoneConfig, task: Task | None, env: Callable[[], Environment] | None, n: int
+    cfg: HoneConfig,
+    task: Task | None,
+    env: Callable[[], Environment] | None,
+    n: int,
+    *,
+    at_most: bool = False,
 ) -> list[Sample]:
     """The first `n` problems of the run's held-out stream, which it never trains on: the task's or the
     game's eval split (drawn with `EVAL_SEED`), or the rows of `data.eval_source`. A longer stream starts
-    with a shorter one, so the eval set and SFT validation take consecutive, disjoint stretches of it."""
+    with a shorter one, so the eval set and SFT validation take consecutive, disjoint stretches of it.
+    A task whose eval split has fewer than `n` distinct problems is an error, or with `at_most` gives
+    the ones it has (a game's split and a file's rows never fail for being short)."""
     if task is not None:
-        return task.eval_samples(n, EVAL_SEED)
+        return task.eval_samples(n, EVAL_SEED, at_most=at_most)
     if env is not None and cfg.data.source is None:
         return type(env()).make_samples(n, EVAL_SEED, "eval", **cfg.env.args)
     if cfg.data.eval_source is None:
@@ -89,19 +96,21 @@ def validation_samples(
 ) -> list[Sample]:
     """SFT's validation problems: the `sft.val_size` held-out problems that follow the eval set, less any
     that repeat a training or eval problem. Early stopping then sees neither an RL training prompt nor
-    a problem the final eval scores. A held-out split with nothing beyond the eval set (a tiny game, a
-    short eval file) validates on eval problems, with a warning."""
-    stream = held_out_samples(cfg, task, env, len(eval_set) + cfg.sft.val_size)[len(eval_set) :]
+    a problem the final eval scores. A held-out split with fewer problems (a small task, a tiny game, a
+    short eval file) validates on those it has beyond the eval set, or, with none, on eval problems;
+    each with a warning."""
+    n = len(eval_set) + cfg.sft.val_size
+    stream = held_out_samples(cfg, task, env, n, at_most=True)[len(eval_set) :]
     seen = {problem_key(s) for s in [*train, *eval_set]}
     fresh = [s for s in stream if problem_key(s) not in seen]
     if fresh:
-        if len(fresh) < len(stream):
+        if len(fresh) < cfg.sft.val_size:
             log.warning(
-                "SFT validation: %d of %d held-out problems repeat training or eval problems; "
-                "validating on the other %d",
-                len(stream) - len(fresh),
-                len(stream),
+                "SFT validation: the held-out split has only %d problems beyond the eval set's %d that "
+                "repeat no training or eval problem (sft.val_size %d); validating on those",
                 len(fresh),
+                len(eval_set),
+                cfg.sft.val_size,
             )
         return fresh
     log.warning(
