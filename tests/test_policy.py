@@ -34,6 +34,32 @@ def policy() -> Policy:
     return Policy(tiny_qwen2(), char_tokenizer())
 
 
+# Comparisons between two computation paths (batch shapes, padding, micro-batches, skipped columns, merged
+# LoRA weights) run in float64: in fp32 the forward's reductions regroup with the shapes and their rounding
+# differs by CPU (1.1e-5 was seen against atol=1e-5). In float64 the paths' logits agree to ~1e-15, and
+# only `_score`'s log-softmax/entropy over the n = 32-token vocabulary runs in fp32 (|logits| < 4 in these
+# tests: at most 2.9, after the weight perturbations). Each path's result is then within
+# n * eps32 * (1 + 2 * max|logit|) of the exact value (the logsumexp's sum of n terms, then the
+# entropy's sum of p * logit), two paths twice that.
+ATOL64 = 2 * 32 * torch.finfo(torch.float32).eps * (1 + 2 * 4)  # 6.9e-5 on any CPU
+
+
+@pytest.fixture
+def policy64() -> Policy:
+    torch.manual_seed(0)
+    return Policy(tiny_qwen2().double(), char_tokenizer())
+
+
+def _float64(policy: Policy) -> Policy:
+    """The policy in float64 (LoRA adapters included), for comparisons with ATOL64."""
+    policy.model.double()
+    return policy
+
+
+def _plain64(path: Path) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+
+
 def _reference_log_probs(model: torch.nn.Module, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     logits = model(input_ids=ids).logits[:, :-1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -47,26 +73,27 @@ def _perturb_lora(policy: Policy) -> None:
                 param.normal_(0, 0.2)
 
 
-def test_log_probs_match_log_softmax_with_temperature(policy: Policy) -> None:
+def test_log_probs_match_log_softmax_with_temperature(policy64: Policy) -> None:
     ids = torch.randint(3, 32, (2, 9))
     with torch.no_grad():
         for temperature in (1.0, 0.7):
-            lp, ent = policy.token_log_probs(ids, torch.ones_like(ids), temperature=temperature)
-            torch.testing.assert_close(lp, _reference_log_probs(policy.model, ids, temperature))
+            lp, ent = policy64.token_log_probs(ids, torch.ones_like(ids), temperature=temperature)
+            expected = _reference_log_probs(policy64.model, ids, temperature)
+            torch.testing.assert_close(lp, expected, rtol=0, atol=ATOL64)
             assert ent is None and lp.shape == (2, 8) and lp.dtype == torch.float32
 
 
-def test_entropy_matches_distribution(policy: Policy) -> None:
+def test_entropy_matches_distribution(policy64: Policy) -> None:
     ids = torch.randint(3, 32, (2, 7))
     with torch.no_grad():
-        _, ent = policy.token_log_probs(ids, torch.ones_like(ids), with_entropy=True)
-        logp = torch.log_softmax(policy.model(input_ids=ids).logits[:, :-1].float(), -1)
+        _, ent = policy64.token_log_probs(ids, torch.ones_like(ids), with_entropy=True)
+        logp = torch.log_softmax(policy64.model(input_ids=ids).logits[:, :-1].float(), -1)
     assert ent is not None
-    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1))
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), rtol=0, atol=ATOL64)
     assert bool((ent > 0).all()) and bool((ent <= torch.log(torch.tensor(32.0)) + 1e-5).all())
 
 
-def test_padding_never_leaks_into_real_tokens(policy: Policy) -> None:
+def test_padding_never_leaks_into_real_tokens(policy64: Policy) -> None:
     short = torch.randint(3, 32, (1, 5))
     long = torch.randint(3, 32, (1, 11))
     ids = torch.zeros(2, 11, dtype=torch.long)
@@ -74,33 +101,33 @@ def test_padding_never_leaks_into_real_tokens(policy: Policy) -> None:
     ids[0, :5], mask[0, :5] = short[0], 1
     ids[1], mask[1] = long[0], 1
     with torch.no_grad():
-        alone, alone_ent = policy.token_log_probs(short, torch.ones_like(short), with_entropy=True)
-        batched, batched_ent = policy.token_log_probs(ids, mask, with_entropy=True)
+        alone, alone_ent = policy64.token_log_probs(short, torch.ones_like(short), with_entropy=True)
+        batched, batched_ent = policy64.token_log_probs(ids, mask, with_entropy=True)
         # Left padding scores the same tokens too (positions come from the mask).
         left_ids = torch.cat([torch.zeros(1, 6, dtype=torch.long), short], 1)
         left_mask = torch.cat([torch.zeros(1, 6, dtype=torch.long), torch.ones_like(short)], 1)
-        left, _ = policy.token_log_probs(left_ids, left_mask)
-    torch.testing.assert_close(batched[0, :4], alone[0], rtol=0, atol=1e-5)
-    torch.testing.assert_close(batched_ent[0, :4], alone_ent[0], rtol=0, atol=1e-5)
+        left, _ = policy64.token_log_probs(left_ids, left_mask)
+    torch.testing.assert_close(batched[0, :4], alone[0], rtol=0, atol=ATOL64)
+    torch.testing.assert_close(batched_ent[0, :4], alone_ent[0], rtol=0, atol=ATOL64)
     assert bool((batched[0, 4:] == 0).all()) and bool((batched_ent[0, 4:] == 0).all())
-    torch.testing.assert_close(left[0, 6:], alone[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(left[0, 6:], alone[0], rtol=0, atol=ATOL64)
 
 
-def test_micro_batches_and_all_padding_columns_give_same_result(policy: Policy) -> None:
+def test_micro_batches_and_all_padding_columns_give_same_result(policy64: Policy) -> None:
     ids = torch.randint(3, 32, (5, 10))
     mask = torch.ones_like(ids)
     mask[:, 7:] = 0  # every row padded at the end: these columns are skipped, then re-padded
     mask[0, 4:] = 0
     with torch.no_grad():
-        full, _ = policy.token_log_probs(ids, mask)
-        chunked, _ = policy.token_log_probs(ids, mask, micro_batch_size=2)
+        full, _ = policy64.token_log_probs(ids, mask)
+        chunked, _ = policy64.token_log_probs(ids, mask, micro_batch_size=2)
     assert chunked.shape == (5, 9)
-    torch.testing.assert_close(chunked, full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunked, full, rtol=0, atol=ATOL64)
     assert bool((full[:, 6:] == 0).all()) and bool((full[0, 3:] == 0).all())
     assert bool((full[1:, :6] != 0).all())
 
 
-def test_from_column_scores_only_the_response_and_keeps_its_gradient(policy: Policy) -> None:
+def test_from_column_scores_only_the_response_and_keeps_its_gradient(policy64: Policy) -> None:
     ids = torch.randint(3, 32, (3, 12))
     mask = torch.ones_like(ids)
     mask[2, 9:] = 0
@@ -108,16 +135,18 @@ def test_from_column_scores_only_the_response_and_keeps_its_gradient(policy: Pol
     response[0, 5:], response[1, 7:], response[2, 6:8] = 1, 1, 1
     first = first_response_column(response)
     assert first == 5 and first_response_column(torch.zeros(2, 4)) == 0
-    full, full_ent = policy.token_log_probs(ids, mask, with_entropy=True)
-    part, part_ent = policy.token_log_probs(ids, mask, with_entropy=True, from_column=first)
+    full, full_ent = policy64.token_log_probs(ids, mask, with_entropy=True)
+    part, part_ent = policy64.token_log_probs(ids, mask, with_entropy=True, from_column=first)
     assert part.shape == full.shape and bool((part[:, :first] == 0).all())
-    torch.testing.assert_close(part[:, first:], full[:, first:], rtol=0, atol=1e-5)
-    torch.testing.assert_close(part_ent[:, first:], full_ent[:, first:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(part[:, first:], full[:, first:], rtol=0, atol=ATOL64)
+    torch.testing.assert_close(part_ent[:, first:], full_ent[:, first:], rtol=0, atol=ATOL64)
     grads = []
     for lp in (full, part):
-        policy.model.zero_grad()
+        policy64.model.zero_grad()
         (lp * response).sum().backward()
-        grads.append([p.grad.clone() for p in policy.model.parameters()])
+        grads.append([p.grad.clone() for p in policy64.model.parameters()])
+    # Float64 sums of the fp32 softmax gradient, which differs between the paths by at most
+    # 2 * n * eps32 = 7.6e-6 relative (the lse's rounding, see ATOL64): rtol leaves 13x margin.
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
@@ -146,6 +175,8 @@ def test_from_pretrained_dtype_and_gradient_checkpointing(model_dir: Path) -> No
         grads.append(pol.model.model.embed_tokens.weight.grad)
         layer_calls.append(len(calls))
     assert layer_calls == [1, 2]  # checkpointing re-runs the layer in backward
+    # One computation path (checkpointing re-runs the same kernels on the same shapes): equal to the bit
+    # here; the default fp32 tolerance only allows for a library that does not promise that.
     torch.testing.assert_close(grads[0], grads[1])
     bf16 = Policy.from_pretrained(model_dir, dtype="bfloat16")
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
@@ -156,8 +187,11 @@ def test_from_pretrained_dtype_and_gradient_checkpointing(model_dir: Path) -> No
 
 
 def test_lora_sampler_weights_are_merged_without_touching_the_model(model_dir: Path) -> None:
-    policy = Policy.from_pretrained(
-        model_dir, lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    # Merged weights against the adapter's separate matmuls: two paths, compared in float64.
+    policy = _float64(
+        Policy.from_pretrained(
+            model_dir, lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+        )
     )
     _perturb_lora(policy)
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -166,22 +200,22 @@ def test_lora_sampler_weights_are_merged_without_touching_the_model(model_dir: P
     merged = policy.state_dict_for_sampler()
     assert all(torch.equal(v, policy.model.state_dict()[k]) for k, v in before.items())
 
-    plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    plain = _plain64(model_dir)
     assert set(merged) == set(plain.state_dict())
     plain.load_state_dict(merged)
     ids = torch.randint(3, 32, (2, 8))
     with torch.no_grad():
         lp, _ = policy.token_log_probs(ids, torch.ones_like(ids))
-        torch.testing.assert_close(lp, _reference_log_probs(plain, ids))
+        torch.testing.assert_close(lp, _reference_log_probs(plain, ids), rtol=0, atol=ATOL64)
         # ...and the merge actually changed the base: the un-merged base scores differently.
-        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+        base = _plain64(model_dir)
         assert not torch.allclose(lp, _reference_log_probs(base, ids), atol=1e-3)
 
 
 def test_save_pretrained_and_load_weights_round_trip(model_dir: Path, tmp_path: Path) -> None:
     ids = torch.randint(3, 32, (2, 8))
-    for lora in (None, LoraSettings(r=4, alpha=8)):
-        policy = Policy.from_pretrained(model_dir, lora=lora)
+    for lora in (None, LoraSettings(r=4, alpha=8)):  # float64: the merged reload is another path
+        policy = _float64(Policy.from_pretrained(model_dir, lora=lora))
         with torch.no_grad():
             if lora is None:
                 for p in policy.model.parameters():
@@ -193,11 +227,11 @@ def test_save_pretrained_and_load_weights_round_trip(model_dir: Path, tmp_path: 
         assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
         assert (out / "adapter").exists() == (lora is not None)
 
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)  # merged weights, no peft needed
-        fresh = Policy.from_pretrained(model_dir, lora=lora)
+        reloaded = _plain64(out)  # merged weights, no peft needed
+        fresh = _float64(Policy.from_pretrained(model_dir, lora=lora))
         fresh.load_weights(out)
         with torch.no_grad():
-            torch.testing.assert_close(_reference_log_probs(reloaded, ids), expected)
+            torch.testing.assert_close(_reference_log_probs(reloaded, ids), expected, rtol=0, atol=ATOL64)
             torch.testing.assert_close(fresh.token_log_probs(ids, torch.ones_like(ids))[0], expected)
 
 
@@ -235,7 +269,7 @@ def test_disable_dropout_makes_the_train_forward_the_eval_forward(tmp_path: Path
 
 
 def test_lora_reference_is_the_base_or_the_start_adapter_without_a_copy(model_dir: Path) -> None:
-    policy = Policy.from_pretrained(model_dir, lora=LoraSettings(r=4, alpha=8))
+    policy = _float64(Policy.from_pretrained(model_dir, lora=LoraSettings(r=4, alpha=8)))
     _perturb_lora(policy)
     start = policy.adapter_state()  # e.g. where a warm start left the adapter
     ids = torch.randint(3, 32, (2, 8))
@@ -244,9 +278,12 @@ def test_lora_reference_is_the_base_or_the_start_adapter_without_a_copy(model_di
         _perturb_lora(policy)  # RL moved the adapter on
         trained, _ = policy.token_log_probs(ids, torch.ones_like(ids))
         base, swapped = AdapterReference(policy), AdapterReference(policy, start)
-        plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+        plain = _plain64(model_dir)
         torch.testing.assert_close(
-            base.token_log_probs(ids, torch.ones_like(ids))[0], _reference_log_probs(plain, ids)
+            base.token_log_probs(ids, torch.ones_like(ids))[0],
+            _reference_log_probs(plain, ids),
+            rtol=0,
+            atol=ATOL64,
         )
         assert torch.equal(swapped.token_log_probs(ids, torch.ones_like(ids))[0], at_start)
         assert torch.equal(policy.token_log_probs(ids, torch.ones_like(ids))[0], trained)  # swapped back

@@ -35,7 +35,9 @@ def save_reward_model(out: Path, *, num_labels: int = 1, pad: bool = True) -> Pa
         eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
-    transformers.Qwen2ForSequenceClassification(config).save_pretrained(out)
+    # Saved in float64: tests that compare two batchings load it so (dtype="auto"), because in fp32 the
+    # forward's reductions regroup with the batch shape and round differently on different CPUs.
+    transformers.Qwen2ForSequenceClassification(config).double().save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
@@ -62,22 +64,23 @@ def one_at_a_time(rm: RewardModel, rollouts: list[Rollout], samples: list[Sample
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_batched_scores_equal_single_scores(rm_dir: Path, chat: bool) -> None:
-    rm = reward_model(str(rm_dir), batch_size=16)
+    rm = reward_model(str(rm_dir), batch_size=16, dtype="auto")
     rollouts, samples = rollouts_and_samples(chat)
     batched = rm.score_batch(rollouts, samples)
     single = one_at_a_time(rm, rollouts, samples)
     assert all(isinstance(s, float) for s in batched)
+    # float64 forwards agree to ~1e-13; the scores are then rounded to fp32 (|score| < 16: ulp < 2e-6).
     assert batched == pytest.approx(single, abs=1e-5)
     assert max(batched) - min(batched) > 1e-2  # the scores do depend on the text
 
 
 def test_left_padding_and_batch_size_splits_give_the_same_scores(rm_dir: Path) -> None:
     rollouts, samples = rollouts_and_samples(chat=False)
-    reference = reward_model(str(rm_dir), batch_size=16).score_batch(rollouts, samples)
-    for batch_size in (1, 2, 3):
-        split = reward_model(str(rm_dir), batch_size=batch_size).score_batch(rollouts, samples)
+    reference = reward_model(str(rm_dir), batch_size=16, dtype="auto").score_batch(rollouts, samples)
+    for batch_size in (1, 2, 3):  # float64 forwards, fp32 scores: see test_batched_scores_equal_single_scores
+        split = reward_model(str(rm_dir), batch_size=batch_size, dtype="auto").score_batch(rollouts, samples)
         assert split == pytest.approx(reference, abs=1e-5)
-    rm = reward_model(str(rm_dir), batch_size=2)
+    rm = reward_model(str(rm_dir), batch_size=2, dtype="auto")
     rm.tokenizer.padding_side = "left"
     assert rm.score_batch(rollouts, samples) == pytest.approx(reference, abs=1e-5)
 
