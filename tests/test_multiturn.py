@@ -228,23 +228,60 @@ def test_a_turn_ended_by_a_secondary_eos_gets_no_second_end_of_turn(
     monkeypatch.setattr(policy.model.generation_config, "eos_token_id", [tok.eos_token_id, first_token])
     rollout = episode()
     (_, end), (start, _) = rollout.turns
-    assert end == 1
-    # The template closes an assistant turn with "<eos>\n"; the turn has ended, so only the "\n" follows.
-    assert tok.decode(rollout.response_ids[end:start]) == "\nuser: obs 1\nassistant: "
+    # The turn is the sampled eos alone; the template closes an assistant turn with "<eos>\n", and the
+    # turn has ended, so only the "\n" follows: one end-of-turn token, the one the model sampled.
+    assert rollout.response_ids[:end] == [first_token]
+    assert rollout.response_ids[end:start] == tok.encode(
+        "\nuser: obs 1\nassistant: ", add_special_tokens=False
+    )
+
+
+@pytest.mark.parametrize("template_end_stops", [True, False])
+def test_the_sampled_eos_replaces_the_templates_end_of_turn_token(
+    policy: Policy, template_end_stops: bool
+) -> None:
+    # Each turn ends on "<", a secondary eos whose text starts the template's end-of-turn token "<eos>".
+    # The sampler may also stop on "<eos>" (Qwen-Instruct: <|im_end|> and <|endoftext|>) or not (a base
+    # model's config stopping on <|endoftext|> under a <|im_end|> template): either way the template's
+    # "<eos>" is dropped as a token, never "<" as a text prefix of it.
+    tok = policy.tokenizer
+    (lt,) = tok.encode("<", add_special_tokens=False)
+    eos_ids = frozenset([lt, tok.eos_token_id] if template_end_stops else [lt])
+    sampler = Scripted(tok, ["hi", "bye"], end=lt, eos_ids=eos_ids)
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=8)
+    (rollout,) = run_episodes(sampler, tok, lambda: Echo(2), SAMPLES[:1], SamplingParams(n=1), limits)
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    assert rollout.response_ids == [
+        *encode("hi"),
+        lt,
+        *encode("\nuser: obs 1\nassistant: "),
+        *encode("bye"),
+        lt,
+    ]
 
 
 class Scripted:
-    """A sampler that answers turn k of every episode with `replies[k]` and the eos."""
+    """A sampler that answers turn k of every episode with `replies[k]` and `end` (default: the eos)."""
 
     policy_version = 0
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, replies: list[str]) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        replies: list[str],
+        end: int | None = None,
+        eos_ids: frozenset[int] | None = None,
+    ) -> None:
         self.tokenizer, self.replies, self.calls = tokenizer, replies, 0
-        self.eos_token_ids = frozenset([tokenizer.eos_token_id])
+        self.end = tokenizer.eos_token_id if end is None else end
+        self.eos_token_ids = frozenset([tokenizer.eos_token_id]) if eos_ids is None else eos_ids
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
         text, self.calls = self.replies[self.calls], self.calls + 1
-        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.end]
         return [
             Rollout(
                 r.sample_id,
@@ -356,6 +393,11 @@ def test_demonstration_turns_with_weight_zero_stay_in_context_but_are_not_traine
         {"role": "assistant", "content": "42"},
     ]
     ids, mask = demonstration_tokens(tok, messages)
+    # The layout of an episode whose turns end on the tokenizer's eos, in a sampler stopping on it too.
+    (lt,) = tok.encode("<", add_special_tokens=False)
+    assert demonstration_tokens(tok, messages, eos_ids=frozenset([lt, tok.eos_token_id])) == (ids, mask)
+    with pytest.raises(ValueError, match=rf"generation stops on ids \[{lt}\] only"):
+        demonstration_tokens(tok, messages, eos_ids=frozenset([lt]))  # SFT would teach a non-stop end
     assert "43" in tok.decode(ids)  # the miss is in the context
     assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "42" + tok.eos_token
     with pytest.raises(ValueError, match="weight"):

@@ -56,7 +56,12 @@ def sft_data(cfg: HoneConfig, parts: RunComponents) -> SFTData:
     for sample in demos:
         player = episodes.make_env()
         examples.append(
-            demonstration_tokens(parts.policy.tokenizer, player.demonstration(sample), player.tools)
+            demonstration_tokens(
+                parts.policy.tokenizer,
+                player.demonstration(sample),
+                player.tools,
+                parts.sampler.eos_token_ids,
+            )
         )
     return SFTData(examples=examples, val=val)
 

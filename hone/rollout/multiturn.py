@@ -8,8 +8,10 @@ batch; environments step concurrently on one event loop (their `step` may be asy
 
 Observation tokens come from the chat template, as the *difference* between a rendered conversation
 with and without the new messages (on a fixed two-message stand-in, so templates that rewrite earlier
-turns, e.g. dropping reasoning, can't shift it), plus whatever the template writes after an assistant
-message beyond the end-of-turn token the model sampled (e.g. Qwen's "\\n" after `<|im_end|>`).
+turns, e.g. dropping reasoning, can't shift it), plus the template's closing of an assistant message
+(e.g. Qwen's "<|im_end|>\\n"). A turn that stopped on an eos already holds its end-of-turn token, the one
+the model sampled: the closing's leading end-of-turn token is then dropped, whichever eos was sampled, and
+only the rest of the closing (Qwen's "\\n") follows. A turn cut off by a limit gets the whole closing.
 
 Limits: `max_turns` assistant turns, `max_tokens_per_turn`, and `max_total_tokens` for the whole
 sequence (each episode's turn is capped by its own room left, whatever else is in the batch); an
@@ -218,9 +220,10 @@ class _ObservationRenderer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_ids: frozenset[int]) -> None:
         self.tokenizer = tokenizer
-        # Longest first, so an eos whose text starts with another's is stripped whole.
-        texts = {tokenizer.decode([i]) for i in eos_ids}
-        self.eos_texts = sorted((t for t in texts if t), key=len, reverse=True)
+        # What can open a closing as its end-of-turn token: an id the sampler stops on, or a special token
+        # (a template's marker such as <|im_end|>, even where the generation config stops on another eos).
+        special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self.end_ids = frozenset(eos_ids) | special | set(tokenizer.all_special_ids)
         # Environments repeat themselves ("wrong", "higher") and a template render costs more than a
         # model's decode step on a tiny model: remember each distinct observation's ids for this renderer.
         self._seen: dict[str, list[int]] = {}
@@ -240,12 +243,15 @@ class _ObservationRenderer:
             raise ValueError(
                 "the chat template rewrites earlier turns when messages are added; cannot splice"
             )
-        # What follows the assistant content, e.g. "<|im_end|>\n". A turn that stopped on any eos of the
-        # sampler's set has ended it already: the template's own end-of-turn token is not added again.
+        # What follows the assistant content, e.g. "<|im_end|>\n". A turn that stopped on an eos has
+        # ended with the token the model sampled: the closing's own end-of-turn token, if it opens with
+        # one, is not added again (a token, not a text prefix: "<" must not eat the start of "<eos>").
         closing = before[before.rindex(self._MARK) + len(self._MARK) :]
-        if ended_with_eos:
-            closing = next((closing[len(t) :] for t in self.eos_texts if closing.startswith(t)), closing)
-        return self.tokenizer.encode(closing + after[len(before) :], add_special_tokens=False)
+        ids = self.tokenizer.encode(closing + after[len(before) :], add_special_tokens=False)
+        opening = self.tokenizer.encode(closing, add_special_tokens=False)[:1]
+        if ended_with_eos and opening and ids[:1] == opening and opening[0] in self.end_ids:
+            return ids[1:]
+        return ids
 
     def _render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -265,10 +271,17 @@ async def _maybe_await(value: Any) -> Any:
 
 
 def demonstration_tokens(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[dict] | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: list[dict] | None = None,
+    eos_ids: frozenset[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A scripted conversation laid out exactly as `run_episodes` lays out a sampled one: token ids and
     a 0/1 train mask (1 on assistant tokens and their eos, 0 on the prompt and observations), for SFT.
+
+    Each assistant turn ends with the tokenizer's eos, which must be one of `eos_ids`, the ids the
+    sampler stops on (`Sampler.eos_token_ids`; default: that eos alone): SFT must not teach a turn end
+    the episodes would not read as one. Observations follow as after a sampled eos.
 
     An assistant message with `"weight": 0` (OpenAI's chat fine-tuning convention) stays in the context
     but is not trained on: e.g. a wrong first try that shows the model how to recover, not how to err.
@@ -276,11 +289,18 @@ def demonstration_tokens(
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
         raise ValueError("a demonstration needs initial messages followed by at least one assistant turn")
-    if tokenizer.eos_token_id is None:
+    eos = tokenizer.eos_token_id
+    if eos is None:
         raise ValueError("multi-turn SFT needs a tokenizer with an eos token (it ends every assistant turn)")
+    eos_ids = frozenset([eos]) if eos_ids is None else eos_ids
+    if eos not in eos_ids:
+        raise ValueError(
+            f"multi-turn SFT ends turns with the tokenizer's eos {tokenizer.eos_token!r} (id {eos}), but "
+            f"generation stops on ids {sorted(eos_ids)} only (generation_config.eos_token_id): add it there"
+        )
     ids = _render_prompt(tokenizer, messages[:first], tools)
     mask = [0] * len(ids)
-    render = _ObservationRenderer(tokenizer, frozenset([tokenizer.eos_token_id]))
+    render = _ObservationRenderer(tokenizer, eos_ids)
     observation: list[Message] = []
     for message in messages[first:]:
         if message["role"] != "assistant":
@@ -292,6 +312,6 @@ def demonstration_tokens(
         weight = message.get("weight", 1)
         if weight not in (0, 1):
             raise ValueError(f"an assistant message's weight must be 0 or 1, got {weight!r}")
-        turn = [*tokenizer.encode(message["content"], add_special_tokens=False), tokenizer.eos_token_id]
+        turn = [*tokenizer.encode(message["content"], add_special_tokens=False), eos]
         ids, mask = ids + turn, mask + [int(weight)] * len(turn)
     return ids, mask
