@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         except (RunInterrupted, KeyboardInterrupt) as e:
             if os.environ.get("HONE_DEBUG"):
                 raise
-            print(f"hone: {e or 'interrupted'}", file=sys.stderr)
+            print(f"hone: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C has no message
             return 128 + received.get("signal", signal.SIGINT)
 
 

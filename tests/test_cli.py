@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from hone.cli import _parse, main
 from hone.orchestration import loop
@@ -229,6 +230,39 @@ def test_a_failed_resume_leaves_the_run_as_it_was(
     assert main(["train", "--resume", str(run_copy), "run.steps=3"]) == 0
 
 
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory, micro_model_dir: Path) -> Path:
+    """A run killed after logging step 2 but before checkpointing it (KL on, TensorBoard on): its
+    metrics.jsonl and event files hold a step beyond the last checkpoint, step-1."""
+    root = tmp_path_factory.mktemp("killed")
+    args = tiny_run(
+        root, micro_model_dir, "base", **{"algorithm.kl.coef": 0.1, "logging.tensorboard": "true"}
+    )
+    assert main(["train", *args]) == 0
+    shutil.rmtree(root / "base" / "checkpoints" / "step-2")
+    return root / "base"
+
+
+@pytest.mark.parametrize("change", ["model.lora.r=4", "a different KL reference"])
+def test_a_refused_resume_of_a_killed_run_leaves_metrics_and_tensorboard_as_they_were(
+    killed_run: Path, tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    run = Path(shutil.copytree(killed_run, tmp_path / "run"))
+    if change == "model.lora.r=4":  # the checkpoint does not fit the model
+        override, message = change, "cannot resume from"
+    else:  # the checkpoint loads; its recorded reference does not match
+        other = Path(shutil.copytree(micro_model_dir, tmp_path / "other"))
+        weights = load_file(str(other / "model.safetensors"))
+        save_file({k: v + 0.01 for k, v in weights.items()}, str(other / "model.safetensors"))
+        override, message = f"model.path={other}", "trained against the reference"
+    before = _snapshot(run)
+    assert any(json.loads(row)["step"] == 2 for row in (run / "metrics.jsonl").read_text().splitlines())
+    assert any(name.startswith("tensorboard/") for name in before)
+    assert main(["train", "--resume", str(run), override]) == 2
+    assert message in _one_error_line(capsys)
+    assert _snapshot(run) == before  # no row dropped, no events purged, no new event file
+
+
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
     run_copy: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -265,6 +299,17 @@ def test_ctrl_c_is_one_line_saying_where_and_how_to_resume(
     monkeypatch.setattr(loop, "rl_step", real_step)
     assert main(["train", "--resume", str(run), "run.steps=3"]) == 0
     assert Checkpointer(run).latest() == run / "checkpoints" / "step-3"
+
+
+def test_ctrl_c_before_the_rl_loop_says_interrupted(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted_while_loading(*args: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while the model loads: an exception without a message
+
+    monkeypatch.setattr(loop, "setup_components", interrupted_while_loading)
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["hone: interrupted"]
 
 
 @pytest.fixture

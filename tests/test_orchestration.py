@@ -24,6 +24,7 @@ from hone.orchestration.components import RunComponents, load_reward
 from hone.orchestration.loop import SetupError, drop_zero_variance_groups, rl_step, train
 from hone.orchestration.prompts import PromptStream
 from hone.rewards import RewardScorer
+from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Batch, Rollout, Sample, SamplingParams
@@ -212,14 +213,20 @@ def _run_cli(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(
-    tmp_path: Path, micro_model_dir: Path
-) -> None:
-    common = {"run.steps": 8, "run.save_every": 4, "run.eval_every": 0}
-    straight = _run_cli(tiny_overrides(tmp_path, micro_model_dir, "straight", **common), tmp_path)
+def _killed_and_resumed(tmp_path: Path, model_dir: Path, **extra: object) -> tuple[Path, Path]:
+    """Run `straight` for 8 steps, and `killed` SIGKILLed between its checkpoints 4 and 8, then resumed with
+    a plain `--resume`; return both final checkpoints' `model/` directories."""
+    common = {
+        "run.steps": 8,
+        "run.save_every": 4,
+        "run.eval_every": 0,
+        "reward.fn": "tests.rewards_for_tests:token_id_reward",  # a gradient at every step
+        **extra,
+    }
+    straight = _run_cli(tiny_overrides(tmp_path, model_dir, "straight", **common), tmp_path)
     assert straight.wait(timeout=300) == 0, straight.stderr.read().decode()  # type: ignore[union-attr]
 
-    killed = _run_cli(tiny_overrides(tmp_path, micro_model_dir, "killed", **common), tmp_path)
+    killed = _run_cli(tiny_overrides(tmp_path, model_dir, "killed", **common), tmp_path)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # kill as soon as step 5 is logged: after checkpoint 4, before 8
@@ -243,11 +250,62 @@ def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr.decode()
-    a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-8" / "model" / "model.safetensors"))
-    b = load_file(str(tmp_path / "killed" / "checkpoints" / "step-8" / "model" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == list(range(9))  # no duplicate or missing rows after resume
+    saved = [
+        tmp_path / "killed" / "checkpoints" / f"step-{s}" / "model" / "model.safetensors" for s in (4, 8)
+    ]
+    before, after = (load_file(str(file)) for file in saved)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # steps 5-8 trained something
+    return tuple(tmp_path / run / "checkpoints" / "step-8" / "model" for run in ("straight", "killed"))  # type: ignore[return-value]
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    """Each safetensors file under `a` (merged weights, a LoRA adapter) equals its twin under `b`, bitwise."""
+    files = sorted(p.relative_to(a) for p in a.rglob("*.safetensors"))
+    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*.safetensors"))
+    for file in files:
+        x, y = load_file(str(a / file)), load_file(str(b / file))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), file
+
+
+def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    _assert_same_weights(*_killed_and_resumed(tmp_path, micro_model_dir))
+
+
+def test_resume_is_exact_with_lr_warmup_and_decay_kl_and_a_lora_warm_start(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """No time limit, so the LR is a function of the RL step: the resumed run must retrace the warm-up
+    and cosine decay, keep the SFT adapter as its KL reference, and end on the same weights."""
+    straight, killed = _killed_and_resumed(
+        tmp_path,
+        micro_model_dir,
+        **{
+            "trainer.schedule": "cosine",
+            "trainer.warmup_steps": 2,
+            "trainer.lr": 1e-2,
+            "algorithm.kl.coef": 0.1,
+            "model.lora.r": 4,
+            "model.lora.alpha": 8,
+            "sft.enabled": "true",
+            "sft.max_steps": 2,
+            "sft.examples": 16,
+            "sft.batch_size": 8,
+            "sft.val_size": 4,
+        },
+    )
+    assert (straight / "adapter").is_dir() and (tmp_path / "killed" / "sft" / "adapter").is_dir()
+    _assert_same_weights(straight, killed)
+    rows = [
+        [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        for run in ("straight", "killed")
+    ]
+    lrs = [[row.get("lr") for row in run] for run in rows]
+    assert lrs[0] == lrs[1] and lrs[0][1:3] == [5e-3, 1e-2]  # warm-up over 2 RL steps, then cosine
+    assert rows[1][1]["kl"] == 0 < min(row["kl"] for row in rows[1][2:])  # starts at its SFT reference
 
 
 def test_lora_run_trains_adapter_and_saves_merged_weights(tmp_path: Path, micro_model_dir: Path) -> None:
@@ -274,6 +332,18 @@ def test_lora_run_trains_adapter_and_saves_merged_weights(tmp_path: Path, micro_
     assert start.keys() == merged.keys()  # plain HF names: loadable without peft
     changed = [k for k in start if not torch.equal(start[k], merged[k])]
     assert changed and all("proj" in k for k in changed)  # only LoRA-wrapped linears moved
+
+
+def test_the_run_trainer_normalises_dr_grpo_by_the_episode_budget(micro_model_dir: Path) -> None:
+    cfg = load_config(None, ["rollout.max_new_tokens=48"])
+    limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=20, max_total_tokens=1000)
+    parts = SimpleNamespace(
+        policy=Policy.from_pretrained(micro_model_dir),
+        episodes=Episodes(lambda: None, limits),  # type: ignore[arg-type]
+    )
+    assert loop.rl_trainer(cfg, parts).norm_len == 60  # type: ignore[arg-type]  # 3 turns x 20, not 48
+    parts.episodes = None
+    assert loop.rl_trainer(cfg, parts).norm_len == 48  # type: ignore[arg-type]  # single-turn: the budget
 
 
 def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: Path) -> None:

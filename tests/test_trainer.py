@@ -4,6 +4,7 @@ non-finite steps are skipped, and the LR schedule runs on RL steps."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,30 @@ def test_micro_batch_rows_caps_padded_tokens() -> None:
     assert micro_batch_rows(cfg, 30) == 256  # short sequences: the row cap
     assert micro_batch_rows(cfg, 1000) == 8  # long ones: 8 x 1000 <= 8192 tokens of logits
     assert micro_batch_rows(cfg, 20_000) == 1  # never zero rows
+
+
+def test_metrics_count_only_the_optimizer_steps_applied(micro_model_dir: Path) -> None:
+    policy = Policy.from_pretrained(micro_model_dir)
+    trainer = _trainer(policy, steps=10, mini_batches=6, max_nonfinite_steps=10)  # one row per step
+    bad = make_batch(policy)
+    row, col = bad.response_mask.nonzero()[-1]
+    bad.advantages[row, col] = float("nan")  # one of the six optimizer steps is skipped
+    metrics = trainer.update(bad, 0)
+    assert metrics["train/nonfinite_steps"] == 1.0
+    assert all(math.isfinite(v) for v in metrics.values()), metrics  # no NaN loss from the skipped one
+    assert metrics["lr"] == 1e-3
+    bad.advantages = bad.advantages * float("nan")  # every step skipped: no loss, no LR was applied
+    metrics = trainer.update(bad, 1)
+    assert metrics["train/nonfinite_steps"] == 6.0
+    assert not {"lr", "loss/policy", "loss/total", "entropy", "clip_frac", "grad_norm"} & metrics.keys()
+
+
+def test_a_constant_schedule_never_reads_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_clock() -> float:
+        raise AssertionError("a constant schedule read the clock")
+
+    monkeypatch.setattr("hone.training.trainer.time.perf_counter", no_clock)
+    sched = RLSchedule("constant", warmup_steps=2, total_steps=10)
+    sched.start_clock(5.0)  # a run with run.time_limit_s
+    assert [sched.factor(s) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+    assert sched.progress == 7 / 8  # by steps alone: what a checkpoint records, the same on any machine

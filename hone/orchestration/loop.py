@@ -1,8 +1,10 @@
 """The synchronous RL loop: sample → score → advantages → update → sync weights → log.
 
 This is the only module that knows the order of the stages. Each step is a pure function of
-(seed, step, weights, optimizer state): prompts come from `PromptStream.batch(step)` and sampling is
-seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped.
+(seed, step, weights, optimizer state, LR): prompts come from `PromptStream.batch(step)` and sampling is
+seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped
+whenever the LR is a function of the step too: no `run.time_limit_s`, or a constant schedule. Under a
+time limit a cosine/linear LR also follows the wall clock (`RLSchedule`), and resume is not bit-exact.
 """
 
 from __future__ import annotations
@@ -280,31 +282,16 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
         sft_data = make_sft_data(cfg, parts) if warm else None
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
-    resume_step = None if latest is None else int(latest.name.removeprefix("step-"))
     created = not run_dir.exists()
-    try:  # opened before SFT, so a missing W&B install fails at once, not after minutes of work
-        metrics_log = MetricsLogger(
-            run_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb={
-                "project": cfg.logging.wandb_project,
-                "name": cfg.run.name,
-                "id": cfg.run.name,
-                "resume": "allow",
-            }
-            if cfg.logging.wandb
-            else None,
-            resume_step=resume_step,
-        )
-    except ImportError as e:
-        if created:  # a failed start leaves no empty run directory behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise SetupError(str(e)) from e
-    if latest is None:  # set-up succeeded; a resumed run's config is rewritten once its checkpoint loads
-        write_run_config(run_dir, cfg)
+    # A resume loads its checkpoint (and checks its reference) before the run directory is touched:
+    # opening the logger drops metrics rows and TensorBoard events after the checkpoint, so a checkpoint
+    # that does not fit the overrides must fail first.
+    resumed = None if latest is None else _resume(cfg, parts, run_dir, checkpointer, latest)
+    metrics_log = _open_metrics_log(cfg, run_dir, None if resumed is None else resumed.step, created)
+    write_run_config(run_dir, cfg)  # only now: a start that failed set-up changed nothing
     with metrics_log:
         try:
-            result = _train(cfg, parts, run_dir, checkpointer, latest, sft_data, metrics_log, started)
+            result = _train(cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started)
         except KeyboardInterrupt:
             raise _interrupted(run_dir, checkpointer) from None
     if cfg.logging.plot:
@@ -312,11 +299,88 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     return result
 
 
+def _open_metrics_log(
+    cfg: HoneConfig, run_dir: Path, resume_step: int | None, created: bool
+) -> MetricsLogger:
+    """Open metrics.jsonl/TensorBoard/W&B (a resumed run's rows after `resume_step` go). Opened before SFT,
+    so a missing W&B install fails at once, not after minutes of work."""
+    wandb = {
+        "project": cfg.logging.wandb_project,
+        "name": cfg.run.name,
+        "id": cfg.run.name,
+        "resume": "allow",
+    }
+    try:
+        return MetricsLogger(
+            run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=wandb if cfg.logging.wandb else None,
+            resume_step=resume_step,
+        )
+    except ImportError as e:
+        if created:  # a failed start leaves no empty run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise SetupError(str(e)) from e
+
+
+def rl_trainer(cfg: HoneConfig, parts: RunComponents) -> RLTrainer:
+    """The run's trainer; Dr.GRPO's `norm_len` is the most loss tokens a response (or episode) can have."""
+    return RLTrainer(
+        parts.policy,
+        cfg.algorithm,
+        cfg.trainer,
+        total_rl_steps=cfg.run.steps,
+        temperature=cfg.rollout.temperature,
+        norm_len=response_budget(cfg, parts.episodes),
+        seed=cfg.run.seed,
+    )
+
+
+def _reference(cfg: HoneConfig, parts: RunComponents, run_dir: Path) -> dict[str, str] | None:
+    """Load the KL reference into `parts` (the SFT result after a warm start); its checkpoint record."""
+    if cfg.algorithm.kl.coef <= 0:
+        return None
+    sft_dir = run_dir / "sft"
+    warm = sft_dir.is_dir()
+    start = str(sft_dir) if warm else parts.model_path
+    parts.ref_policy, reference = load_reference(cfg, parts.policy, start, warm_started=warm)
+    return reference
+
+
+@dataclass
+class _RLStart:
+    """Where RL begins: at step 0 after the start eval, or at a checkpoint's step."""
+
+    trainer: RLTrainer
+    reference: dict[str, str] | None
+    step: int
+    start_eval: dict[str, float]
+
+
+def _resume(
+    cfg: HoneConfig, parts: RunComponents, run_dir: Path, checkpointer: Checkpointer, latest: Path
+) -> _RLStart:
+    """Reference, trainer and checkpoint `latest` loaded into memory; nothing written."""
+    reference = _reference(cfg, parts, run_dir)
+    trainer = rl_trainer(cfg, parts)
+    state = _restore(checkpointer, latest, parts.policy, trainer)
+    check_reference(state.get("reference"), reference, latest)
+    return _RLStart(trainer, reference, int(state["step"]), dict(state.get("start_eval", {})))
+
+
 def _restore(checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer) -> dict[str, Any]:
     """Load checkpoint `path` into the policy and trainer; one-line `SetupError` when it does not fit
     (an override changed the model, LoRA or optimizer) or is damaged past what `damage` catches."""
+    if (path / "scheduler.pt").exists():
+        # Written before the LR schedule counted RL steps: its warm-up counted optimizer steps, so going
+        # on would silently change the LR curve mid-run.
+        raise SetupError(
+            f"cannot resume from {path}: it was written by an older hone whose LR schedule counted "
+            "optimizer steps (scheduler.pt); this one counts RL steps. Start a new run, or delete "
+            "scheduler.pt to resume with the new schedule"
+        )
     try:
-        state = checkpointer.load(path, policy, trainer.optimizer, None)  # the LR schedule is trainer state
+        state = checkpointer.load(path, policy, trainer.optimizer)  # the LR schedule is trainer state
         trainer.load_state_dict(state["trainer"])
     except Exception as e:
         detail = " ".join(str(e).split())[:300]  # state-dict mismatches list every tensor
@@ -334,17 +398,15 @@ def check_reference(saved: dict[str, str] | None, current: dict[str, str] | None
         )
 
 
-def _train(
+def _start(
     cfg: HoneConfig,
     parts: RunComponents,
     run_dir: Path,
-    checkpointer: Checkpointer,
-    latest: Path | None,
     sft_data: SFTData | None,
     metrics_log: MetricsLogger,
     started: float,
-) -> RunResult:
-    sft_dir = run_dir / "sft"
+) -> _RLStart:
+    """A fresh run's start: SFT warm start (if on), reference, trainer, and the eval before RL (step 0)."""
     if sft_data is not None:
         warm_start_sft(
             cfg,
@@ -352,52 +414,51 @@ def _train(
             parts.sampler,
             sft_data,
             parts.reward,
-            sft_dir,
+            run_dir / "sft",
             parts.episodes,
             deadline=None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s,
         )
-    reference: dict[str, str] | None = None
-    if cfg.algorithm.kl.coef > 0:
-        warm = sft_dir.is_dir()
-        start = str(sft_dir) if warm else parts.model_path
-        parts.ref_policy, reference = load_reference(cfg, parts.policy, start, warm_started=warm)
-    trainer = RLTrainer(
-        parts.policy,
-        cfg.algorithm,
-        cfg.trainer,
-        total_rl_steps=cfg.run.steps,
-        temperature=cfg.rollout.temperature,
-        norm_len=response_budget(cfg, parts.episodes),
-        seed=cfg.run.seed,
-    )
-    if latest is not None:
-        state = _restore(checkpointer, latest, parts.policy, trainer)
-        check_reference(state.get("reference"), reference, latest)
-        start_step, start_eval = int(state["step"]), dict(state.get("start_eval", {}))
-        write_run_config(run_dir, cfg)  # only now: overrides that do not fit the checkpoint changed nothing
-        sync_weights(parts, version=start_step)
-        log.info("resumed %s at step %d", run_dir, start_step)
+    reference = _reference(cfg, parts, run_dir)
+    trainer = rl_trainer(cfg, parts)
+    start_eval = run_eval(parts, cfg)
+    metrics_log.log(0, start_eval)
+    log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
+    return _RLStart(trainer, reference, 0, start_eval)
+
+
+def _train(
+    cfg: HoneConfig,
+    parts: RunComponents,
+    run_dir: Path,
+    checkpointer: Checkpointer,
+    resumed: _RLStart | None,
+    sft_data: SFTData | None,
+    metrics_log: MetricsLogger,
+    started: float,
+) -> RunResult:
+    if resumed is None:
+        begin = _start(cfg, parts, run_dir, sft_data, metrics_log, started)
     else:
-        start_step, start_eval = 0, run_eval(parts, cfg)
-        metrics_log.log(0, start_eval)
-        log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
+        begin = resumed
+        sync_weights(parts, version=begin.step)
+        log.info("resumed %s at step %d", run_dir, begin.step)
+    trainer, start_eval = begin.trainer, begin.start_eval
 
     def save(step: int) -> None:
         checkpointer.save(
             step,
             parts.policy,
             trainer.optimizer,
-            None,
             {"step": step, "trainer": trainer.state_dict(), "start_eval": start_eval}
-            | ({"reference": reference} if reference else {}),
+            | ({"reference": begin.reference} if begin.reference else {}),
         )
 
     stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
-    step = start_step
+    step = begin.step
     final_eval: dict[str, float] = {}
     if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
         trainer.schedule.start_clock(cfg.run.time_limit_s - (time.perf_counter() - started))
-    with Progress(total=cfg.run.steps, initial=start_step, enabled=cfg.logging.progress) as progress:
+    with Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress:
         while step < cfg.run.steps:
             metrics = rl_step(step, parts, trainer, stream, cfg)
             step += 1

@@ -1,4 +1,4 @@
-"""Crash-safe training checkpoints: model, optimizer, scheduler, RNG and run state in one directory.
+"""Crash-safe training checkpoints: model, optimizer, RNG and run state in one directory.
 
 A checkpoint is built under a hidden temp name, fsynced, and only then renamed to `step-N`. Rename is
 atomic, so `latest()` sees either a complete checkpoint or none: a run killed mid-save resumes from
@@ -101,9 +101,9 @@ def damage(path: Path) -> str | None:
 class Checkpointer:
     """Saves `run_dir/checkpoints/step-N/` and restores from it; keeps only the newest `keep_last` if set.
 
-    Layout: `model/` (an HF directory from `Policy.save_pretrained`), `optimizer.pt`, `scheduler.pt`,
-    `rng.pt` (python, numpy, torch CPU and CUDA generators) and `state.json` (`step` + `extra_state`).
-    One writer per run directory is assumed.
+    Layout: `model/` (an HF directory from `Policy.save_pretrained`), `optimizer.pt`, `rng.pt` (python,
+    numpy, torch CPU and CUDA generators) and `state.json` (`step` + `extra_state`, where the trainer keeps
+    its LR-schedule progress). One writer per run directory is assumed.
     """
 
     def __init__(self, run_dir: str | Path, *, keep_last: int | None = None) -> None:
@@ -146,7 +146,6 @@ class Checkpointer:
         step: int,
         policy: Policy,
         optimizer: torch.optim.Optimizer | None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
         """Write checkpoint `step` atomically and return its path. `extra_state` must be JSON-serialisable."""
@@ -163,8 +162,6 @@ class Checkpointer:
         policy.save_pretrained(tmp / MODEL_DIR)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        if scheduler is not None:
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(state_json)
         _fsync_tree(tmp)
@@ -181,15 +178,12 @@ class Checkpointer:
         path: str | Path,
         policy: Policy,
         optimizer: torch.optim.Optimizer | None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     ) -> dict[str, Any]:
-        """Restore weights, optimizer, scheduler and RNG from `path`; return `extra_state` plus `step`."""
+        """Restore weights, optimizer and RNG from `path`; return `extra_state` plus `step`."""
         path = Path(path)
         policy.load_weights(path / MODEL_DIR)
         if optimizer is not None:
             optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        if scheduler is not None:
-            scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
         return json.loads((path / "state.json").read_text())
 

@@ -67,7 +67,9 @@ class RLSchedule:
     at step `total`, the first step not run). Under a time limit (`start_clock`) it is the larger of that
     and the fraction of the RL time budget spent, so a run the clock stops still ends decayed. Progress
     never goes back: it is checkpointed, and a resumed session's clock maps the rest of the decay onto
-    that session's budget. Without a time limit the LR depends on the step alone (resume-exact).
+    that session's budget, so with a time limit a cosine/linear LR depends on the wall clock and a resumed
+    run is not bit-identical to an uninterrupted one. Without a time limit, or with a constant schedule
+    (which never reads the clock), the LR depends on the step alone and resume is exact.
     """
 
     def __init__(self, schedule: str, warmup_steps: int, total_steps: int) -> None:
@@ -79,6 +81,8 @@ class RLSchedule:
 
     def start_clock(self, budget_s: float) -> None:
         """Count `budget_s` seconds of RL from now (call after restoring `progress` from a checkpoint)."""
+        if self.schedule == "constant":  # nothing to decay: keep the LR (and resume) independent of time
+            return
         self._clock = (time.perf_counter(), max(budget_s, 1e-9), self.progress)
 
     def _time_progress(self) -> float:
@@ -181,10 +185,12 @@ class RLTrainer:
         micro_rows = micro_batch_rows(self.cfg, batch.input_ids.shape[1])
         # Seeded per update so a resumed run shuffles exactly like an uninterrupted one.
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "minibatch-shuffle", self.updates))
+        # Loss metrics are summed per mini-batch and kept only when its optimizer step applied: a skipped
+        # step's NaN loss says nothing about the update that happened.
         sums: dict[str, float] = defaultdict(float)
         tokens_seen = 0.0
         grad_norms: list[float] = []
-        optimizer_steps = skipped = 0
+        skipped = 0
         # Until the first optimizer step the policy is the one that sampled, so in sampler mode the
         # first mini-batch's forward gives the sampler/trainer log-prob mismatch without an extra pass.
         watch_mismatch = self.algo.old_log_probs == "sampler"
@@ -195,6 +201,8 @@ class RLTrainer:
             for mini in order.tensor_split(min(self.cfg.mini_batches, rows_total)):
                 num_tokens = batch.response_mask[mini].sum()
                 self.optimizer.zero_grad(set_to_none=True)
+                mini_sums: dict[str, float] = defaultdict(float)
+                mini_tokens = 0.0
                 for micro in mini.split(micro_rows):
                     mask = batch.response_mask[micro]
                     log_probs, entropy = self.policy.token_log_probs(
@@ -213,45 +221,49 @@ class RLTrainer:
                         response_mask=mask,
                         **agg,
                     )
-                    sums["loss/policy"] += float(loss.detach())
+                    mini_sums["loss/policy"] += float(loss.detach())
                     agg_mode = {k: agg[k] for k in ("num_tokens", "num_seqs", "norm_len")}
                     if kl_in_loss:
                         kl = KL_ESTIMATORS[self.algo.kl.estimator](log_probs, batch.ref_log_probs[micro])
                         kl_loss = aggregate_loss(kl, mask, self._agg_mode, **agg_mode)
                         loss = loss + self.algo.kl.coef * kl_loss
-                        sums["kl"] += float((kl.detach() * mask).sum())
+                        mini_sums["kl"] += float((kl.detach() * mask).sum())
                     if self.algo.entropy_coef:
                         loss = loss - self.algo.entropy_coef * aggregate_loss(
                             entropy, mask, self._agg_mode, **agg_mode
                         )
                     loss.backward()
                     n = float(mask.sum())
-                    tokens_seen += n
+                    mini_tokens += n
                     if watch_mismatch:
                         gap = torch.where(mask.bool(), log_probs.detach() - batch.old_log_probs[micro], 0.0)
                         mismatch_sum += float(gap.abs().sum())
                         mismatch_tokens += n
-                    sums["loss/total"] += float(loss.detach())
+                    mini_sums["loss/total"] += float(loss.detach())
                     if entropy is not None:
-                        sums["entropy"] += float((entropy.detach() * mask).sum())
+                        mini_sums["entropy"] += float((entropy.detach() * mask).sum())
                     for key, value in metrics.items():
-                        sums[key] += float(value) * n
+                        mini_sums[key] += float(value) * n
                 watch_mismatch = False
-                optimizer_steps += 1
                 norm = self._optimizer_step(params, step)
                 if norm is None:
                     skipped += 1
-                else:
-                    grad_norms.append(norm)
+                    continue
+                grad_norms.append(norm)
+                tokens_seen += mini_tokens
+                for key, value in mini_sums.items():
+                    sums[key] += value
         self.updates += 1
-        out = {key: sums.pop(key) / optimizer_steps for key in ("loss/policy", "loss/total")}
-        out.update({key: value / max(tokens_seen, 1.0) for key, value in sums.items()})
-        if grad_norms:  # the mean over the steps taken; a skipped step's norm is not a number
-            out["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        out["train/nonfinite_steps"] = float(skipped)
+        out: dict[str, float] = {"train/nonfinite_steps": float(skipped)}
         if mismatch_tokens:
             out["mismatch/logprob_abs"] = mismatch_sum / mismatch_tokens
-        out["lr"] = lr
+        if not grad_norms:  # every step skipped: no loss was applied, and no LR
+            return out
+        applied = len(grad_norms)
+        out.update({key: sums.pop(key) / applied for key in ("loss/policy", "loss/total")})
+        out.update({key: value / max(tokens_seen, 1.0) for key, value in sums.items()})
+        out["grad_norm"] = sum(grad_norms) / applied
+        out["lr"] = lr  # the LR every applied optimizer step of this RL step used
         return out
 
     def state_dict(self) -> dict[str, object]:
