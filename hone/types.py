@@ -8,7 +8,7 @@ and `orchestration` collates scored rollouts into a training `Batch`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -75,6 +75,18 @@ class Rollout:
     @property
     def response_len(self) -> int:
         return len(self.token_ids) - self.prompt_len
+
+    def assistant_text(self, which: Literal["final", "all"] = "final") -> str:
+        """What a text reward scores: `response_text` (a multi-turn episode's final assistant message), or
+        with "all" every assistant message the episode sampled, joined by newlines; never observations.
+        Sampled replies are the conversation's last `len(turns)` assistant messages (the prompt's own,
+        e.g. few-shot turns, come before them; environments answer as user or tool)."""
+        if which not in ("final", "all"):
+            raise ValueError(f"which must be 'final' or 'all', got {which!r}")
+        if which == "final" or self.messages is None:  # single-turn: the response is the one message
+            return self.response_text
+        replies = [m["content"] for m in self.messages if m["role"] == "assistant"]
+        return "\n".join(replies[len(replies) - len(self.turns) :])
 
 
 @dataclass

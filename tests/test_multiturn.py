@@ -12,8 +12,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import POLICY_LOSSES, aggregate_loss
+from hone.config import load_config
 from hone.envs import Environment, StepResult, make_env
 from hone.orchestration.collate import collate, turn_tensors
+from hone.orchestration.components import all_assistant_text, load_reward
 from hone.orchestration.evaluate import evaluate
 from hone.rewards.env import env_reward
 from hone.rewards.math import math_verifier
@@ -325,6 +327,57 @@ def test_text_rewards_score_the_final_assistant_message_not_the_observations(
     assert [m["content"] for m in rollout.messages if m["role"] == "tool"] == ["result: 987654321"]
     assert math_verifier()(rollout, sample) == expected
     assert rollout.response_text == final
+
+
+@pytest.mark.parametrize(
+    ("replies", "final", "all_"),
+    [
+        (["let me call the tool", "no idea"], 0.0, 0.0),  # the tool's answer counts in neither
+        (["it is 987654321", "let me check that"], 0.0, 1.0),  # said early, not repeated at the end
+    ],
+)
+def test_text_rewards_with_text_all_score_every_assistant_message(
+    policy: Policy, replies: list[str], final: float, all_: float
+) -> None:
+    sample = Sample("s", prompt="", answer="987654321")
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=24)
+    sampler = Scripted(policy.tokenizer, replies)
+    (rollout,) = run_episodes(sampler, policy.tokenizer, ToolSays, [sample], SamplingParams(n=1), limits)
+    assert rollout.assistant_text("all") == "\n".join(replies)
+    for args, expected in (("{}", final), ("{text: final}", final), ("{text: all}", all_)):
+        scorer = load_reward(load_config(None, ["reward.fn=math", f"reward.args={args}"]), None)
+        scorer.score([rollout], {"s": sample})
+        assert rollout.reward == expected
+    with pytest.raises(ValueError, match="text must be 'final'"):
+        load_reward(load_config(None, ["reward.fn=format", "reward.args={text: every}"]), None)
+    with pytest.raises(ValueError, match="bad args"):  # a reward that reads no text takes no `text`
+        load_reward(
+            load_config(None, ["reward.fn=overlong", "reward.args={max_len: 8, buffer: 2, text: all}"]), None
+        )
+
+
+def test_assistant_text_all_is_the_sampled_replies_only() -> None:
+    messages = [
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "2"},  # a few-shot turn of the prompt, not sampled
+        {"role": "user", "content": "987654320+1?"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "987654321"},
+        {"role": "assistant", "content": "b"},
+    ]
+    rollout = Rollout("s", 0, [1, 2, 3, 4], 1, [1, 0, 1], [0.0] * 3, "b", turns=[(0, 1), (2, 3)])
+    rollout.messages = messages
+    assert (rollout.assistant_text(), rollout.assistant_text("all")) == ("b", "a\nb")
+
+    class Lengths:  # a batch reward (a reward model) sees the joined text too
+        def score_batch(self, rollouts: list[Rollout], samples: list[Sample]) -> list[float]:
+            return [float(len(r.response_text)) for r in rollouts]
+
+    assert all_assistant_text(Lengths()).score_batch([rollout], [Sample("s")]) == [3.0]
+    single = Rollout("s", 0, [1, 2], 1, [1], [0.0], "the answer")
+    assert single.assistant_text("all") == "the answer"
+    with pytest.raises(ValueError, match="which must be"):
+        rollout.assistant_text("every")  # type: ignore[arg-type]
 
 
 def test_environments_step_concurrently_one_instance_per_trajectory(policy: Policy) -> None:

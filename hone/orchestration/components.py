@@ -10,7 +10,7 @@ import importlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,13 @@ from hone.data import Task, get_task, load_samples
 from hone.envs import Environment
 from hone.envs import make_env as _make_env
 from hone.models import resolve_model
-from hone.rewards import REWARDS, RewardComponent, RewardScorer, task_reward
+from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
+from hone.rewards.registry import TEXT_REWARDS
 from hone.rewards.sandbox import set_max_concurrency as set_sandbox_concurrency
 from hone.rollout import HFSampler, Sampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
-from hone.types import Sample
+from hone.types import Rollout, Sample
 
 log = logging.getLogger("hone")
 
@@ -162,6 +163,7 @@ def load_reward(cfg: HoneConfig, task: Task | None) -> RewardScorer:
 
 def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) -> Any:
     where = f"reward {name!r} (fn {spec!r})"
+    text = "final"
     if spec == "task":
         if task is None:
             raise ValueError(
@@ -184,16 +186,47 @@ def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) ->
         # The task's defaults for this reward (e.g. arithmetic: `math` refuses sums left undone);
         # the recipe's args win.
         args = {**(task.reward_args.get(spec, {}) if task is not None else {}), **args}
+        if spec in TEXT_REWARDS:
+            text = args.pop("text", "final")
+            if text not in ("final", "all"):
+                raise ValueError(
+                    f"{where}: text must be 'final' (the last assistant message) or 'all', got {text!r}"
+                )
     else:
         raise ValueError(f"{where}: unknown reward; built-in: {', '.join(sorted(REWARDS))}, or 'pkg.mod:fn'")
     if factory is None:
         return obj
     try:
-        return factory(**args)
+        fn = factory(**args)
     except TypeError as e:
         raise ValueError(f"{where}: bad args {args}: {e}") from None
     except (ValueError, RuntimeError, OSError) as e:
         raise ValueError(f"{where}: {e}") from None
+    return fn if text == "final" else all_assistant_text(fn)
+
+
+def all_assistant_text(fn: Any) -> Any:
+    """A text reward that scores every assistant message of an episode, joined, as its response
+    (`Rollout.assistant_text("all")`) instead of the final one; single-turn rollouts are unchanged."""
+    if isinstance(fn, BatchRewardFn):
+        return _AllTextBatch(fn)
+
+    def scored(rollout: Rollout, sample: Sample) -> Any:
+        return fn(_all_text(rollout), sample)  # an async reward's coroutine is awaited by the scorer
+
+    return scored
+
+
+@dataclass
+class _AllTextBatch:
+    fn: BatchRewardFn
+
+    def score_batch(self, rollouts: list[Rollout], samples: list[Sample]) -> list[Any]:
+        return self.fn.score_batch([_all_text(r) for r in rollouts], samples)
+
+
+def _all_text(rollout: Rollout) -> Rollout:
+    return replace(rollout, response_text=rollout.assistant_text("all"))
 
 
 def load_policy(cfg: HoneConfig, path: str) -> Policy:

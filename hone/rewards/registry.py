@@ -15,6 +15,9 @@ from hone.algorithms.registry import Registry
 
 RewardFactory = Callable[..., Any]
 REWARDS: Registry[RewardFactory] = Registry("reward")
+# Built-ins that score `rollout.response_text`: a recipe's `text: all` arg has them score every
+# assistant message of an episode instead of the final one (`Rollout.assistant_text`).
+TEXT_REWARDS = frozenset({"math", "format", "code", "judge", "reward_model"})
 
 
 def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
