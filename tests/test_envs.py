@@ -168,6 +168,23 @@ def test_guess_number_spread_demonstrations_search_every_interval():
         GuessNumber(demo_spread=1.5)
 
 
+def test_guess_number_shaping_pays_for_information_and_keeps_solved_at_one_or_more():
+    """Hand-computed: in 1..64, 32 -> "higher" leaves 33..64 (log2(64/32) = 1 bit of log2(64) = 6)."""
+    env = _guess(37, high=64, shaping=0.6)
+    first = env.step("32")
+    assert first.reward == pytest.approx(0.6 * 1 / 6)
+    assert env.step("32").reward == 0.0  # a repeated guess narrows nothing
+    assert env.step("20").reward == 0.0  # nor does one outside the interval still possible
+    rewards = [first.reward] + [env.step(g).reward for g in ("48", "40", "36", "38", "37")]
+    assert env.turns == 8 and sum(rewards) == pytest.approx(1.0 + 0.6)  # solved: 1 + all the shaping
+    unsolved = _guess(37, high=64, shaping=0.6)
+    total = sum(unsolved.step(g).reward for g in ("32", "48", "40", "36", "38", "36", "36", "36"))
+    assert total == pytest.approx(0.6) and total < 1.0  # narrowed to one number but never said it
+    assert _guess(37, high=64).step("32").reward == 0.0  # off by default
+    with pytest.raises(ValueError, match="shaping"):
+        GuessNumber(shaping=1.0)
+
+
 # --- frozen_lake ---
 
 LAKE = ["SFFF", "FHFH", "FFFH", "HFFG"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from collections import deque
@@ -146,21 +147,32 @@ class GuessNumber(Environment):
     uses a turn. Reward 1.0 on the right guess; after `max_turns` (binary search's worst case + `slack`)
     wrong ones the episode ends with 0. Samples cycle through the split's secrets in a shuffled order,
     so every secret weighs the same in an evaluation.
+
+    `shaping` > 0 adds a per-turn reward for the information a guess earns: `shaping` times the share of
+    log2(high) by which the interval of still-possible secrets shrank. A game that finds the secret
+    collects exactly `shaping` over its turns (the interval ends at one number), one that does not
+    collects less; a repeated or inconsistent guess earns nothing. A solved game scores 1 + shaping, an
+    unsolved one at most `shaping` (< 1), so "reward >= 1" still means solved.
     """
 
     max_turns = 7
 
-    def __init__(self, high: int = 32, slack: int = 1, demo_spread: float = 0.0) -> None:
+    def __init__(
+        self, high: int = 32, slack: int = 1, demo_spread: float = 0.0, shaping: float = 0.0
+    ) -> None:
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack}")
         if not 0.0 <= demo_spread <= 1.0:
             raise ValueError(f"demo_spread must be in [0, 1], got {demo_spread}")
-        self.high, self.slack, self.demo_spread = high, slack, demo_spread
+        if not 0.0 <= shaping < 1.0:
+            raise ValueError(f"shaping must be in [0, 1), got {shaping}")
+        self.high, self.slack, self.demo_spread, self.shaping = high, slack, demo_spread, shaping
         self.max_turns = high.bit_length() + slack
         self.secret = 0
         self.turns = 0
+        self.low_seen, self.high_seen = 1, high
 
     @classmethod
     def make_samples(cls, n: int, seed: int, split: str, high: int = 32, **args: Any) -> list[Sample]:
@@ -196,6 +208,7 @@ class GuessNumber(Environment):
         if not 1 <= self.secret <= self.high:
             raise ValueError(f"guess_number sample {sample.id!r}: secret {self.secret} not in 1..{self.high}")
         self.turns = 0
+        self.low_seen, self.high_seen = 1, self.high
         return [_user(_guess_prompt(self.high))]
 
     def step(self, assistant_message: str) -> StepResult:
@@ -205,9 +218,23 @@ class GuessNumber(Environment):
         if match is None:
             return StepResult([_user("Reply with a number.")], done=out_of_turns, info={"invalid": 1.0})
         guess = _parse_int(match.group())
+        information = self._narrow(guess)
         if guess == self.secret:
-            return StepResult([], reward=1.0, done=True, info={"solved": 1.0})
-        return StepResult([_user("higher" if guess < self.secret else "lower")], done=out_of_turns)
+            return StepResult([], reward=1.0 + information, done=True, info={"solved": 1.0})
+        reply = "higher" if guess < self.secret else "lower"
+        return StepResult([_user(reply)], reward=information, done=out_of_turns)
+
+    def _narrow(self, guess: int) -> float:
+        """Shrink the interval of still-possible secrets by the guess; the shaping reward it earned."""
+        before = self.high_seen - self.low_seen + 1
+        if guess == self.secret:
+            self.low_seen = self.high_seen = guess
+        elif guess < self.secret:
+            self.low_seen = max(self.low_seen, guess + 1)
+        else:
+            self.high_seen = min(self.high_seen, guess - 1)
+        after = self.high_seen - self.low_seen + 1
+        return self.shaping * math.log2(before / after) / math.log2(self.high)
 
     def demonstration(self, sample: Sample) -> list[Message]:
         messages = self.reset(sample)
