@@ -171,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from hone.orchestration.loop import RunInterrupted, SetupError
+    from hone.rewards.scoring import RewardOutageError
     from hone.training.trainer import NonFiniteGradientError
 
     handlers = {"train": _train, "sft": _sft, "eval": _eval}
     with _signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)
-        except (ConfigError, SetupError, NonFiniteGradientError) as e:
+        except (ConfigError, SetupError, NonFiniteGradientError, RewardOutageError) as e:
             return _error(e)
         except (RunInterrupted, KeyboardInterrupt) as e:
             if os.environ.get("HONE_DEBUG"):

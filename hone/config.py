@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from hone.algorithms.metrics import check_pass_at_ks
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
@@ -119,10 +120,6 @@ class RewardComponentConfig(Section):
     )
 
 
-# Built-in rewards that grade an answer right or wrong: the default correctness component.
-VERIFIER_REWARDS = ("task", "math", "code", "env")
-
-
 class RewardConfig(Section):
     fn: str | None = Field(
         None, description="one reward: a built-in name (math, code, format, ...), 'task', or 'pkg.mod:fn'"
@@ -131,8 +128,13 @@ class RewardConfig(Section):
     components: dict[str, RewardComponentConfig] = Field(
         default_factory=dict, description="several rewards, summed with weights, each logged by name"
     )
-    timeout_s: float = Field(30.0, gt=0, description="per-call timeout; a timed-out call scores 0")
+    timeout_s: float = Field(
+        30.0, gt=0, description="per-call timeout; a timed-out call is left out of training (reward/timeouts)"
+    )
     max_concurrency: int = Field(16, ge=1, description="reward calls running at once")
+    max_failed_steps: int = Field(
+        5, ge=1, description="stop the run after this many RL steps in a row on which every reward failed"
+    )
     sandbox_concurrency: int | None = Field(
         None,
         ge=1,
@@ -151,15 +153,17 @@ class RewardConfig(Section):
         return self
 
     def correctness_component(self) -> str | None:
-        """The component `eval/accuracy` counts: the one marked `correctness: true`, else the only one,
-        else the first verifier (task, math, code, env); None (the total reward) when there is none."""
+        """The component `eval/accuracy` counts, by the scorer's rule (`correctness_component`): the one
+        marked `correctness: true`, else the only one, else the first verifier (task, math, code, env);
+        None (the total reward) when there is none."""
+        # Imported here: the rewards package loads transformers (judge, reward model), and a recipe is
+        # checked before anything heavy loads.
+        from hone.rewards.scoring import VERIFIER_REWARDS, correctness_component
+
         resolved = self.resolved()
         marked = [name for name, c in resolved.items() if c.correctness]
-        if marked:
-            return marked[0]
-        if len(resolved) == 1:
-            return next(iter(resolved))
-        return next((name for name, c in resolved.items() if c.fn in VERIFIER_REWARDS), None)
+        verifiers = [name for name, c in resolved.items() if c.fn in VERIFIER_REWARDS]
+        return correctness_component(list(resolved), marked, verifiers)
 
     def resolved(self) -> dict[str, RewardComponentConfig]:
         """The components to build: `components`, or the single `fn` (default 'task') named after it."""
@@ -297,9 +301,7 @@ class EvalConfig(Section):
 
     @model_validator(mode="after")
     def _k_within_n(self) -> EvalConfig:
-        too_big = [k for k in self.k if not 1 <= k <= self.n]
-        if too_big:  # pass@k needs k of the n samples per problem: refuse rather than drop it silently
-            raise ValueError(f"k={too_big}: pass@k needs 1 <= k <= eval.n (n={self.n}); raise eval.n")
+        check_pass_at_ks(self.k, self.n)
         return self
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hone.config import AlgorithmConfig, TrainerConfig, load_config
+from hone.config import AlgorithmConfig, ConfigError, TrainerConfig, load_config
 from hone.orchestration import evaluate as evaluate_module
 from hone.orchestration import loop
 from hone.orchestration.collate import collate
@@ -24,6 +24,7 @@ from hone.orchestration.components import RunComponents, load_reward
 from hone.orchestration.loop import SetupError, drop_zero_variance_groups, rl_step, train
 from hone.orchestration.prompts import PromptStream
 from hone.rewards import RewardScorer
+from hone.rewards.scoring import RewardOutageError
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
@@ -431,6 +432,27 @@ def test_rollouts_whose_reward_failed_are_left_out_of_the_loss_and_the_rest_are_
     assert metrics["reward/excluded_frac"] == pytest.approx(2 / 6)
 
 
+def test_steps_on_which_every_reward_failed_warn_once_then_stop_the_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A judge down fails every reward: such a step trains on nothing (failures are left out of the
+    loss). The first is a warning; `reward.max_failed_steps` (5) of them in a row stop the run."""
+
+    def crash() -> float:
+        raise ConnectionError("judge returned HTTP 502")
+
+    reward = RewardScorer(by_response({10: crash, 11: crash, 20: 1.0, 21: 0.0}))
+    down, up = {"a": [[10], [11]]}, {"a": [[20], [21]]}
+    with caplog.at_level("WARNING"):
+        for responses in [down] * 4 + [up] + [down] * 4:  # a step that trains ends the streak
+            metrics, trainer = one_step(monkeypatch, responses, reward)
+            assert metrics["reward/excluded_frac"] == (0.0 if responses is up else 1.0)
+            assert len(trainer.batches) == (responses is up)
+    assert len([r for r in caplog.records if "the step trains on nothing" in r.getMessage()]) == 1
+    with pytest.raises(RewardOutageError, match=r"on 5 steps in a row \(reward.max_failed_steps\)"):
+        one_step(monkeypatch, down, reward)
+
+
 def test_reward_scoring_is_timed_apart_from_training(monkeypatch: pytest.MonkeyPatch) -> None:
     def slow(rollout: Rollout, sample: Sample) -> float:
         time.sleep(0.2)
@@ -464,6 +486,15 @@ def test_eval_accuracy_counts_the_correctness_component_not_the_shaped_total(
     )
     assert [r.reward for r in rollouts] == pytest.approx([0.5, 0.0, 1.0])  # overlong: -0.5 two tokens in
     assert out["eval/accuracy"] == pytest.approx(2 / 3) and out["eval/pass@1"] == pytest.approx(2 / 3)
+
+
+def test_a_pass_at_k_above_n_is_refused_alike_by_the_config_and_by_evaluate() -> None:
+    """The config check comes before any model loads, the library guard before any sampling: one check."""
+    with pytest.raises(ConfigError) as config_error:
+        load_config(None, ["eval.n=2", "eval.k=[1,8]"])
+    with pytest.raises(ValueError) as library_error:
+        evaluate_module.evaluate(None, None, [], None, SamplingParams(n=2), ks=[1, 8])  # type: ignore[arg-type]
+    assert str(library_error.value) in str(config_error.value)
 
 
 def micro_batch(policy: Policy, offset: float) -> Batch:

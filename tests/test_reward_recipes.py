@@ -10,6 +10,7 @@ import pytest
 from hone.config import ConfigError, load_config
 from hone.data import get_task
 from hone.orchestration.components import load_reward
+from hone.rewards import scoring
 from hone.types import Rollout, Sample
 
 
@@ -140,3 +141,20 @@ def test_two_correctness_components_are_refused_at_load() -> None:
     two = "{a: {fn: math, correctness: true}, b: {fn: code, correctness: true}}"
     with pytest.raises(ConfigError, match=r"reward: only one reward component can set correctness"):
         load_config(None, ["reward.fn=null", f"reward.components={two}"])
+
+
+def test_config_and_scorer_choose_the_correctness_component_by_one_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One function decides, for a recipe and for a scorer built by hand (which knows no verifiers)."""
+    seen: list[tuple[list[str], list[str], list[str]]] = []
+
+    def rule(names: list[str], marked: list[str], verifiers: list[str] | tuple[()] = ()) -> str:
+        seen.append((list(names), list(marked), list(verifiers)))
+        return "decided"
+
+    monkeypatch.setattr(scoring, "correctness_component", rule)
+    cfg = load_config(None, ["reward.fn=null", "reward.components={fmt: {fn: format}, right: {fn: math}}"])
+    assert cfg.reward.correctness_component() == "decided"
+    assert scoring.RewardScorer([scoring.RewardComponent("x", lambda r, s: 1.0)]).correctness == "decided"
+    assert seen == [(["fmt", "right"], [], ["right"]), (["x"], [], [])]

@@ -17,6 +17,7 @@ from hone.rewards import (
     RewardScorer,
     Score,
     as_score,
+    own_time_budget,
     reward_failed,
     score_rollouts,
     task_reward,
@@ -234,3 +235,37 @@ def test_a_failed_verdict_is_flagged_until_the_rollout_is_scored_again() -> None
     assert reward_failed(rollouts[0])
     score_rollouts(rollouts, SAMPLES, exact)
     assert not reward_failed(rollouts[0]) and rollouts[0].reward == 1.0
+
+
+def test_a_reward_call_knows_its_own_time_budget_under_the_scorer_timeout() -> None:
+    """Sync (worker thread), async and batched calls all see their deadline: a verifier stops before
+    it and grades the response, since a timed-out call is left out of training instead."""
+    seen: dict[str, float | None] = {}
+
+    def sync(rollout: Rollout, sample: Sample) -> float:
+        seen["sync"] = own_time_budget()
+        return 1.0
+
+    async def async_(rollout: Rollout, sample: Sample) -> float:
+        seen["async"] = own_time_budget(cap=1.0)
+        return 1.0
+
+    class Batched:
+        def score_batch(self, rollouts: list[Rollout], samples: list[Sample]) -> list[float]:
+            seen["batch"] = own_time_budget()
+            return [1.0] * len(rollouts)
+
+    scorer = RewardScorer(
+        [
+            RewardComponent("sync", sync),
+            RewardComponent("async", async_, timeout_s=20.0),
+            RewardComponent("batch", Batched(), timeout_s=4.0),
+        ],
+        timeout_s=10.0,
+    )
+    scorer.score([rollout("s1", "x")], {"s1": Sample("s1", prompt="q")})
+    # 85% of what is left of each component's timeout (the rest: the verifier's own overheads); a cap wins.
+    assert seen["sync"] == pytest.approx(8.5, abs=0.1)
+    assert seen["async"] == 1.0
+    assert seen["batch"] == pytest.approx(3.4, abs=0.1)
+    assert own_time_budget() is None and own_time_budget(cap=2.0) == 2.0  # outside a scorer call

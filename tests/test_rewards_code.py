@@ -4,11 +4,13 @@ the reward hacks the assert harness must not reward (early exit, forged reports)
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from hone.rewards import REWARDS, code_reward, extract_code
 from hone.rewards.code import normalize_output, run_tests
+from hone.rewards.scoring import RewardComponent, RewardScorer, reward_failed
 from hone.types import Rollout, Sample
 from tests.conftest import needs_sandbox
 
@@ -133,3 +135,35 @@ def test_registered_code_reward_reads_tests_from_sample_meta() -> None:
         reward(rollout, Sample("q", prompt="add"))
     with pytest.raises(ValueError, match="mode must be"):
         REWARDS["code"](mode="most")
+
+
+# Passes the "ok" test, hangs on every other input.
+HANGS_BUT_ONE = respond("import time\nif input() != 'ok':\n    time.sleep(60)\nprint('ok')")
+HANGING_TESTS = [{"input": "ok", "output": "ok"}] + [{"input": "x", "output": "x"}] * 7
+
+
+@needs_sandbox
+def test_hanging_tests_are_graded_within_the_component_timeout_not_timed_out() -> None:
+    """Seven tests hanging for their own timeout (1 s, +0.5 s before the kill) overrun the call's 4 s: a
+    timed-out call would be left out of training. The tests share a budget under the call's timeout
+    instead, and those left when it is spent fail: the passing share is 1/8."""
+    reward = REWARDS["code"](mode="fraction", timeout_s=1.0)
+    scorer = RewardScorer([RewardComponent("code", reward)], timeout_s=4.0)
+    slow = Rollout("s", 0, [1, 2], 1, [1], [0.0], response_text=HANGS_BUT_ONE)
+    metrics = scorer.score([slow], {"s": Sample("s", prompt="echo", meta={"tests": HANGING_TESTS})})
+    assert metrics["reward/timeouts"] == 0.0 and not reward_failed(slow)
+    assert slow.reward == pytest.approx(1 / 8)
+
+
+@needs_sandbox
+def test_total_timeout_caps_the_tests_run_time_outside_a_scorer() -> None:
+    start = time.monotonic()
+    score = code_reward(HANGS_BUT_ONE, HANGING_TESTS, mode="fraction", timeout_s=1.0, total_timeout_s=2.0)
+    # 2 s cover one hanging test (1 s + the 0.5 s kill margin) after the passing one, not a second.
+    assert score == pytest.approx(1 / 8)
+    assert time.monotonic() - start < 5.0
+
+
+def test_total_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="total_timeout_s > 0"):
+        REWARDS["code"](total_timeout_s=0)

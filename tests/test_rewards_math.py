@@ -1,5 +1,5 @@
 """The math verifier: extraction rules and their priority, math-verify equivalence, the numeric fast
-path, peers' known bugs, worker threads and signal timers, and the registered `math` reward.
+path, peers' known bugs, worker threads, signal timers and deadlines, and the registered `math` reward.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from hone.rewards import math as math_module
 from hone.rewards.math import MAX_ANSWER_CHARS, extract_answer, math_reward, math_verifier, top_answer_share
 from hone.rewards.registry import REWARDS
+from hone.rewards.scoring import RewardComponent, RewardScorer, reward_failed
 from hone.types import Rollout, Sample
 
 GSM8K_SOLUTION = (
@@ -184,11 +185,24 @@ REQUIRE_EVALUATED_CASES = [
     case("undone-division-as-plain-fraction", "The answer is 60/2.", "30", 0.0),
     case("undone-denominator-one", "30/1", "30", 0.0),
     case("undone-parenthesised-division", r"\boxed{(60)/2}", "30", 0.0),
+    # A division is a number only as a fraction of integers in lowest terms.
+    case("undone-decimal-over-integer", "The answer is 4.5/9", "0.5", 0.0),
+    case("undone-spaced-decimal-division", r"\boxed{1.5 / 3}", "0.5", 0.0),
+    case("undone-latex-decimal-fraction", r"\boxed{\frac{1.5}{3}}", "0.5", 0.0),
+    case("undone-division-by-a-decimal", r"\boxed{3/4.0}", "0.75", 0.0),
+    case("undone-decimal-over-one", r"\boxed{0.5/1}", "0.5", 0.0),
+    case("undone-chained-division", r"\boxed{1/2/1}", "0.5", 0.0),
+    case("undone-signed-unreduced-latex-fraction", r"\boxed{\frac{-2}{4}}", "-0.5", 0.0),
+    case("undone-unreduced-shorthand-fraction", r"\boxed{\dfrac24}", "0.5", 0.0),
     case("done-after-equals", "The answer is $67 - 37 = 30$.", "30", 1.0),
     case("done-boxed-equation", r"\boxed{67 - 37 = 30}", "30", 1.0),
     case("done-value-after-which-is", "The answer is 67 - 37, which is 7.", "7", 1.0),
     case("done-reduced-fraction", "3/2", "1.5", 1.0),
     case("done-reduced-latex-fraction", r"\boxed{\frac{3}{2}}", "1.5", 1.0),
+    case("done-signed-latex-fraction", r"\boxed{\frac{-1}{2}}", "-0.5", 1.0),
+    case("done-shorthand-fraction", r"\boxed{\dfrac12}", "0.5", 1.0),
+    case("done-value-after-a-decimal-division", "The answer is 4.5/9, which is 0.5.", "0.5", 1.0),
+    case("done-slash-in-units-is-no-division", r"\boxed{60 \text{ km/h}}", "60", 1.0),
     case("done-negative", r"\boxed{-7}", "-7", 1.0),
     case("done-zero-padded", "045+367=0412", "412", 1.0),
     case("done-thousands-and-currency", r"\boxed{\$1,234.50}", "1234.5", 1.0),
@@ -367,6 +381,43 @@ def test_grading_off_the_main_thread_logs_no_timeout_warning(caplog: pytest.LogC
         thread.join()
     assert results == [1.0]
     assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+
+
+# sympy computes this binomial exactly: minutes. Not caught by `_too_costly` (no huge power or factorial).
+PATHOLOGICAL = r"\boxed{\binom{10^{9}}{5 \cdot 10^{8}}}"
+
+
+def test_a_comparison_past_its_deadline_scores_0_off_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """math-verify's own (signal) timeouts cannot work in a worker thread; the comparison's deadline does."""
+    monkeypatch.setattr(math_module, "COMPARE_TIMEOUT_S", 0.3)
+    results: list[float] = []
+    thread = threading.Thread(target=lambda: results.append(math_reward(PATHOLOGICAL, "5")), daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(timeout=20)
+    assert results == [0.0]
+    assert time.monotonic() - start < 10
+
+
+def test_a_pathological_answer_is_graded_0_by_the_scorer_not_timed_out() -> None:
+    """A scorer timeout leaves the rollout out of training; a slow answer is the response's doing, so the
+    comparison's deadline (below the call's timeout) must come first and grade it."""
+    scorer = RewardScorer([RewardComponent("math", REWARDS["math"]())], timeout_s=2.0)
+    slow = rollout(PATHOLOGICAL)
+    metrics = scorer.score([slow], {"s1": Sample("s1", prompt="?", answer="5")})
+    assert metrics["reward/timeouts"] == 0.0 and metrics["reward/errors"] == 0.0
+    assert not reward_failed(slow) and slow.reward == 0.0
+
+
+def test_a_deadline_never_fires_after_its_block() -> None:
+    """The deadline is an exception raised into the thread: once the block is left it must not arrive."""
+    for _ in range(300):
+        try:
+            with math_module._deadline(0.0002):
+                sum(range(500))
+        except math_module._CompareTimeout:
+            pass
+        sum(range(2000))  # a late exception would be raised here, outside any handler
 
 
 def test_top_answer_share_counts_the_most_common_final_answer() -> None:

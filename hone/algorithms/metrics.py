@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import comb
 
 
@@ -15,3 +16,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def check_pass_at_ks(ks: Sequence[int], n: int) -> None:
+    """Refuse a pass@k that `n` samples per problem cannot estimate (k outside 1..n): checked before
+    anything is sampled, so no pass@k is ever dropped silently. One check for the config (`eval.k`,
+    `eval.n`, before any model loads) and for `evaluate` (the library guard)."""
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(
+            f"k={bad}: pass@k needs 1 <= k <= eval.n (samples per problem); got k={list(ks)}, n={n}"
+        )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import pass_at_k
+from hone.algorithms.metrics import check_pass_at_ks
 from hone.orchestration.prompts import generation_requests
 from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
@@ -44,8 +45,7 @@ def evaluate(
     splits the accuracy by how many assistant turns the correct episodes took (with an environment that
     ends at success, that is the turn that solved it: what retrying or reading observations adds).
     """
-    if any(not 1 <= k <= params.n for k in ks):  # checked before sampling: never drop a pass@k silently
-        raise ValueError(f"pass@k needs 1 <= k <= n samples per problem; got k={list(ks)}, n={params.n}")
+    check_pass_at_ks(ks, params.n)
     if episodes is None:
         rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
     else:

@@ -161,6 +161,8 @@ def rl_step(
     new_tokens = sum(r.response_len for r in rollouts)
 
     rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
+    # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
+    parts.reward.outage.observe(step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps)
     if parts.episodes is not None and cfg.env.drop_void_turns:
         kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
         metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))

@@ -6,7 +6,15 @@ Importing this package registers the built-in rewards (`REWARDS`): `math`, `code
 
 # Each module registers its rewards on import.
 from hone.rewards import code, env, judge, math, model, shaping  # noqa: F401
-from hone.rewards.base import BatchRewardFn, RewardFn, Score, TextVerifier, as_score, task_reward
+from hone.rewards.base import (
+    BatchRewardFn,
+    RewardFn,
+    Score,
+    TextVerifier,
+    as_score,
+    own_time_budget,
+    task_reward,
+)
 from hone.rewards.code import code_reward, extract_code
 from hone.rewards.math import extract_answer, math_reward, top_answer_share
 from hone.rewards.registry import REWARDS, register_reward
@@ -28,6 +36,7 @@ __all__ = [
     "extract_code",
     "math_reward",
     "overlong_penalty",
+    "own_time_budget",
     "register_reward",
     "reward_failed",
     "score_rollouts",

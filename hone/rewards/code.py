@@ -19,6 +19,13 @@ which may be mixed:
 Score: `mode="all"` (default) gives 1.0 only when every test passes (the usual RLVR reward, e.g.
 DeepSeek-R1's code rewards); `mode="fraction"` gives the share of passing tests (denser, but it
 rewards partial solutions and is easier to game with special-casing).
+
+Time: each test runs under `timeout_s` (one process for all assert tests), and the tests of one call
+share a budget of program run time: the component's timeout (`reward.timeout_s` or its own) less a
+margin for process start-up and clean-up, or `total_timeout_s` when smaller. Tests left when it is
+spent fail. Why: a call that outlives its timeout is left out of training as an infrastructure
+failure, so without the budget a program whose tests all hang would escape its 0 (seven tests of 5 s
+overrun the default 30 s). Many slow tests need a larger component timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import secrets
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from hone.rewards.base import own_time_budget
 from hone.rewards.registry import register_reward
+from hone.rewards.sandbox import _KILL_MARGIN_S as KILL_MARGIN_S
 from hone.rewards.sandbox import Isolation, SandboxOptions, SandboxResult, run_python
 from hone.types import Rollout, Sample
 
@@ -95,25 +104,30 @@ def run_tests(
     isolation: Isolation = "auto",
     python: str | None = None,
     stop_at_first_failure: bool = False,
+    total_timeout_s: float | None = None,
 ) -> list[bool]:
-    """Pass/fail of every test, in order. Raises ValueError for a malformed test (names its index)."""
+    """Pass/fail of every test, in order; tests left when the run-time budget is spent (see the module
+    docstring) fail. Raises ValueError for a malformed test (names its index)."""
     asserts = [(i, _check_test(i, t)) for i, t in enumerate(tests)]
+    clock = _Budget(own_time_budget(total_timeout_s))
     results: dict[int, bool] = {}
     assert_tests = [(i, src) for i, (kind, src) in asserts if kind == "assert"]
-    if assert_tests:
+    if assert_tests and (limit := clock.timeout(timeout_s)) is not None:
         srcs = [src for _, src in assert_tests]
-        passed = _run_asserts(program, srcs, timeout_s, memory_mb, isolation, python)
+        passed, spent = _run_asserts(program, srcs, limit, memory_mb, isolation, python)
+        clock.spend(spent)
         results.update({i: ok for (i, _), ok in zip(assert_tests, passed, strict=True)})
         if stop_at_first_failure and not all(passed):
             return [results.get(i, False) for i in range(len(tests))]
     for i, test in enumerate(tests):
         if "assert" in test:
             continue
+        if (limit := clock.timeout(timeout_s)) is None:
+            break
         expected = str(test["output"])
         room = SandboxOptions(python=python, max_output_bytes=max(64 * 1024, 2 * len(expected) + 1024))
-        result = run_python(
-            program, str(test["input"]), timeout_s, memory_mb, limits=room, isolation=isolation
-        )
+        result = run_python(program, str(test["input"]), limit, memory_mb, limits=room, isolation=isolation)
+        clock.spend(result.duration_s)
         results[i] = _io_passed(result, expected)
         if stop_at_first_failure and not results[i]:
             break
@@ -129,8 +143,10 @@ def code_reward(
     memory_mb: int = 512,
     isolation: Isolation = "auto",
     python: str | None = None,
+    total_timeout_s: float | None = None,
 ) -> float:
-    """1.0 when the response's last code block passes every test (or the passing share, `fraction`)."""
+    """1.0 when the response's last code block passes every test (or the passing share, `fraction`).
+    `total_timeout_s`: the tests' shared run-time budget (default: none outside a scorer call)."""
     if not tests:
         raise ValueError("code_reward needs at least one test")
     program = extract_code(response)
@@ -144,6 +160,7 @@ def code_reward(
         isolation=isolation,
         python=python,
         stop_at_first_failure=mode == "all",
+        total_timeout_s=total_timeout_s,
     )
     return float(all(passed)) if mode == "all" else sum(passed) / len(tests)
 
@@ -156,13 +173,17 @@ def code(
     memory_mb: int = 512,
     isolation: Isolation = "auto",
     python: str | None = None,
+    total_timeout_s: float | None = None,
 ) -> Any:
     """`reward.fn: code`: tests come from `sample.meta[tests_field]` (a list, or a JSON string of one).
+    `total_timeout_s` caps the tests' shared run-time budget below what the component's timeout allows.
     Settings are checked here, once, so a bad one fails the run at setup rather than every rollout."""
     if mode not in ("all", "fraction"):
         raise ValueError(f"code reward mode must be 'all' or 'fraction', got {mode!r}")
     if timeout_s <= 0 or memory_mb < 32:
         raise ValueError(f"code reward needs timeout_s > 0 and memory_mb ≥ 32, got {timeout_s}, {memory_mb}")
+    if total_timeout_s is not None and total_timeout_s <= 0:
+        raise ValueError(f"code reward needs total_timeout_s > 0 (or null), got {total_timeout_s}")
     probe = run_python("print(6 * 7)", limits=SandboxOptions(python=python), isolation=isolation)
     if probe.stdout != "42\n":
         raise RuntimeError(f"the code sandbox cannot run a trivial program here: {probe.stderr[-300:]}")
@@ -181,9 +202,29 @@ def code(
             memory_mb=memory_mb,
             isolation=isolation,
             python=python,
+            total_timeout_s=total_timeout_s,
         )
 
     return reward
+
+
+class _Budget:
+    """Program run time left to one call's tests (None: unlimited)."""
+
+    def __init__(self, total_s: float | None) -> None:
+        self.left = total_s
+
+    def timeout(self, per_test_s: float) -> float | None:
+        """The next run's timeout, or None when the budget cannot cover a run: the sandbox grants a run
+        `KILL_MARGIN_S` past its timeout before the kill, which the budget must cover too."""
+        if self.left is None:
+            return per_test_s
+        limit = min(per_test_s, self.left - KILL_MARGIN_S)
+        return limit if limit > 0 else None
+
+    def spend(self, seconds: float) -> None:
+        if self.left is not None:
+            self.left -= seconds
 
 
 def _check_test(index: int, test: object) -> tuple[str, str]:
@@ -204,13 +245,15 @@ def _io_passed(result: SandboxResult, expected: str) -> bool:
 
 def _run_asserts(
     program: str, tests: list[str], timeout_s: float, memory_mb: int, isolation: Isolation, python: str | None
-) -> list[bool]:
+) -> tuple[list[bool], float]:
+    """Pass/fail of each assert test, and the seconds the harness ran."""
     nonce = secrets.token_hex(16)
     payload = json.dumps({"program": program, "tests": tests, "nonce": nonce})
     options = SandboxOptions(python=python)
     result = run_python(_ASSERT_HARNESS, payload, timeout_s, memory_mb, limits=options, isolation=isolation)
     reports = [line for line in result.stdout.splitlines() if line.startswith(nonce + " ")]
+    failed = [False] * len(tests)
     if result.timed_out or not reports:
-        return [False] * len(tests)
+        return failed, result.duration_s
     bits = reports[-1].split(" ", 1)[1]
-    return [bit == "1" for bit in bits] if len(bits) == len(tests) else [False] * len(tests)
+    return ([bit == "1" for bit in bits] if len(bits) == len(tests) else failed), result.duration_s

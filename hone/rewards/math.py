@@ -43,8 +43,12 @@ Where this departs from peers, and why:
   `50\\%` = `50`, for "what percent" questions answered with or without the sign), but `0.5\\%` ≠ `0.5`.
   Kept as is: that leniency matches how MATH references are written.
 - math-verify times its calls out with `signal.alarm`, which raises outside the main thread and
-  would cancel a caller's own pending alarm. Its timeouts are used only on the main thread with no
-  interval timer pending; otherwise the reward runner's per-call timeout is the guard.
+  would cancel a caller's own pending alarm. Instead one deadline covers a whole comparison (10 s,
+  math-verify's 5 s to parse plus 5 s to verify, or less when the scorer's timeout for the call is
+  nearer: `own_time_budget`), in any thread: a comparison past it scores 0. It is the response's
+  doing (math has no infrastructure to fail), and a call that timed out in the scorer would be left
+  out of training instead of graded. The deadline is delivered as math-verify's own signal handler
+  delivers it, as an exception between two bytecodes; a single long C call is cut when it returns.
 - Short answers can still explode in sympy (`9^{9^{9^9}}`, `(x+1)^{1000}`: seconds to forever, and an
   answer-length cap cannot catch them). Answers over `MAX_ANSWER_CHARS` score 0, and a parsed side
   with a huge exponent or factorial is compared as a whitespace-free string instead of symbolically.
@@ -52,24 +56,26 @@ Where this departs from peers, and why:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import logging
-import os
 import re
-import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from math import gcd
 from typing import Any
 
+from hone.rewards.base import own_time_budget
 from hone.rewards.registry import register_reward
 from hone.types import Rollout, Sample
 
+logger = logging.getLogger(__name__)
+
 MAX_ANSWER_CHARS = 1000
-_PARSE_TIMEOUT_S = 5  # math-verify's own defaults, used where its signal-based timeout is safe
-_VERIFY_TIMEOUT_S = 5
+COMPARE_TIMEOUT_S = 10.0  # math-verify's own defaults: 5 s to parse, 5 s to verify
 # Past these, sympy's evaluation or expansion takes seconds or never ends (measured: (x+1)^1000 vs 5
 # takes 6 s, (x+1)^64 0.2 s, 2^10000 is instant).
 _MAX_NUMERIC_EXPONENT = 10_000
@@ -94,16 +100,16 @@ _NUMBER = re.compile(
 )
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+|\d+/\d+)")
 # A binary operation between two operands: `67 - 37`, `9 x 9`, `2^{10}` (not `90^\\circ`), `(6)/2`; `(3)(4)`
-# is missed. A slash between two numbers is a fraction, which `_FRACTION` judges.
+# is missed. A slash or `\\frac` is a division, which `_divisions` judges.
 _OPERATION = re.compile(
     r"[\d)}]\s*(?:[-+*×÷·x]|\^(?!\s*\{?\s*\\circ)|\\times|\\cdot|\\div)\s*[\d({\\]|[)}]\s*/|/\s*[({\\]"
 )
 # A root, binomial or factorial: `\\sqrt{16}`, `\\binom{5}{2}`, `5!`.
 _FUNCTION = re.compile(r"\\(?:sqrt|root|binom|choose)(?![A-Za-z])|\d\s*!")
-# `6/4`, `\\frac{6}{4}`, `\\dfrac64` (numerator, denominator); not the `5/3` inside `1.5/3`.
-_FRACTION = re.compile(
-    r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}|\\[dt]?frac\s*(\d)\s*(\d)|(?<![\d.])(\d+)\s*/\s*(\d+)(?![\d.])"
-)
+_FRAC = re.compile(r"\\[dt]?frac(?![A-Za-z])")
+# Text groups hold units (`\\text{ km/h}`): a slash there is no division.
+_TEXT_GROUP = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_INTEGER = re.compile(r"[-+]?\d+")
 # After "the answer is X": ", which is Y" / " which equals Y" / " that gives Y", Y starting as math does.
 _THEN_VALUE = re.compile(
     r"\s*,?\s*(?:which|that)\s+(?:is\s+equal\s+to|is|equals|gives|makes)\s+(?=[-+$\\\d(]|\*\*)", re.IGNORECASE
@@ -254,7 +260,7 @@ def _first_clause(sentence: str) -> tuple[str, str]:
 
 
 def _is_calculation(text: str) -> bool:
-    return bool(_OPERATION.search(text) or _FUNCTION.search(text) or _FRACTION.search(text))
+    return bool(_OPERATION.search(text) or _FUNCTION.search(text) or any(_divisions(text)))
 
 
 def _after_arithmetic_equals(answer: str) -> str:
@@ -319,23 +325,52 @@ def _equivalent(pred: str, gold: str) -> bool:
 
 
 def _unevaluated(pred: str) -> bool:
-    """Whether an answer is arithmetic left undone (`67 - 37`, `9 \\times 9`, `\\sqrt{16}`, `6/4`).
+    """Whether an answer is arithmetic left undone (`67 - 37`, `9 \\times 9`, `\\sqrt{16}`, `6/4`, `4.5/9`).
 
     math-verify evaluates such an expression and calls it equal, so where computing is the point a
     policy learns to copy the question's operands and leave the sum to the verifier. Only the value
     after the last `=` counts (`67 - 37 = 30` is an answer); scientific notation (`1.5 \\times 10^{3}`)
-    is a number, and so is a fraction in lowest terms (`3/2`, `\\frac{3}{2}`).
+    is a number, and so is a fraction of integers in lowest terms (`3/2`, `\\frac{-3}{2}`); any other
+    division (`4.5/9`, `\\frac{1.5}{3}`, `1/2/1`, `6/4`) is not.
     """
     final = pred.rsplit("=", 1)[-1].strip()
     if _SCIENTIFIC.fullmatch(final):
         return False
-    return bool(_OPERATION.search(final) or _FUNCTION.search(final)) or any(
-        _unreduced(*(int(g) for g in match.groups() if g is not None)) for match in _FRACTION.finditer(final)
-    )
+    if _OPERATION.search(final) or _FUNCTION.search(final):
+        return True
+    return not all(_lowest_terms(num, den) for num, den in _divisions(final))
 
 
-def _unreduced(numerator: int, denominator: int) -> bool:
-    return denominator <= 1 or gcd(numerator, denominator) != 1
+def _divisions(text: str) -> Iterator[tuple[str, str]]:
+    """(numerator, denominator) of every `\\frac` and every `/` in `text`, as written: a slash's operands
+    are the number-or-word runs on either side (empty after a bracket: `(6)/2`)."""
+    for match in _FRAC.finditer(text):
+        numerator, after = _macro_argument(text, match.end())
+        denominator, _ = _macro_argument(text, after)
+        yield numerator or "", denominator or ""
+    plain = _TEXT_GROUP.sub(" ", _FRAC.sub(" ", text))
+    for at in (i for i, char in enumerate(plain) if char == "/"):
+        left = re.search(r"[-+]?[\w.]*$", plain[:at].rstrip())
+        right = re.match(r"[-+]?[\w.]*", plain[at + 1 :].lstrip())
+        yield (left.group() if left else ""), (right.group() if right else "")
+
+
+def _macro_argument(text: str, start: int) -> tuple[str | None, int]:
+    """A LaTeX macro's argument starting at `start`: a braced group, else one character (`\\frac12`)."""
+    i = start
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if i < len(text) and text[i] == "{":
+        return _braced(text, i)
+    return (text[i], i + 1) if i < len(text) else (None, i)
+
+
+def _lowest_terms(numerator: str, denominator: str) -> bool:
+    """Whether a division is a fraction of integers in lowest terms (denominator > 1), i.e. a number."""
+    if not (_INTEGER.fullmatch(numerator.strip()) and _INTEGER.fullmatch(denominator.strip())):
+        return False
+    top, bottom = int(numerator), int(denominator)
+    return bottom > 1 and gcd(top, bottom) == 1
 
 
 def _as_fraction(text: str) -> Fraction | None:
@@ -348,18 +383,62 @@ def _as_fraction(text: str) -> Fraction | None:
 
 
 def _math_verify_equal(pred: str, gold: str) -> bool:
+    """math-verify's verdict, False when it takes longer than the comparison's deadline."""
     parse, verify = _math_verify()
-    timeouts = _own_timeouts_allowed()
-    parse_timeout = _PARSE_TIMEOUT_S if timeouts else None
-    # `$...$` makes math-verify's LaTeX extraction take the answer whole (a `\boxed{...}` wrapper
-    # would lose e.g. `5.` and `5 $ dollars`).
-    gold_parsed = parse(f"${gold}$", parsing_timeout=parse_timeout)
-    pred_parsed = parse(f"${pred}$", parsing_timeout=parse_timeout)
-    if not gold_parsed or not pred_parsed:
+    budget = own_time_budget(COMPARE_TIMEOUT_S)
+    assert budget is not None  # capped
+    try:
+        with _deadline(budget):
+            # `$...$` makes math-verify's LaTeX extraction take the answer whole (a `\boxed{...}`
+            # wrapper would lose e.g. `5.` and `5 $ dollars`). Its own timeouts are off: ours covers both.
+            gold_parsed = parse(f"${gold}$", parsing_timeout=None)
+            pred_parsed = parse(f"${pred}$", parsing_timeout=None)
+            if not gold_parsed or not pred_parsed:
+                return False
+            if _too_costly(gold_parsed) or _too_costly(pred_parsed):
+                return re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", gold)
+            return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    except _CompareTimeout:
+        logger.warning(
+            "math reward: comparing %.80r with %.80r took over %.1f s; scored 0", pred, gold, budget
+        )
         return False
-    if _too_costly(gold_parsed) or _too_costly(pred_parsed):
-        return re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", gold)
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=_VERIFY_TIMEOUT_S if timeouts else None))
+
+
+class _CompareTimeout(BaseException):
+    """Raised into a thread whose comparison outlived its deadline. A BaseException, as math-verify's
+    own: sympy's and math-verify's `except Exception` clauses must not swallow it."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise `_CompareTimeout` in this thread if the block is still running after `seconds`."""
+    thread = threading.get_ident()
+    lock = threading.Lock()
+    armed = [True]
+
+    def fire() -> None:
+        with lock:
+            if armed[0]:
+                _raise_in(thread, _CompareTimeout)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:  # after this no exception can be raised into the thread, and none is pending
+            armed[0] = False
+            _raise_in(thread, None)
+
+
+def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
+    """Have `thread` raise `exception` at its next bytecode (None withdraws one not yet raised)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread), None if exception is None else ctypes.py_object(exception)
+    )
 
 
 @functools.cache
@@ -370,8 +449,8 @@ def _math_verify() -> tuple[Callable[..., list[Any]], Callable[..., bool]]:
     """
     from math_verify import parse, verify
 
-    # Off the main thread we pass timeout=None on purpose (the scorer times calls out itself), which
-    # math-verify answers with a "Timeout is disabled" warning: noise in every run's log.
+    # We pass timeout=None on purpose (`_deadline` times comparisons out), which math-verify answers
+    # with a "Timeout is disabled" warning: noise in every run's log.
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_drop_disabled_timeout_warning)
     return parse, verify
@@ -379,15 +458,6 @@ def _math_verify() -> tuple[Callable[..., list[Any]], Callable[..., bool]]:
 
 def _drop_disabled_timeout_warning(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Timeout is disabled")
-
-
-def _own_timeouts_allowed() -> bool:
-    """math-verify's `signal.alarm` timeout works only in the main thread, and its `alarm(0)` on exit
-    would silently cancel an interval timer the caller set, so use it only when neither is the case.
-    """
-    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
-        return False  # off POSIX it would fork a process per call instead
-    return signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
 
 
 def _too_costly(parsed: Iterable[Any]) -> bool:

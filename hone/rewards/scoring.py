@@ -7,22 +7,26 @@ outlives its timeout contributes 0 for that rollout and is counted in `reward/er
 flagged (`reward_failed`), so the loop can keep it out of the policy loss: an infrastructure failure
 is not a wrong answer.
 
-Correctness: one component may be the reward's correctness (`correctness=True`; a single component
-is it by default). Each rollout's unweighted value of it lands in `rollout.metrics["reward/correctness"]`
-(the total reward when no component is marked), which `eval/accuracy` counts: shaping such as an
-overlong penalty lowers the reward a correct answer earns, not whether it is correct.
+Correctness: one component may be the reward's correctness (`correctness=True`; otherwise the rule of
+`correctness_component`, which the config uses too: a single component is it). Each rollout's
+unweighted value of it lands in `rollout.metrics["reward/correctness"]` (the total reward when there
+is none), which `eval/accuracy` counts: shaping such as an overlong penalty lowers the reward a correct
+answer earns, not whether it is correct.
 
 Concurrency: async reward functions run on one event loop; sync ones each run in a daemon thread
 (a thread stuck in, say, a pathological sympy simplification cannot be killed, but it is abandoned at
 its timeout and cannot keep the process from exiting). At most `max_concurrency` calls run at once;
 the timeout clock of a call starts when the call does, not while it waits for a slot. A batched
-component (`score_batch`, e.g. a reward model) is one call for the whole batch.
+component (`score_batch`, e.g. a reward model) is one call for the whole batch. A call can read how
+long it has left (`own_time_budget`), so a verifier whose slowness is the response's doing (a hanging
+program, a sympy blow-up) scores it before the timeout rather than escaping as a failure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import math
@@ -33,13 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hone.aio import run_coroutine
-from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
+from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score, call_deadline
 from hone.types import Rollout, Sample
 
 logger = logging.getLogger(__name__)
 
 CORRECTNESS = "reward/correctness"  # per-rollout metric: the correctness component's unweighted value
 _FAILURE_FLAGS = ("reward/error", "reward/timeout")
+# Built-in rewards that grade an answer right or wrong: the default correctness component.
+VERIFIER_REWARDS = ("task", "math", "code", "env")
 
 
 @dataclass
@@ -87,8 +93,9 @@ class RewardScorer:
         marked = [c.name for c in components if c.correctness]
         if len(marked) > 1:
             raise ValueError(f"only one reward component can be the correctness one, got {marked}")
-        single = components[0].name if len(components) == 1 else None
-        self.correctness: str | None = marked[0] if marked else single  # None: the total reward
+        # A bare callable is not known to be a verifier: mark it, or the total reward is counted.
+        self.correctness: str | None = correctness_component(names, marked)
+        self.outage = OutageWatch()  # fed by the training loop, one step at a time
         self.components = list(components)
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
@@ -123,13 +130,15 @@ class RewardScorer:
     ) -> Score | _Failure:
         async with slots:
             try:
-                async with asyncio.timeout(timeout):  # one deadline, however the call is made
-                    if _is_async(fn):
-                        result = await fn(rollout, sample)  # type: ignore[misc]
-                    else:
-                        result = await _in_thread(fn, rollout, sample)
-                        if inspect.isawaitable(result):
-                            result = await result
+                # One deadline, however the call is made; the call can read it (`own_time_budget`).
+                with call_deadline(timeout):
+                    async with asyncio.timeout(timeout):
+                        if _is_async(fn):
+                            result = await fn(rollout, sample)  # type: ignore[misc]
+                        else:
+                            result = await _in_thread(fn, rollout, sample)
+                            if inspect.isawaitable(result):
+                                result = await result
                 return as_score(result)
             except TimeoutError:
                 return _Failure("timeout")
@@ -146,7 +155,8 @@ class RewardScorer:
     ) -> list[Score | _Failure]:
         async with slots:
             try:
-                values = await asyncio.wait_for(_in_thread(fn.score_batch, rollouts, samples), timeout)
+                with call_deadline(timeout):
+                    values = await asyncio.wait_for(_in_thread(fn.score_batch, rollouts, samples), timeout)
                 if len(values) != len(rollouts):
                     raise ValueError(
                         f"score_batch returned {len(values)} scores for {len(rollouts)} rollouts"
@@ -203,6 +213,54 @@ class RewardScorer:
         if rollouts:
             metrics["reward/mean"] = sum(r.reward for r in rollouts) / len(rollouts)
         return metrics
+
+
+def correctness_component(
+    names: Sequence[str], marked: Sequence[str], verifiers: Sequence[str] = ()
+) -> str | None:
+    """Which component `eval/accuracy` counts: the one `marked` as correctness, else the only one, else
+    the first of `verifiers` (components made by a built-in reward in `VERIFIER_REWARDS`, which the
+    config can name); None means the total reward. One rule for the config and the scorer."""
+    if marked:
+        return marked[0]
+    if len(names) == 1:
+        return names[0]
+    return verifiers[0] if verifiers else None
+
+
+class RewardOutageError(RuntimeError):
+    """Every rollout's reward failed on `reward.max_failed_steps` training steps in a row."""
+
+
+class OutageWatch:
+    """Training steps in a row on which every rollout's reward failed (a judge down, a sandbox that
+    cannot start). Such a step trains on nothing, since failed rewards are left out of the loss: the
+    first one is a warning, and `limit` in a row stop the run rather than spend its budget idling."""
+
+    def __init__(self) -> None:
+        self.streak = 0
+        self.warned = False
+
+    def observe(self, step: int, excluded_frac: float, limit: int) -> None:
+        """Record RL step `step` (0-based), whose `excluded_frac` of rollouts had a failed reward."""
+        if excluded_frac < 1.0:
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak >= limit:
+            raise RewardOutageError(
+                f"stopped at RL step {step + 1}: every rollout's reward failed (error or timeout) on "
+                f"{self.streak} steps in a row (reward.max_failed_steps), so nothing was trained; "
+                "the first failure is in the log. Fix the reward (a judge or sandbox down?) and resume"
+            )
+        if not self.warned:
+            self.warned = True
+            logger.warning(
+                "RL step %d: every rollout's reward failed (error or timeout); the step trains on "
+                "nothing. The run stops after reward.max_failed_steps=%d such steps in a row",
+                step + 1,
+                limit,
+            )
 
 
 def reward_failed(rollout: Rollout) -> bool:
@@ -273,9 +331,11 @@ def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         else:
             future.set_exception(error)
 
+    context = contextvars.copy_context()  # the call's deadline (`own_time_budget`) goes with it
+
     def job() -> None:
         try:
-            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+            outcome: tuple[Any, BaseException | None] = (context.run(fn, *args), None)
         except Exception as e:
             outcome = (None, e)
         except BaseException as e:  # SystemExit from a verifier must not end the trainer
