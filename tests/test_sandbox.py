@@ -10,6 +10,8 @@ alone; README "Reward sandbox" states that limit of `process` mode.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -19,12 +21,13 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hone.rewards import sandbox
-from hone.rewards.sandbox import SANDBOX_UID_BASE, SandboxOptions, run_python
+from hone.rewards.sandbox import SandboxOptions, run_python
 from tests.conftest import needs_sandbox, sandbox_unavailable
 
 MARGIN_S = 3.0  # interpreter start + kill + cleanup, generous for a loaded 2-core CI machine
@@ -51,26 +54,60 @@ def run(code: str, mode: str, timeout_s: float = 5, **kw: object) -> sandbox.San
     return result
 
 
-def stray_processes() -> list[str]:
-    """Live processes of a sandbox uid, or running the sandbox's boot code, anywhere on the machine."""
+@pytest.fixture
+def leased_uids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The uids this test's calls ran programs as (root only)."""
+    leased: list[int] = []
+    real_lease = sandbox._uid_lease
+
+    @contextlib.contextmanager
+    def recording_lease(slot: int) -> Iterator[int | None]:
+        with real_lease(slot) as uid:
+            if uid is not None:
+                leased.append(uid)
+            yield uid
+
+    monkeypatch.setattr(sandbox, "_uid_lease", recording_lease)
+    return leased
+
+
+def idle_uids(uids: list[int], held: contextlib.ExitStack) -> set[int]:
+    """Those of `uids` that no call runs a program as now, leased (as a call would) until `held` ends.
+    Another process's call (the other pytest-xdist worker's) may hold one meanwhile: its processes are
+    not ours, and its cleanup kills whatever that uid left."""
+    idle = set()
+    for uid in set(uids):
+        fd = os.open(os.path.join(sandbox._uid_lock_dir(), str(uid)), os.O_RDWR)
+        held.callback(os.close, fd)
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            idle.add(uid)
+    return idle
+
+
+def stray_processes(uids: list[int]) -> list[str]:
+    """Live processes left by this test's calls: as root, those of the uids they ran programs as;
+    otherwise, any running the sandbox's boot code on the machine."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        uid = int(fields["Uid"].split()[0])
-        zombie = fields["State"].strip().startswith("Z")
-        if not zombie and (SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + 4096 or b"solution.py" in cmdline):
-            found.append(f"{pid} uid={uid} {cmdline[:80]!r}")
+    with contextlib.ExitStack() as held:
+        idle = idle_uids(uids, held)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            uid = int(fields["Uid"].split()[0])
+            zombie = fields["State"].strip().startswith("Z")
+            if not zombie and (uid in idle if uids else b"solution.py" in cmdline):
+                found.append(f"{pid} uid={uid} {cmdline[:80]!r}")
     return found
 
 
-def assert_no_strays() -> None:
+def assert_no_strays(uids: list[int]) -> None:
     deadline = time.monotonic() + 2.0  # SIGKILLed processes take a moment to leave /proc
-    while (left := stray_processes()) and time.monotonic() < deadline:
+    while (left := stray_processes(uids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == []
 
@@ -85,10 +122,10 @@ def test_a_well_behaved_program_gets_stdin_and_returns_stdout_and_exit_code(mode
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_an_infinite_loop_is_killed_at_the_wall_clock_timeout(mode: str) -> None:
+def test_an_infinite_loop_is_killed_at_the_wall_clock_timeout(mode: str, leased_uids: list[int]) -> None:
     result = run("while True:\n    pass", mode, timeout_s=1)
     assert result.timed_out and result.exit_code is None and result.killed_reason == "timeout"
-    assert_no_strays()
+    assert_no_strays(leased_uids)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -124,7 +161,7 @@ def test_a_memory_bomb_fails_inside_the_sandbox(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(mode: str) -> None:
+def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(mode: str, leased_uids: list[int]) -> None:
     result = run(
         """
         import os
@@ -138,7 +175,7 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(mode: str) -> None:
         timeout_s=2,
     )
     assert result.exit_code != 0
-    assert_no_strays()
+    assert_no_strays(leased_uids)
     assert run("print('still works')", mode).stdout == "still works\n"
 
 
@@ -193,7 +230,9 @@ def test_the_program_cannot_signal_the_trainer(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_daemon_that_escapes_the_process_group_is_killed_after_the_call(mode: str) -> None:
+def test_a_daemon_that_escapes_the_process_group_is_killed_after_the_call(
+    mode: str, leased_uids: list[int]
+) -> None:
     result = run(
         """
         import os, time
@@ -207,7 +246,7 @@ def test_a_daemon_that_escapes_the_process_group_is_killed_after_the_call(mode: 
         mode,
     )
     assert result.stdout == "parent done\n", result.stderr
-    assert_no_strays()
+    assert_no_strays(leased_uids)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -412,7 +451,8 @@ sandbox = importlib.util.module_from_spec(spec)
 sys.modules["sandbox"] = sandbox
 spec.loader.exec_module(sandbox)
 with ThreadPoolExecutor(1) as pool:
-    pool.submit(sandbox.run_python, {program!r}, timeout_s=60, isolation={mode!r}).result()
+    result = pool.submit(sandbox.run_python, {program!r}, timeout_s=60, isolation={mode!r}).result()
+print(result.stdout, end="")
 """
 
 
@@ -468,3 +508,74 @@ def test_the_watchdog_alone_kills_every_descendant_after_the_call(
         os.kill(pid, signal.SIGKILL)
     assert (result.stdout, result.timed_out) == (("done\n", False) if ends == "exits" else ("", True))
     assert left == []
+
+
+# Pid wrap-around: a session leader forks until its child gets a lower pid than its own, so that a scan
+# of /proc (which goes by pid) reads the child before the parent. Both then sleep.
+WRAPPED_DAEMON = """
+import os, sys
+def park():
+    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", {marker!r}])
+if os.fork() == 0:
+    os.setsid()
+    for _ in range(400):
+        child = os.fork()
+        if child == 0:
+            if os.getpid() < os.getppid():
+                park()
+            os._exit(0)
+        if child < os.getpid():
+            print("wrapped", flush=True)
+            break
+        os.waitpid(child, 0)
+    park()
+park()
+"""
+
+
+@pytest.mark.parametrize("mode", PROCESS)
+def test_the_watchdog_kills_a_descendant_whose_pid_wrapped_around(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog kills the session leader; while it dies, its child is reparented to the watchdog
+    after a scan of /proc already read it (lower pid, so earlier in the scan): the watchdog must not
+    take that scan's word that no child is left. Without a dedicated uid to clean up after the call,
+    the child would outlive it."""
+    monkeypatch.setattr(sandbox, "_kill_uid", lambda uid: None)
+    next_pid = Path("/proc/sys/kernel/ns_last_pid")
+    if not os.access(next_pid, os.W_OK):
+        pytest.skip("cannot choose the next pid here")
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    wrapped = 0
+    for _ in range(3):  # other processes on the machine may take the pids up to the wrap first
+        marker = f"hone-test-{uuid.uuid4().hex}"
+        next_pid.write_text(str(pid_max - 100))
+        result = run(WRAPPED_DAEMON.format(marker=marker), mode, timeout_s=2)
+        left = live_with(marker)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert result.timed_out and left == [], result.stderr
+        wrapped += result.stdout == "wrapped\n"
+    assert wrapped > 0, "the pids never wrapped around inside the program"
+
+
+@pytest.mark.parametrize("mode", PROCESS)
+def test_a_call_never_kills_the_program_of_another_trainer_process(mode: str) -> None:
+    """Slots are per process but uids are machine-wide: two trainer processes (torchrun ranks, xdist
+    workers) running programs as one uid would kill each other's at cleanup (`kill -1` as that uid)."""
+    marker = f"hone-test-{uuid.uuid4().hex}"
+    sleeper = "import time; time.sleep(2); print('survived')"
+    program = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', {sleeper!r}, {marker!r}])"
+    script = TRAINER.format(path=sandbox.__file__, program=program, mode=mode)
+    other = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not live_with(marker) and time.monotonic() < deadline and other.poll() is None:
+            time.sleep(0.05)
+        limits = SandboxOptions(python=sandbox._interpreter(None, mode))
+        ours = sandbox._run("print('ours')", "", limits, mode, 0)  # the other's first call has slot 0 too
+        theirs = other.communicate(timeout=30)[0]
+    finally:
+        other.kill()
+        other.wait()
+    assert (ours.stdout, theirs) == ("ours\n", "survived\n")

@@ -11,7 +11,8 @@ Two layers, both real OS mechanisms:
   temporary working directory, and hard rlimits set before the program starts and which it cannot
   raise: address space (`memory_mb`), CPU seconds, file size (output and disk, `max_file_mb`), open
   files, core dumps off, number of processes. When the trainer runs as root, the program runs as a
-  dedicated unprivileged uid per concurrent slot (`SANDBOX_UID_BASE + slot`), so files private to the
+  dedicated unprivileged uid (`SANDBOX_UID_BASE + n`, held for the call by one program on the whole
+  machine, whichever trainer process runs it; see `_uid_lease`), so files private to the
   trainer's user are unreadable, signals to the trainer fail with EPERM, `RLIMIT_NPROC` applies
   (the kernel ignores it for root), and stragglers of that uid are killed after every call. In
   process mode a watchdog between the trainer and the program (see `_BOOT`) kills every descendant
@@ -35,24 +36,30 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Literal
 
 logger = logging.getLogger(__name__)
 
 Isolation = Literal["auto", "bwrap", "process"]
-SANDBOX_UID_BASE = 1_960_000_000  # far above any real account; one uid per concurrent slot
+SANDBOX_UID_BASE = 1_960_000_000  # far above any real account; one uid per running program
+_UID_POOL = 4096  # uids SANDBOX_UID_BASE + [0, _UID_POOL), shared by all trainer processes on the machine
+# Where the uid leases' lock files live: root-only, since the programs run as other uids.
+_UID_LOCK_DIRS = ("/run/hone-sandbox", os.path.join(tempfile.gettempdir(), "hone-sandbox-uids"))
 _PROBE_UID = SANDBOX_UID_BASE - 1  # set-up probes: never a slot's uid, so no call's cleanup kills them
 # Process isolation as root: where to look for an interpreter every uid can run (see _shared_python).
 _SHARED_PYTHON_DIRS = ("/usr/local/bin", "/usr/bin")
@@ -67,8 +74,8 @@ _MAX_READ = 1 << 20
 # namespace do that). The kernel tells it of the trainer's death (PR_SET_PDEATHSIG; it fires when the
 # *thread* that spawned it exits, and that thread is blocked in run_python until the call is over). As
 # a child subreaper it inherits every orphaned descendant (setsid + double fork included), so it can
-# kill them all: when the trainer dies, when the trainer ends the call (SIGTERM), and when the program
-# exits. The program itself gets SIGKILL when the watchdog dies.
+# kill them all: when the trainer dies or ends the call (both send it SIGTERM), and when the program
+# exits (SIGCHLD). The program itself gets SIGKILL when the watchdog dies.
 _BOOT = r"""
 import os, sys
 
@@ -92,21 +99,26 @@ def _boot():
 
     def end(status):
         # Killed ones' orphans become our children: repeat until none lives. Reap only then: a zombie
-        # holds its RLIMIT_NPROC slot, so a fork bomb cannot refill the ranks meanwhile.
-        while kids := live_children():
-            for pid in kids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        # holds its RLIMIT_NPROC slot, so a fork bomb cannot refill the ranks meanwhile. Done only
+        # when the kernel says no child is left, not when a scan found none alive: a scan reads one
+        # pid after another, and misses an orphan read (lower pid, after wrap-around) before its
+        # parent died later in the scan.
         while True:
+            while kids := live_children():
+                for pid in kids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
             try:
-                os.waitpid(-1, 0)
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
             except ChildProcessError:
                 break
         code = 128 + signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
         if code < 0:  # died of a signal: so do we, and the trainer sees which
             signal.signal(-code, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
             os.kill(watchdog, -code)
         os._exit(code if code >= 0 else 128 - code)
 
@@ -116,15 +128,24 @@ def _boot():
         import ctypes
         prctl = ctypes.CDLL(None, use_errno=True).prctl
         prctl(SUBREAPER, 1, 0, 0, 0)
-        signal.signal(signal.SIGTERM, lambda *_: end(None))
+        # SIGTERM and SIGCHLD stay pending until sigwaitinfo takes them. Not a handler: Python runs
+        # one only when the blocking call returns EINTR, and a signal that lands while the kernel
+        # restarts that call (after the trainer's SIGSTOP + SIGCONT) restarts it instead; the
+        # watchdog then waits for a frozen program while the trainer's grace runs out.
+        awaited = {signal.SIGTERM, signal.SIGCHLD}
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, awaited)
         prctl(PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != cfg["trainer"]:  # it died before prctl
             end(None)
         program = os.fork()
         if program:
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # stdin is the program's alone
-            end(os.waitpid(program, 0)[1])
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            while signal.sigwaitinfo(awaited).si_signo == signal.SIGCHLD:
+                done, status = os.waitpid(program, os.WNOHANG)
+                if done:
+                    end(status)
+            end(None)
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     if cfg["uid"] is not None and os.getuid() == 0:
@@ -174,10 +195,11 @@ class SandboxOptions:
 
 
 class _Slots:
-    """The concurrency limit, and a distinct uid for each running program. Ids rotate FIFO through
-    `ID_SPARE` × more ids than may run at once, so a uid whose fork bomb's zombies are still waiting
-    for init to reap them (they count against RLIMIT_NPROC) rests for a while before it is reused.
-    Resizing while programs run is safe: an id beyond the new range is retired when released."""
+    """The concurrency limit, and a distinct id for each running program, where its uid lease starts
+    looking (`_uid_lease`). Ids rotate FIFO through `ID_SPARE` × more ids than may run at once, so a
+    uid whose fork bomb's zombies are still waiting for init to reap them (they count against
+    RLIMIT_NPROC) rests for a while before it is reused. Resizing while programs run is safe: an id
+    beyond the new range is retired when released."""
 
     ID_SPARE = 4
 
@@ -228,7 +250,8 @@ def bwrap_available() -> bool:
     exe = shutil.which("bwrap")
     if exe is None:
         return False
-    probe = [exe, *_bwrap_args("", 1 << 20, _sandbox_uid(0)), "--", _python(), "-I", "-S", "-c", "pass"]
+    uid = _PROBE_UID if _can_switch_uid() else None
+    probe = [exe, *_bwrap_args("", 1 << 20, uid), "--", _python(), "-I", "-S", "-c", "pass"]
     try:
         return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -358,8 +381,48 @@ def _runnable_by_others(path: str) -> bool:
     return all(os.stat(p).st_mode & 0o001 for p in _ancestors(path)) and bool(os.stat(path).st_mode & 0o005)
 
 
-def _sandbox_uid(slot: int) -> int | None:
-    return SANDBOX_UID_BASE + slot if _can_switch_uid() else None
+@contextlib.contextmanager
+def _uid_lease(slot: int) -> Iterator[int | None]:
+    """The uid one call runs its program as (None unless root), held by no other call on the machine
+    until its cleanup is done. Slots are per process but uids machine-wide: two trainer processes
+    (torchrun ranks, pytest-xdist workers) sharing a uid would share its RLIMIT_NPROC, and one call's
+    cleanup (`kill -1` as that uid, deleting its files) would kill the other's program and delete its
+    working directory. An flock holds the uid; the kernel drops it when the holder dies, even by
+    SIGKILL. The search starts at the slot's own uid, so a process's uids still rotate."""
+    if not _can_switch_uid():
+        yield None
+        return
+    directory = _uid_lock_dir()
+    for k in range(_UID_POOL):
+        uid = SANDBOX_UID_BASE + (slot + k) % _UID_POOL
+        fd = os.open(os.path.join(directory, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)
+        return
+    raise RuntimeError(f"all {_UID_POOL} sandbox uids are in use on this machine (lock files in {directory})")
+
+
+@functools.cache
+def _uid_lock_dir() -> str:
+    """A directory only root can write: a program must not take, or squat, another call's uid."""
+    for path in _UID_LOCK_DIRS:
+        with contextlib.suppress(OSError):  # exists, or cannot be made here (no /run, read-only)
+            os.mkdir(path, 0o700)
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+                return path
+    raise RuntimeError(
+        "the code sandbox needs a directory only root can write for its uid locks: "
+        + " or ".join(_UID_LOCK_DIRS)
+    )
 
 
 @functools.cache
@@ -458,7 +521,11 @@ def _command(workdir: str, limits: SandboxOptions, mode: str, uid: int | None) -
 
 
 def _run(code: str, stdin: str, limits: SandboxOptions, mode: str, slot: int) -> SandboxResult:
-    uid = _sandbox_uid(slot)
+    with _uid_lease(slot) as uid:
+        return _run_as(code, stdin, limits, mode, uid)
+
+
+def _run_as(code: str, stdin: str, limits: SandboxOptions, mode: str, uid: int | None) -> SandboxResult:
     workdir = tempfile.mkdtemp(prefix="hone-sandbox-")
     try:
         with open(os.path.join(workdir, "solution.py"), "w") as f:
