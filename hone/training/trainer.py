@@ -275,6 +275,6 @@ class RLTrainer:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.updates = int(state["updates"])  # type: ignore[arg-type]
-        # Checkpoints older than these fields are refused before this (their scheduler.pt), so both exist.
-        self.schedule.progress = float(state["lr_progress"])  # type: ignore[arg-type]
-        self.nonfinite_streak = int(state["nonfinite_streak"])  # type: ignore[arg-type]
+        # Checkpoints from before these fields: a step-clocked schedule and no streak.
+        self.schedule.progress = float(state.get("lr_progress", 0.0))  # type: ignore[arg-type]
+        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))  # type: ignore[arg-type]
