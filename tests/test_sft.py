@@ -19,7 +19,7 @@ from hone.orchestration.evaluate import evaluate
 from hone.orchestration.loop import train
 from hone.training import sft as sft_module
 from hone.training.policy import Policy
-from hone.training.sft import _step, collate_sft, encode_pair, run_sft, sft_loss
+from hone.training.sft import _batch_losses, _response_tokens, collate_sft, encode_pair, run_sft, sft_loss
 from hone.types import Sample
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
 from tests.test_orchestration import tiny_overrides
@@ -95,8 +95,11 @@ def test_micro_batched_step_has_the_full_batch_loss_and_gradient_in_float64() ->
     params = pol.trainable_parameters()
     runs = []
     for micro in (None, 3):  # 3 + 3 + 2 rows: uneven chunks with different token counts
-        loss, tokens, _ = _step(pol, batch, 0, micro, params, grad_clip=None)
-        runs.append((loss, tokens, [p.grad.clone() for p in params]))
+        nlls: list[float] = []
+        for loss in _batch_losses(pol, batch, 0, micro, nlls):
+            loss.backward()
+        tokens = float(_response_tokens(batch))
+        runs.append((sum(nlls) / tokens, tokens, [p.grad.clone() for p in params]))
         pol.model.zero_grad(set_to_none=True)
     (full_loss, full_tokens, full_grads), (micro_loss, micro_tokens, micro_grads) = runs
     ids, mask, loss_mask = collate_sft(batch, pad_id=0)

@@ -127,6 +127,7 @@ def warm_start_sft(
         log=record,
         seed=cfg.run.seed,
         deadline=deadline,
+        max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
     )
     if result["out_of_time"]:
         log.warning("SFT stopped at the run's time limit after %d steps", result["steps"])

@@ -7,15 +7,15 @@ exactly where the prompt ends, as at sampling time when the sampler continues th
 
 from __future__ import annotations
 
-import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hone.training.optim import OptimizerStepper
 from hone.training.policy import Policy
 from hone.training.trainer import build_scheduler
 
@@ -91,6 +91,7 @@ def run_sft(
     log: Callable[[dict[str, float]], None] | None = None,
     seed: int = 0,
     deadline: float | None = None,
+    max_nonfinite_steps: int = 3,
 ) -> dict[str, Any]:
     """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
     per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps.
@@ -99,7 +100,9 @@ def run_sft(
     `build_scheduler`: "cosine", "linear" or "constant") over `max_steps`.
 
     Each step takes `batch_size` pairs (reshuffled every epoch with `seed`), accumulating gradients over
-    `micro_batch_size` chunks; the loss is the mean NLL over all response tokens of the batch. Every
+    `micro_batch_size` chunks; the loss is the mean NLL over all response tokens of the batch. The optimizer
+    step is RL's (`hone.training.optim`): a step with a non-finite gradient norm is skipped (the LR schedule
+    still advances) and `max_nonfinite_steps` of them in a row raise `NonFiniteGradientError`. Every
     `eval_every` steps and after the last, `eval_fn()` is called (the model in eval mode) and training
     stops once it reaches `stop_at`. `deadline` (a `time.perf_counter()` value) is checked before every
     step and every evaluation: past it, training stops at once (result `"out_of_time": True`), so it
@@ -117,6 +120,14 @@ def run_sft(
     encoded += list(examples)
     params = policy.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    stepper = OptimizerStepper(
+        optimizer,
+        params,
+        grad_clip=grad_clip,
+        max_nonfinite_steps=max_nonfinite_steps,
+        limit_key="trainer.max_nonfinite_steps",
+        advice="look for NaN/inf in the demonstrations, or lower sft.lr",
+    )
     scheduler = build_scheduler(optimizer, schedule, warmup_steps, max_steps)
     rng = random.Random(seed)
     order: list[int] = []
@@ -143,11 +154,13 @@ def run_sft(
                 rng.shuffle(epoch)
                 order += epoch
             batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
-            loss, tokens, grad_norm = _step(policy, batch, pad_id, micro_batch_size, params, grad_clip)
             lr_now = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            nlls: list[float] = []
+            losses = _batch_losses(policy, batch, pad_id, micro_batch_size, nlls)
+            grad_norm = stepper.step(losses, where=f"SFT step {step}")
+            scheduler.step()  # a skipped step still counts: the schedule runs on steps taken, as RL's does
+            tokens = float(_response_tokens(batch))
+            loss = sum(nlls) / tokens
             result.update(steps=step, loss=loss)
             if log is not None:
                 log(
@@ -176,25 +189,25 @@ def run_sft(
     return result
 
 
-def _step(
+def _response_tokens(batch: Sequence[tuple[list[int], int | list[int]]]) -> int:
+    """Trained tokens of the encoded examples (response and eos, or the 1s of a token mask but the first)."""
+    return sum(len(ids) - trained if isinstance(trained, int) else sum(trained[1:]) for ids, trained in batch)
+
+
+def _batch_losses(
     policy: Policy,
     batch: list[tuple[list[int], int | list[int]]],
     pad_id: int,
     micro_batch_size: int | None,
-    params: list[torch.nn.Parameter],
-    grad_clip: float | None,
-) -> tuple[float, float, float]:
-    """Accumulate gradients of the batch's token-mean NLL; return (loss, response tokens, grad norm)."""
+    nlls: list[float],
+) -> Iterator[torch.Tensor]:
+    """Each micro-batch's summed response-token NLL divided by the whole batch's token count, so the losses
+    sum to the batch's token-mean NLL whatever the micro-batch size; one forward at a time (lazily, for
+    `OptimizerStepper.step`). Each summed NLL is appended to `nlls`, for the logged loss."""
     chunk = micro_batch_size or len(batch)
-    total_tokens = sum(
-        len(ids) - trained if isinstance(trained, int) else sum(trained[1:]) for ids, trained in batch
-    )
-    total_loss = 0.0
+    total_tokens = _response_tokens(batch)
     for start in range(0, len(batch), chunk):
         input_ids, attention_mask, loss_mask = collate_sft(batch[start : start + chunk], pad_id)
         nll, _ = sft_loss(policy, input_ids, attention_mask, loss_mask)
-        (nll / total_tokens).backward()
-        total_loss += nll.item()
-    max_norm = grad_clip if grad_clip is not None else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return total_loss / total_tokens, float(total_tokens), float(grad_norm)
+        nlls.append(nll.item())
+        yield nll / total_tokens

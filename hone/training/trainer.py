@@ -1,9 +1,12 @@
 """The RL update: `RLTrainer.update(batch, step) -> metrics`.
 
-One call = `ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps, each
-accumulated over micro-batches. Every micro-batch loss is normalised by the token/sequence counts of
-its whole *mini-batch* (`num_tokens`, `num_seqs`), so accumulation gives exactly the full-batch
-gradient whatever the micro-batch size. The algorithm comes in by registry name.
+One call = `ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps
+(`_mini_batches`), each accumulated over micro-batches (`_micro_losses`) by the optimizer step shared
+with SFT (`hone.training.optim`). Every micro-batch loss is normalised by the token/sequence counts
+of its whole *mini-batch* (`num_tokens`, `num_seqs`), so accumulation gives exactly the full-batch
+gradient whatever the micro-batch size. The loss is a sum of named terms — the policy loss (the
+algorithm, by registry name), the KL penalty, the entropy bonus — each a small function of one
+micro-batch returning its loss and metrics (`LossTerm`), so a value loss is one more term.
 
 The learning rate is a function of the RL step (and, under a time limit, of the time spent), not of
 the optimizer steps taken, so filtered-out steps and short batches cannot leave the schedule short
@@ -16,18 +19,19 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from hone.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.seeding import derive_seed
+from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
+from hone.training.optim import OptimizerStepper
 from hone.training.policy import Policy, disable_dropout, first_response_column
 from hone.types import Batch
-
-
-class NonFiniteGradientError(RuntimeError):
-    """Too many optimizer steps in a row had a non-finite gradient norm; the message is one line."""
 
 
 def build_optimizer(policy: Policy, cfg: TrainerConfig) -> torch.optim.Optimizer:
@@ -106,6 +110,26 @@ def micro_batch_rows(cfg: TrainerConfig, width: int) -> int:
     return max(1, min(cfg.micro_batch_size, cfg.micro_batch_tokens // max(width, 1)))
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """What a loss term sees of one forward/backward: the rows of the batch, the policy's log-probs (and
+    entropy) on them, and the counts of the whole mini-batch they belong to, by which every term divides
+    so the micro-batch losses of an optimizer step sum to its mini-batch loss."""
+
+    batch: Batch
+    rows: torch.Tensor  # indices into the batch
+    mask: torch.Tensor  # [b, T] response mask of these rows
+    log_probs: torch.Tensor  # [b, T], with grad
+    entropy: torch.Tensor | None  # [b, T]; with grad only when the entropy bonus is on
+    counts: dict[str, Any]  # num_tokens and num_seqs of the mini-batch, norm_len (aggregate_loss keywords)
+
+
+# A loss term: (its contribution to the loss, metrics). Metrics named "loss/..." are summed per optimizer
+# step and reported as the mean over applied steps; every other metric is a sum over this micro-batch's
+# trained tokens, reported per trained token.
+LossTerm = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]]
+
+
 class RLTrainer:
     def __init__(
         self,
@@ -125,11 +149,26 @@ class RLTrainer:
         self.norm_len = norm_len
         self.seed = seed
         self.updates = 0
-        self.nonfinite_streak = 0  # optimizer steps in a row skipped for a non-finite gradient norm
         if trainer.disable_dropout:
             disable_dropout(policy.model)
-        self.optimizer = build_optimizer(policy, trainer)
+        self.stepper = OptimizerStepper(
+            build_optimizer(policy, trainer),
+            policy.trainable_parameters(),
+            grad_clip=trainer.grad_clip,
+            max_nonfinite_steps=trainer.max_nonfinite_steps,
+            limit_key="trainer.max_nonfinite_steps",
+            advice="the last checkpoint is intact. Look for NaN/inf in rewards or advantages, or lower "
+            "trainer.lr",
+        )
         self.schedule = RLSchedule(trainer.schedule, trainer.warmup_steps, total_rl_steps)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.stepper.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.stepper.optimizer = optimizer
 
     @property
     def _agg_mode(self) -> str:
@@ -137,132 +176,150 @@ class RLTrainer:
         return self.algo.loss_agg or "token-mean"
 
     def _loss_kwargs(self) -> dict[str, object]:
-        kwargs: dict[str, object] = {"norm_len": self.norm_len}
+        kwargs: dict[str, object] = {}
         for key in ("clip_low", "clip_high", "dual_clip", "loss_agg"):
             value = getattr(self.algo, key)
             if value is not None:  # None: the loss's own default (range, aggregation)
                 kwargs["agg" if key == "loss_agg" else key] = value
         return kwargs
 
-    def _set_lr(self, step: int) -> float:
-        lr = self.cfg.lr * self.schedule.factor(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
+    # Loss terms: each returns its contribution to the loss and its metrics (see `LossTerm`).
 
-    def _optimizer_step(self, params: list[torch.nn.Parameter], step: int) -> float | None:
-        """Clip and step; a non-finite gradient norm skips the step (weights and Adam moments untouched)."""
-        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        if math.isfinite(norm):
-            self.optimizer.step()
-            self.nonfinite_streak = 0
-            return norm
-        self.optimizer.zero_grad(set_to_none=True)
-        self.nonfinite_streak += 1
-        if self.nonfinite_streak >= self.cfg.max_nonfinite_steps:
-            raise NonFiniteGradientError(
-                f"stopped at RL step {step + 1}: the gradient norm was {norm} on {self.nonfinite_streak} "
-                "optimizer steps in a row (trainer.max_nonfinite_steps), none applied; the last checkpoint "
-                "is intact. Look for NaN/inf in rewards or advantages, or lower trainer.lr"
+    def _policy_term(self, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The registered policy-gradient loss (its metrics are means over the micro-batch's tokens)."""
+        batch, rows = micro.batch, micro.rows
+        assert batch.old_log_probs is not None and batch.advantages is not None  # checked by update
+        loss, metrics = POLICY_LOSSES[self.algo.policy_loss](
+            log_probs=micro.log_probs,
+            old_log_probs=batch.old_log_probs[rows],
+            advantages=batch.advantages[rows],
+            response_mask=micro.mask,
+            **self._loss_kwargs(),
+            **micro.counts,
+        )
+        n = float(micro.mask.sum())
+        return loss, {"loss/policy": float(loss.detach()), **{k: float(v) * n for k, v in metrics.items()}}
+
+    def _kl_term(self, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """kl.coef x the KL estimate to the reference, aggregated as the policy loss is."""
+        assert micro.batch.ref_log_probs is not None  # checked by update
+        kl = KL_ESTIMATORS[self.algo.kl.estimator](micro.log_probs, micro.batch.ref_log_probs[micro.rows])
+        loss = self.algo.kl.coef * aggregate_loss(kl, micro.mask, self._agg_mode, **micro.counts)
+        return loss, {"kl": float((kl.detach() * micro.mask).sum())}
+
+    def _entropy_term(self, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The entropy bonus, -entropy_coef x entropy (logged as "entropy" whether or not it is a term)."""
+        assert micro.entropy is not None  # computed with grad whenever this term is on
+        entropy = aggregate_loss(micro.entropy, micro.mask, self._agg_mode, **micro.counts)
+        return -(self.algo.entropy_coef * entropy), {}
+
+    def _loss_terms(self) -> list[LossTerm]:
+        """The terms of this configuration's loss, summed in this order."""
+        terms: list[LossTerm] = [self._policy_term]
+        if self._kl_in_loss:
+            terms.append(self._kl_term)
+        if self.algo.entropy_coef:
+            terms.append(self._entropy_term)
+        return terms
+
+    @property
+    def _kl_in_loss(self) -> bool:
+        return self.algo.kl.coef > 0 and self.algo.kl.placement == "loss"
+
+    def _mini_batches(self, rows: int) -> Iterator[torch.Tensor]:
+        """Row indices of each optimizer step: `ppo_epochs` passes over the batch, each split into
+        `mini_batches`, shuffled when there is more than one step (seeded per update, so a resumed run
+        shuffles exactly like an uninterrupted one)."""
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "minibatch-shuffle", self.updates))
+        shuffle = self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1
+        for _ in range(self.cfg.ppo_epochs):
+            order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
+            yield from order.tensor_split(min(self.cfg.mini_batches, rows))
+
+    def _micro_losses(
+        self,
+        batch: Batch,
+        mini: torch.Tensor,
+        terms: list[LossTerm],
+        sums: dict[str, float],
+        mismatch: list[float] | None,
+    ) -> Iterator[torch.Tensor]:
+        """The loss of each micro-batch of mini-batch `mini` (one forward each, lazily: the optimizer step
+        backwards one before the next is built); adds their metrics to `sums` and, when given, the
+        sampler/trainer log-prob gap to `mismatch` ([sum of |gap|, tokens])."""
+        counts = {
+            "num_tokens": batch.response_mask[mini].sum(),
+            "num_seqs": len(mini),
+            "norm_len": self.norm_len,
+        }
+        with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
+        for rows in mini.split(micro_batch_rows(self.cfg, batch.input_ids.shape[1])):
+            mask = batch.response_mask[rows]
+            log_probs, entropy = self.policy.token_log_probs(
+                batch.input_ids[rows],
+                batch.attention_mask[rows],
+                temperature=self.temperature,
+                with_entropy=with_entropy,
+                entropy_grad=bool(self.algo.entropy_coef),
+                from_column=first_response_column(mask),
             )
-        return None
+            micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts)
+            loss: torch.Tensor | None = None
+            for term in terms:
+                term_loss, metrics = term(micro)
+                loss = term_loss if loss is None else loss + term_loss
+                for key, value in metrics.items():
+                    sums[key] += value
+            assert loss is not None  # the policy term is always on
+            n = float(mask.sum())
+            sums["tokens"] += n
+            sums["loss/total"] += float(loss.detach())
+            if entropy is not None:
+                sums["entropy"] += float((entropy.detach() * mask).sum())
+            if mismatch is not None:
+                assert batch.old_log_probs is not None
+                gap = torch.where(mask.bool(), log_probs.detach() - batch.old_log_probs[rows], 0.0)
+                mismatch[0] += float(gap.abs().sum())
+                mismatch[1] += n
+            yield loss
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """One RL update of the batch of RL step `step` (0-based), which sets the learning rate."""
         if batch.advantages is None or batch.old_log_probs is None:
             raise ValueError("RLTrainer.update needs a batch with advantages and old_log_probs")
-        kl_in_loss = self.algo.kl.coef > 0 and self.algo.kl.placement == "loss"
-        if kl_in_loss and batch.ref_log_probs is None:
+        if self._kl_in_loss and batch.ref_log_probs is None:
             raise ValueError("KL in the loss is on but the batch has no ref_log_probs")
         self.policy.model.train()
-        lr = self._set_lr(step)
-        params = self.policy.trainable_parameters()
-        loss_fn = POLICY_LOSSES[self.algo.policy_loss]
-        loss_kwargs = self._loss_kwargs()
-        with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
-        rows_total = batch.input_ids.shape[0]
-        micro_rows = micro_batch_rows(self.cfg, batch.input_ids.shape[1])
-        # Seeded per update so a resumed run shuffles exactly like an uninterrupted one.
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "minibatch-shuffle", self.updates))
+        lr = self.cfg.lr * self.schedule.factor(step)
+        self.stepper.set_lr(lr)
+        terms = self._loss_terms()
         # Loss metrics are summed per mini-batch and kept only when its optimizer step applied: a skipped
         # step's NaN loss says nothing about the update that happened.
         sums: dict[str, float] = defaultdict(float)
-        tokens_seen = 0.0
         grad_norms: list[float] = []
         skipped = 0
         # Until the first optimizer step the policy is the one that sampled, so in sampler mode the
         # first mini-batch's forward gives the sampler/trainer log-prob mismatch without an extra pass.
+        mismatch = [0.0, 0.0]
         watch_mismatch = self.algo.old_log_probs == "sampler"
-        mismatch_sum = mismatch_tokens = 0.0
-        for _ in range(self.cfg.ppo_epochs):
-            shuffle = self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1
-            order = torch.randperm(rows_total, generator=generator) if shuffle else torch.arange(rows_total)
-            for mini in order.tensor_split(min(self.cfg.mini_batches, rows_total)):
-                num_tokens = batch.response_mask[mini].sum()
-                self.optimizer.zero_grad(set_to_none=True)
-                mini_sums: dict[str, float] = defaultdict(float)
-                mini_tokens = 0.0
-                for micro in mini.split(micro_rows):
-                    mask = batch.response_mask[micro]
-                    log_probs, entropy = self.policy.token_log_probs(
-                        batch.input_ids[micro],
-                        batch.attention_mask[micro],
-                        temperature=self.temperature,
-                        with_entropy=with_entropy,
-                        entropy_grad=bool(self.algo.entropy_coef),
-                        from_column=first_response_column(mask),
-                    )
-                    agg = {**loss_kwargs, "num_tokens": num_tokens, "num_seqs": len(mini)}
-                    loss, metrics = loss_fn(
-                        log_probs=log_probs,
-                        old_log_probs=batch.old_log_probs[micro],
-                        advantages=batch.advantages[micro],
-                        response_mask=mask,
-                        **agg,
-                    )
-                    mini_sums["loss/policy"] += float(loss.detach())
-                    agg_mode = {k: agg[k] for k in ("num_tokens", "num_seqs", "norm_len")}
-                    if kl_in_loss:
-                        kl = KL_ESTIMATORS[self.algo.kl.estimator](log_probs, batch.ref_log_probs[micro])
-                        kl_loss = aggregate_loss(kl, mask, self._agg_mode, **agg_mode)
-                        loss = loss + self.algo.kl.coef * kl_loss
-                        mini_sums["kl"] += float((kl.detach() * mask).sum())
-                    if self.algo.entropy_coef:
-                        loss = loss - self.algo.entropy_coef * aggregate_loss(
-                            entropy, mask, self._agg_mode, **agg_mode
-                        )
-                    loss.backward()
-                    n = float(mask.sum())
-                    mini_tokens += n
-                    if watch_mismatch:
-                        gap = torch.where(mask.bool(), log_probs.detach() - batch.old_log_probs[micro], 0.0)
-                        mismatch_sum += float(gap.abs().sum())
-                        mismatch_tokens += n
-                    mini_sums["loss/total"] += float(loss.detach())
-                    if entropy is not None:
-                        mini_sums["entropy"] += float((entropy.detach() * mask).sum())
-                    for key, value in metrics.items():
-                        mini_sums[key] += float(value) * n
-                watch_mismatch = False
-                norm = self._optimizer_step(params, step)
-                if norm is None:
-                    skipped += 1
-                    continue
-                grad_norms.append(norm)
-                tokens_seen += mini_tokens
-                for key, value in mini_sums.items():
-                    sums[key] += value
+        for mini in self._mini_batches(batch.input_ids.shape[0]):
+            mini_sums: dict[str, float] = defaultdict(float)
+            losses = self._micro_losses(batch, mini, terms, mini_sums, mismatch if watch_mismatch else None)
+            norm = self.stepper.step(losses, where=f"RL step {step + 1}")
+            watch_mismatch = False
+            if not math.isfinite(norm):
+                skipped += 1
+                continue
+            grad_norms.append(norm)
+            for key, value in mini_sums.items():
+                sums[key] += value
         self.updates += 1
         out: dict[str, float] = {"train/nonfinite_steps": float(skipped)}
-        if mismatch_tokens:
-            out["mismatch/logprob_abs"] = mismatch_sum / mismatch_tokens
+        if mismatch[1]:
+            out["mismatch/logprob_abs"] = mismatch[0] / mismatch[1]
         if not grad_norms:  # every step skipped: no loss was applied, and no LR
             return out
-        applied = len(grad_norms)
-        out.update({key: sums.pop(key) / applied for key in ("loss/policy", "loss/total")})
-        out.update({key: value / max(tokens_seen, 1.0) for key, value in sums.items()})
-        out["grad_norm"] = sum(grad_norms) / applied
+        out.update(_step_means(sums, grad_norms))
         out["lr"] = lr  # the LR every applied optimizer step of this RL step used
         return out
 
@@ -270,11 +327,21 @@ class RLTrainer:
         return {
             "updates": self.updates,
             "lr_progress": self.schedule.progress,
-            "nonfinite_streak": self.nonfinite_streak,
+            "nonfinite_streak": self.stepper.nonfinite_streak,
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.updates = int(state["updates"])  # type: ignore[arg-type]
         # Checkpoints from before these fields: a step-clocked schedule and no streak.
         self.schedule.progress = float(state.get("lr_progress", 0.0))  # type: ignore[arg-type]
-        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))  # type: ignore[arg-type]
+        self.stepper.nonfinite_streak = int(state.get("nonfinite_streak", 0))  # type: ignore[arg-type]
+
+
+def _step_means(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
+    """Metrics of the applied optimizer steps (see `LossTerm`): "loss/..." per step, the rest per trained
+    token, and the mean gradient norm."""
+    applied = len(grad_norms)
+    tokens = max(sums.pop("tokens", 0.0), 1.0)
+    out = {key: value / (applied if key.startswith("loss/") else tokens) for key, value in sums.items()}
+    out["grad_norm"] = sum(grad_norms) / applied
+    return out

@@ -1,0 +1,73 @@
+"""One optimizer step over accumulated gradients, shared by RL, SFT and the DPO/RM training to come.
+
+A step zeroes the gradients, runs `backward()` on each micro-batch loss it is given (each already
+divided by its whole step's count, so the sum is the step's loss), clips the global gradient norm and
+steps. A non-finite norm skips the step — weights and optimizer moments untouched — and
+`max_nonfinite_steps` skipped in a row stop the run with `NonFiniteGradientError` (one line).
+Gradients are freed after every step, so nothing holds a gradient-sized copy of the model between
+steps (while sampling or evaluating).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+class NonFiniteGradientError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite gradient norm; the message is one line."""
+
+
+class OptimizerStepper:
+    """Accumulate, clip, skip non-finite, step: `step(losses, where) -> gradient norm`.
+
+    `limit_key` names the setting behind `max_nonfinite_steps` and `advice` ends the error line, so each
+    caller's message says what to change. The optimizer is a plain attribute: callers (and tests) may
+    swap it, and checkpoints save it directly.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.nn.Parameter],
+        *,
+        grad_clip: float | None,
+        max_nonfinite_steps: int,
+        limit_key: str,
+        advice: str,
+    ) -> None:
+        self.optimizer = optimizer
+        self.params = params
+        self.grad_clip = grad_clip
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.limit_key = limit_key
+        self.advice = advice
+        self.nonfinite_streak = 0  # optimizer steps in a row skipped for a non-finite gradient norm
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, losses: Iterable[torch.Tensor], where: str) -> float:
+        """Backward each loss of `losses` (taken one at a time, so a lazy iterable holds one micro-batch's
+        graph at a time), then clip and step. Returns the gradient norm before clipping; a non-finite one
+        means the step was skipped. `where` (e.g. "RL step 4") locates the error."""
+        self.optimizer.zero_grad(set_to_none=True)  # nothing another caller left may leak into this step
+        for loss in losses:
+            loss.backward()
+        clip = self.grad_clip if self.grad_clip is not None else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.nonfinite_streak = 0
+        else:
+            self.nonfinite_streak += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.nonfinite_streak >= self.max_nonfinite_steps:
+            raise NonFiniteGradientError(
+                f"stopped at {where}: the gradient norm was {norm} on {self.nonfinite_streak} "
+                f"optimizer steps in a row ({self.limit_key}), none applied; {self.advice}"
+            )
+        return norm
