@@ -1,7 +1,7 @@
 """Reward throughput on this machine: sandboxed programs per second, and math verifications per second.
 
 Sandbox: a trivial program and a ~100 ms CPU-bound one, run `CONCURRENCY` at a time through
-`hone.rewards.sandbox.run_python` (bubblewrap when usable, else process limits), against the peer
+`hone.verifiers.sandbox.run_python` (bubblewrap when usable, else process limits), against the peer
 `subprocess.run([python, "-c", code])` with no isolation at all, measured in the same run: the ratio is
 what the isolation costs.
 Math: `hone.rewards.math_reward` on numeric answers (its exact fast path) and on LaTeX answers (through
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from hone.rewards import math_reward
-from hone.rewards.sandbox import SandboxOptions, resolve_isolation, run_python
+from hone.verifiers.sandbox import SandboxOptions, resolve_isolation, run_python
 
 CONCURRENCY = 2
 CALLS = 40

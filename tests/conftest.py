@@ -10,7 +10,7 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hone.models import build_tiny_model
-from hone.rewards import sandbox
+from hone.verifiers import sandbox
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

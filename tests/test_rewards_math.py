@@ -11,11 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hone.rewards import math as math_module
-from hone.rewards.math import MAX_ANSWER_CHARS, extract_answer, math_reward, math_verifier, top_answer_share
+from hone.rewards.math import math_verifier
 from hone.rewards.registry import REWARDS
 from hone.rewards.scoring import RewardComponent, RewardScorer, reward_failed
 from hone.types import Rollout, Sample
+from hone.verifiers import math as math_module
+from hone.verifiers.math import MAX_ANSWER_CHARS, extract_answer, math_reward, top_answer_share
 
 GSM8K_SOLUTION = (
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from hone.rewards import sandbox
-from hone.rewards.sandbox import SandboxOptions, run_python
+from hone.verifiers import sandbox
+from hone.verifiers.sandbox import SandboxOptions, run_python
 from tests.conftest import needs_sandbox, sandbox_unavailable
 
 MARGIN_S = 3.0  # interpreter start + kill + cleanup, generous for a loaded 2-core CI machine

@@ -14,7 +14,6 @@ from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
 from hone.algorithms.kl import KL_ESTIMATORS, register_kl
 from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
 from hone.algorithms.metrics import pass_at_k
-from hone.algorithms.registry import Registry
 from hone.algorithms.utils import (
     masked_mean,
     masked_sum,
@@ -29,7 +28,6 @@ __all__ = [
     "AGGREGATION_MODES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
-    "Registry",
     "aggregate_loss",
     "discounted_returns",
     "group_stats",

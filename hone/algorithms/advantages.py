@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from hone.algorithms.registry import Registry
 from hone.algorithms.utils import masked_whiten, sequence_scores
+from hone.registry import Registry
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")

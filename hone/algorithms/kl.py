@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from hone.algorithms.registry import Registry
+from hone.registry import Registry
 
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from hone.algorithms.aggregation import aggregate_loss
-from hone.algorithms.registry import Registry
 from hone.algorithms.utils import masked_mean
+from hone.registry import Registry
 
 LossOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]
 PolicyLossFn = Callable[..., LossOutput]

@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import Any, ClassVar, TypeVar
 
 from hone.types import Sample
+from hone.verifiers.math import math_reward
 
 TASKS: dict[str, type[Task]] = {}
 T = TypeVar("T", bound="type[Task]")
@@ -343,8 +344,6 @@ class WordProblems(Task):
         return _calculation_key(sample.meta)
 
     def reward(self, response_text: str, sample: Sample) -> float:
-        from hone.rewards.math import math_reward  # lazily: hone.rewards loads transformers and sympy
-
         return math_reward(response_text, sample.answer or "", **self.reward_args["math"])
 
     def demonstration(self, sample: Sample) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hone.algorithms.registry import Registry
+from hone.registry import Registry
 from hone.types import Sample
 
 Message = dict[str, Any]

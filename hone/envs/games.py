@@ -33,8 +33,8 @@ from typing import Any
 from hone.envs.base import Environment, Message, StepResult, register_env
 from hone.envs.tool_env import ToolEnv
 from hone.envs.tools import calculator, calculator_tool
-from hone.rewards.math import math_reward
 from hone.types import Sample
+from hone.verifiers.math import math_reward
 
 
 def _is_eval(name: str, key: str, eval_fraction: float) -> bool:
@@ -430,7 +430,7 @@ class ArithmeticRetry(Environment):
 
     The problems are `hone.data.Arithmetic`'s (same arguments, same hash-based held-out split, so
     evaluation problems are distinct and never trained on). Reward 1.0 for the right value (checked by
-    `hone.rewards.math_reward` on the reply: `0412` = `412`, `400+12` refused) in any turn, else 0. The
+    `hone.verifiers.math.math_reward` on the reply: `0412` = `412`, `400+12` refused) in any turn, else 0. The
     smallest multi-turn task that needs its observations: after "wrong", the same answer again is sure
     to fail.
     """

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from hone.algorithms.registry import Registry
+from hone.registry import Registry
 
 
 @dataclass

@@ -6,7 +6,7 @@ the same function chat templates' `tools=` argument uses, so what the prompt sho
 with an `Args:` section.
 
 Built-ins: `calculator` (a function; `calculator_tool()` wraps it), and factories `python_tool`
-(runs code in `hone.rewards.sandbox`), `search_tool` (BM25 over a document list, through bm25s) and
+(runs code in `hone.verifiers.sandbox`), `search_tool` (BM25 over a document list, through bm25s) and
 `sql_tool` (read-only SQLite). Every failure a model can cause surfaces as `ToolError`, whose message
 becomes the tool's observation.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers.utils import get_json_schema
 
-from hone.rewards.sandbox import run_python
+from hone.verifiers.sandbox import run_python
 
 
 class ToolError(Exception):

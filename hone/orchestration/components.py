@@ -23,11 +23,11 @@ from hone.envs import make_env as _make_env
 from hone.models import resolve_model
 from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
 from hone.rewards.registry import TEXT_REWARDS
-from hone.rewards.sandbox import set_max_concurrency as set_sandbox_concurrency
 from hone.rollout import HFSampler, Sampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
 from hone.types import Rollout, Sample
+from hone.verifiers.sandbox import set_max_concurrency as set_sandbox_concurrency
 
 log = logging.getLogger("hone")
 

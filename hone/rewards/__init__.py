@@ -12,14 +12,14 @@ from hone.rewards.base import (
     Score,
     TextVerifier,
     as_score,
-    own_time_budget,
     task_reward,
 )
 from hone.rewards.code import code_reward, extract_code
-from hone.rewards.math import extract_answer, math_reward, top_answer_share
 from hone.rewards.registry import REWARDS, register_reward
 from hone.rewards.scoring import CORRECTNESS, RewardComponent, RewardScorer, reward_failed, score_rollouts
 from hone.rewards.shaping import overlong_penalty
+from hone.verifiers.budget import own_time_budget
+from hone.verifiers.math import extract_answer, math_reward, top_answer_share
 
 __all__ = [
     "CORRECTNESS",

@@ -36,11 +36,11 @@ import secrets
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from hone.rewards.base import own_time_budget
 from hone.rewards.registry import register_reward
-from hone.rewards.sandbox import _KILL_MARGIN_S as KILL_MARGIN_S
-from hone.rewards.sandbox import Isolation, SandboxOptions, SandboxResult, run_python
 from hone.types import Rollout, Sample
+from hone.verifiers.budget import own_time_budget
+from hone.verifiers.sandbox import _KILL_MARGIN_S as KILL_MARGIN_S
+from hone.verifiers.sandbox import Isolation, SandboxOptions, SandboxResult, run_python
 
 Mode = Literal["all", "fraction"]
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hone.algorithms.registry import Registry
+from hone.registry import Registry
 
 RewardFactory = Callable[..., Any]
 REWARDS: Registry[RewardFactory] = Registry("reward")

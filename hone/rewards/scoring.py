@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hone.aio import run_coroutine
-from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score, call_deadline
+from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
 from hone.types import Rollout, Sample
+from hone.verifiers.budget import call_deadline
 
 logger = logging.getLogger(__name__)
 

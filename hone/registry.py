@@ -1,4 +1,5 @@
-"""Name → function registries, so a recipe picks an algorithm by name and a new one is one decorator."""
+"""Name → object registries (algorithms, rewards, environments, tool-call parsers), so a recipe picks one by
+name and a new one is one decorator. A leaf module: every package may import it, it imports none."""
 
 from __future__ import annotations
 

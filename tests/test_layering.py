@@ -1,0 +1,116 @@
+"""The package layering of DESIGN.md ("Packages (import only downward)"), checked on the source with `ast`.
+
+DESIGN.md: `algorithms` <- `training` <- `orchestration` <- `cli`; `rewards` and `envs` <- `rollout` <-
+`orchestration`; `data` and `models` feed both sides; `config` and `logging` are leaves everyone may use.
+`a <- b` means `b` may import `a`: `rewards` and `envs` are siblings, so neither imports the other.
+Modules DESIGN.md names no place for (`types`, `aio`, `seeding`) are leaves like `config`, as are
+`registry` and `verifiers`, which DESIGN.md names.
+Every import counts, also one inside a function: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HONE = Path(__file__).resolve().parents[1] / "hone"
+
+LEAVES = frozenset({"types", "aio", "seeding", "registry", "verifiers", "config", "logging"})
+_FEEDS = frozenset({"data", "models"})  # "feed both sides"
+_ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout"}
+# What each package may import besides itself and the leaves.
+ALLOWED: dict[str, frozenset[str]] = {
+    **{leaf: frozenset() for leaf in LEAVES},
+    "data": frozenset(),
+    "models": frozenset(),
+    "algorithms": _FEEDS,
+    "training": _FEEDS | {"algorithms"},
+    "rewards": _FEEDS,
+    "envs": _FEEDS,
+    "rollout": _FEEDS | {"rewards", "envs"},
+    "orchestration": _ABOVE_ROLLOUT,
+    "cli": _ABOVE_ROLLOUT | {"orchestration"},
+    "__init__": _ABOVE_ROLLOUT | {"orchestration", "cli"},  # hone/__init__.py: the top, like cli
+}
+# Known departures, each with why it stays; `test_known_exceptions_are_still_needed` drops stale ones.
+KNOWN_EXCEPTIONS = {
+    # A recipe is validated as it loads, with one error naming the key.
+    ("config", "algorithms"): "advantage, policy-loss and KL names are checked against the registries",
+    ("config", "rewards"): "reward.correctness_component applies the scorer's own rule",
+}
+
+
+def _module_package(path: Path, root: Path) -> list[str]:
+    """The package a module's relative imports start from: `hone/envs/games.py` -> [hone, envs]."""
+    return ["hone", *path.relative_to(root).with_suffix("").parts][:-1]
+
+
+def _imported_packages(tree: ast.AST, package: list[str]) -> set[str]:
+    """The `hone.X` packages a module imports (`from hone import X` counts as importing `X`)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            prefix = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*prefix, *([node.module] if node.module else [])])
+            names = [f"hone.{alias.name}" for alias in node.names] if base == "hone" else [base]
+        else:
+            continue
+        found |= {name.split(".")[1] for name in names if name.startswith("hone.")}
+    return found
+
+
+def layering_edges(root: Path = HONE) -> dict[tuple[str, str], list[str]]:
+    """(importer package, imported package) -> the modules making that import, across packages."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        package = _module_package(path, root)
+        importer = package[1] if len(package) > 1 else path.stem  # hone/config.py -> config
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for imported in _imported_packages(tree, package):
+            if imported != importer:
+                edges.setdefault((importer, imported), []).append(f"hone/{path.relative_to(root).as_posix()}")
+    return edges
+
+
+def violations(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    """One line per import DESIGN.md's layering forbids, naming the modules that make it."""
+    bad = []
+    for (importer, imported), modules in sorted(edges.items()):
+        if importer not in ALLOWED:
+            bad.append(f"{importer}: a package DESIGN.md does not place; add it to ALLOWED ({modules})")
+        elif imported not in ALLOWED[importer] | LEAVES and (importer, imported) not in KNOWN_EXCEPTIONS:
+            bad.append(f"{importer} imports {imported}: {', '.join(modules)}")
+    return bad
+
+
+def test_packages_import_only_downward() -> None:
+    assert violations(layering_edges()) == []
+
+
+def test_known_exceptions_are_still_needed() -> None:
+    edges = layering_edges()
+    assert [pair for pair in KNOWN_EXCEPTIONS if pair not in edges] == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from hone.rewards.math import math_reward", ["envs imports rewards: hone/envs/games.py"]),
+        ("def f():\n    from hone.training import Policy", ["envs imports training: hone/envs/games.py"]),
+        ("import hone.rollout.base", ["envs imports rollout: hone/envs/games.py"]),
+        ("from hone import orchestration", ["envs imports orchestration: hone/envs/games.py"]),
+        ("from ..rewards import math", ["envs imports rewards: hone/envs/games.py"]),
+        ("from hone.data import Arithmetic\nfrom hone.registry import Registry", []),
+        ("from hone.envs.base import Environment\nfrom .tools import calculator\nfrom . import base", []),
+    ],
+)
+def test_the_checker_flags_an_upward_or_sideways_import(
+    tmp_path: Path, source: str, expected: list[str]
+) -> None:
+    (tmp_path / "hone" / "envs").mkdir(parents=True)
+    (tmp_path / "hone" / "envs" / "games.py").write_text(source + "\n")
+    assert violations(layering_edges(tmp_path / "hone")) == expected
