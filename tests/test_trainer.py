@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hone.config import AlgorithmConfig, TrainerConfig
+from hone.config import AlgorithmConfig, KLConfig, TrainerConfig
 from hone.orchestration.collate import collate
 from hone.training.policy import LoraSettings, Policy
 from hone.training.trainer import (
@@ -202,3 +202,18 @@ def test_a_constant_schedule_never_reads_the_clock(monkeypatch: pytest.MonkeyPat
     sched.start_clock(5.0)  # a run with run.time_limit_s
     assert [sched.factor(s) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
     assert sched.progress == 7 / 8  # by steps alone: what a checkpoint records, the same on any machine
+
+
+def test_the_loss_is_the_sum_of_its_named_terms(micro_model_dir: Path) -> None:
+    policy = Policy.from_pretrained(micro_model_dir)
+    algo = AlgorithmConfig(kl=KLConfig(coef=0.5), entropy_coef=0.25)
+    trainer = RLTrainer(policy, algo, TrainerConfig(lr=1e-3), total_rl_steps=1, temperature=1.0, norm_len=8)
+    batch = make_batch(policy)
+    with torch.no_grad():  # a reference off the policy, so the KL term is not 0
+        batch.ref_log_probs = batch.old_log_probs - 0.3 * batch.response_mask
+    metrics = trainer.update(batch, 0)  # one optimizer step, one micro-batch, token-mean everywhere
+    assert metrics["kl"] > 0.01 and metrics["entropy"] > 0.01
+    # loss = policy + kl.coef x KL - entropy_coef x entropy; the metrics are the same token means summed
+    # in another order (~30 fp32 terms: <= 1e-6 relative).
+    expected = metrics["loss/policy"] + 0.5 * metrics["kl"] - 0.25 * metrics["entropy"]
+    assert metrics["loss/total"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
