@@ -15,8 +15,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from hone.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    OFF_POLICY_CORRECTIONS,
+    POLICY_LOSSES,
+)
 from hone.algorithms.metrics import check_pass_at_ks
+from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
@@ -207,6 +214,43 @@ class KLConfig(Section):
         return self
 
 
+# The keys each built-in correction reads (hone/algorithms/offpolicy.py).
+_OFF_POLICY_KEYS = {"none": set(), "tis": {"cap"}, "mis": {"lo", "hi"}, "decoupled": {"bound", "lo", "hi"}}
+
+
+class OffPolicyConfig(Section):
+    name: str = Field("none", description="none | tis | mis | decoupled; see README 'Off-policy correction'")
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="ratio per token, per sequence (product), or geometric (per-token mean)"
+    )
+    cap: float | None = Field(None, gt=0, description="tis: weight = min(ratio, cap); null = 2.0")
+    lo: float | None = Field(None, ge=0, description="mis / decoupled bound: lower ratio bound; null = 0.5")
+    hi: float | None = Field(None, gt=0, description="mis / decoupled bound: upper ratio bound; null = 2.0")
+    bound: Literal["mask", "clamp"] | None = Field(
+        None, description="decoupled: drop (mask) or clamp weights outside [lo, hi]; null = unbounded"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_registered(v, OFF_POLICY_CORRECTIONS, "off-policy correction")
+
+    @model_validator(mode="after")
+    def _keys_that_apply(self) -> OffPolicyConfig:
+        # A key the chosen correction ignores is refused: a bound silently not applied is AReaL's trap.
+        given = {key for key in ("cap", "lo", "hi", "bound") if getattr(self, key) is not None}
+        unused = sorted(given - _OFF_POLICY_KEYS.get(self.name, given))  # plugins' names: not checked
+        if unused:
+            raise ValueError(f"{', '.join(unused)} not used by off-policy correction {self.name!r}")
+        if self.name == "decoupled" and self.bound is None and given & {"lo", "hi"}:
+            raise ValueError("lo/hi bound decoupled's weight only with bound: mask or clamp")
+        lo = DEFAULT_LO if self.lo is None else self.lo
+        hi = DEFAULT_HI if self.hi is None else self.hi
+        if lo >= hi:
+            raise ValueError(f"lo ({lo}) must be below hi ({hi})")
+        return self
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     policy_loss: str = "ppo"
@@ -229,6 +273,7 @@ class AlgorithmConfig(Section):
     skip_zero_variance_groups: bool = Field(
         False, description="drop groups whose rewards are all equal (no learning signal; DAPO)"
     )
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
 
     @field_validator("advantage")
     @classmethod
@@ -246,6 +291,11 @@ class AlgorithmConfig(Section):
             raise ValueError("advantage 'gae' needs a critic (value model), which Hone does not train yet")
         if self.dual_clip is not None and self.policy_loss != "ppo":
             raise ValueError(f"dual_clip applies to the 'ppo' loss only, not {self.policy_loss!r}")
+        if self.off_policy.name != "none" and self.old_log_probs != "recompute":
+            raise ValueError(
+                f"off_policy.name {self.off_policy.name!r} needs old_log_probs: recompute "
+                "(the anchor π_old is the trainer's recomputation; the sampler's log-probs are π_behav)"
+            )
         return self
 
     @field_validator("loss_agg")

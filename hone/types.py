@@ -29,10 +29,9 @@ class Sample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(kw_only=True)
+@dataclass
 class SamplingParams:
-    """How to sample. `seed` makes a `generate` call reproducible on the same engine. Built by keyword
-    (or `dataclasses.replace`), so a new field cannot shift the others."""
+    """How to sample. `seed` makes a `generate` call reproducible on the same engine."""
 
     n: int = 1
     temperature: float = 1.0
@@ -107,6 +106,9 @@ class Batch:
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
     group_ids: torch.Tensor | None = None  # [B]
+    # [B, T] the sampler's own log-probs (π_behav), kept when `old_log_probs` is replaced by the trainer's
+    # recomputation (π_anchor), for the off-policy correction (algorithm.off_policy)
+    sampler_log_probs: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""

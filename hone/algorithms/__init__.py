@@ -14,6 +14,7 @@ from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
 from hone.algorithms.kl import KL_ESTIMATORS, register_kl
 from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
 from hone.algorithms.metrics import pass_at_k
+from hone.algorithms.offpolicy import OFF_POLICY_CORRECTIONS, Correction, register_off_policy
 from hone.algorithms.utils import (
     masked_mean,
     masked_sum,
@@ -27,7 +28,9 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
     "KL_ESTIMATORS",
+    "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
+    "Correction",
     "aggregate_loss",
     "discounted_returns",
     "group_stats",
@@ -37,6 +40,7 @@ __all__ = [
     "pass_at_k",
     "register_advantage",
     "register_kl",
+    "register_off_policy",
     "register_policy_loss",
     "scores_to_token_rewards",
     "sequence_scores",
