@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from hone.orchestration.loop import RunInterrupted, SetupError
+    from hone.orchestration.weights import WeightPublishTimeout
     from hone.rewards.scoring import RewardOutageError
     from hone.training.trainer import NonFiniteGradientError
 
@@ -178,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     with _signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)
-        except (ConfigError, SetupError, NonFiniteGradientError, RewardOutageError) as e:
+        except (
+            ConfigError,
+            SetupError,
+            NonFiniteGradientError,
+            RewardOutageError,
+            WeightPublishTimeout,
+        ) as e:
             return _error(e)
         except (RunInterrupted, KeyboardInterrupt) as e:
             if os.environ.get("HONE_DEBUG"):

@@ -29,9 +29,10 @@ class Sample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingParams:
-    """How to sample. `seed` makes a `generate` call reproducible on the same engine."""
+    """How to sample. `seed` makes a `generate` call reproducible on the same engine. Built by keyword
+    (or `dataclasses.replace`), so a new field cannot shift the others."""
 
     n: int = 1
     temperature: float = 1.0

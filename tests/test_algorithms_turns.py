@@ -11,7 +11,8 @@ import torch
 from hone.algorithms import ADVANTAGE_ESTIMATORS, scores_to_token_rewards
 from hone.config import load_config
 from hone.orchestration.collate import collate
-from hone.orchestration.loop import compute_advantages, response_budget
+from hone.orchestration.learner import compute_advantages
+from hone.orchestration.loop import response_budget
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.types import Rollout
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from hone.cli import main
 from hone.config import load_config
-from hone.orchestration import loop
+from hone.orchestration import learner
 from hone.orchestration.components import load_reference
 from hone.orchestration.loop import SetupError, train
 from hone.training.checkpoint import Checkpointer, damage
@@ -273,7 +273,7 @@ def test_lora_reference_after_a_warm_start_is_the_sft_adapter(tmp_path: Path, mi
 def test_nonfinite_gradients_stop_the_run_in_one_line_with_the_checkpoint_intact(
     tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real = loop.compute_advantages
+    real = learner.compute_advantages
 
     def nan_from_step_2(batch: object, rollouts: object, cfg: object) -> dict[str, float]:
         metrics = real(batch, rollouts, cfg)  # type: ignore[arg-type]
@@ -283,7 +283,7 @@ def test_nonfinite_gradients_stop_the_run_in_one_line_with_the_checkpoint_intact
         return metrics
 
     nan_from_step_2.calls = 0  # type: ignore[attr-defined]
-    monkeypatch.setattr(loop, "compute_advantages", nan_from_step_2)
+    monkeypatch.setattr(learner, "compute_advantages", nan_from_step_2)
     code = main(
         ["train", *_run(tmp_path, micro_model_dir, **{"run.steps": 5, "trainer.max_nonfinite_steps": 2})]
     )

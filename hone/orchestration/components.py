@@ -6,21 +6,26 @@ seconds with one clear line, before any model is loaded or trained.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from hone.config import HoneConfig
 from hone.data import Task, get_task, load_samples
 from hone.envs import Environment
 from hone.envs import make_env as _make_env
 from hone.models import resolve_model
+from hone.orchestration.weights import LocalWeightChannel, WeightChannel
 from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
 from hone.rewards.registry import TEXT_REWARDS
 from hone.rollout import HFSampler, Sampler
@@ -34,11 +39,12 @@ log = logging.getLogger("hone")
 EVAL_SEED = 0  # fixed, so every run of a task is scored on the same held-out problems
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunComponents:
     policy: Policy
     ref_policy: Policy | None
     sampler: Sampler
+    weights: WeightChannel  # the policy's weights → the sampler's own copy, versioned
     reward: RewardScorer
     train_samples: list[Sample]
     eval_samples: list[Sample]
@@ -273,10 +279,9 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     check_tokenizer(policy, model_path)
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    # In-process and synchronous, the sampler shares the policy's model object: no weight copies.
     engines = {
         "hf": lambda: HFSampler(
-            policy.model,
+            sampler_model(policy),
             tokenizer,
             max_batch_size=cfg.rollout.max_batch_size,
             prefix_cache=cfg.rollout.prefix_cache,
@@ -285,8 +290,34 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     sampler = engines[cfg.rollout.engine]()
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
     return RunComponents(
-        policy, None, sampler, reward, train_samples, eval_samples, task, pad_id, model_path, episodes
+        policy=policy,
+        ref_policy=None,
+        sampler=sampler,
+        weights=LocalWeightChannel(partial(sampler_tensors, policy), sampler),
+        reward=reward,
+        train_samples=train_samples,
+        eval_samples=eval_samples,
+        task=task,
+        pad_id=pad_id,
+        model_path=model_path,
+        episodes=episodes,
     )
+
+
+def sampler_model(policy: Policy) -> nn.Module:
+    """The sampler's own copy of the policy's model (LoRA wrapper included, so it computes exactly what
+    the policy does). It costs one more copy of the weights (two in all: 2 x 4 bytes/parameter in fp32)
+    and keeps a learner update from ever changing weights under a generation. Its parameters keep the
+    policy's `requires_grad` flags although nothing backpropagates through them: with them off, CPU
+    inference ran other kernels (log-probs differed in the last bit, measured on the tiny Qwen2), and a
+    synchronous run must sample exactly what it did when the sampler shared the policy's model."""
+    return copy.deepcopy(policy.model)
+
+
+def sampler_tensors(policy: Policy) -> dict[str, torch.Tensor]:
+    """What a publish copies into `sampler_model`'s copy: the policy's trainable parameters (a LoRA run:
+    the adapter), by the names both models share. Frozen tensors were copied at set-up and never change."""
+    return {name: p.detach() for name, p in policy.model.named_parameters() if p.requires_grad}
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

@@ -1,6 +1,9 @@
-"""The synchronous RL loop: sample → score → advantages → update → sync weights → log.
+"""The RL loop: each step `learn(produce(step))`, then eval, log and checkpoint.
 
-This is the only module that knows the order of the stages. Each step is a pure function of
+This is the only module that knows the order of the stages, at the level of producer
+(`orchestration.producer`: prompts → sample → score → filter) and learner (`orchestration.learner`:
+collate → old/ref log-probs → advantages → update → publish weights), which talk through a
+`RolloutSource` (`orchestration.rollouts`). Each step is a pure function of
 (seed, step, weights, optimizer state, LR): prompts come from `PromptStream.batch(step)` and sampling is
 seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped
 whenever the LR is a function of the step too: no `run.time_limit_s`, or a constant schedule. Under a
@@ -19,22 +22,21 @@ from typing import Any
 
 import torch
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards, turn_sums
 from hone.config import HoneConfig
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
-from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.components import RunComponents, build_components, load_reference
 from hone.orchestration.evaluate import evaluate
-from hone.orchestration.prompts import PromptStream, generation_requests
+from hone.orchestration.learner import Learner
+from hone.orchestration.producer import Producer, PromptBatch
+from hone.orchestration.prompts import PromptStream
+from hone.orchestration.rollouts import RolloutSource, SyncRollouts
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
-from hone.rewards import reward_failed, score_rollouts, top_answer_share
-from hone.rollout.multiturn import Episodes, run_episodes
-from hone.seeding import derive_seed
+from hone.rollout.multiturn import Episodes
 from hone.training.checkpoint import Checkpointer
-from hone.training.policy import Policy, first_response_column
-from hone.training.trainer import RLTrainer, micro_batch_rows
-from hone.types import Batch, Rollout, Sample, SamplingParams
+from hone.training.policy import Policy
+from hone.training.trainer import RLTrainer
+from hone.types import SamplingParams
 
 log = logging.getLogger("hone")
 
@@ -56,67 +58,6 @@ class RunResult:
     final_eval: dict[str, float]
 
 
-def drop_failed_rewards(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
-    """Keep rollouts whose every reward component answered: one that raised or timed out scored 0 for
-    the infrastructure's sake, not the response's, and training on it as a wrong answer would push the
-    policy away from slow-to-verify responses. Only that rollout goes: the rest of its group keep their
-    grades, and group baselines (GRPO mean/std, RLOO) are taken over the members that remain."""
-    kept = [r for r in rollouts if not reward_failed(r)]
-    return kept, 1.0 - len(kept) / max(1, len(rollouts))
-
-
-def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
-    """Keep only groups whose rewards differ (DAPO's dynamic sampling filter, without resampling)."""
-    by_group: dict[int, list[Rollout]] = {}
-    for r in rollouts:
-        by_group.setdefault(r.group_id, []).append(r)
-    kept = [r for group in by_group.values() if len({x.reward for x in group}) > 1 for r in group]
-    return kept, 1.0 - len(kept) / max(1, len(rollouts))
-
-
-@torch.no_grad()
-def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> torch.Tensor:
-    policy.model.eval()
-    log_probs, _ = policy.token_log_probs(
-        batch.input_ids,
-        batch.attention_mask,
-        temperature=temperature,
-        micro_batch_size=micro,
-        from_column=first_response_column(batch.response_mask),
-    )
-    return log_probs
-
-
-def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -> dict[str, float]:
-    """Fill `batch.advantages`/`returns` from rewards (minus a per-token KL penalty when placed there)."""
-    algo = cfg.algorithm
-    scores = torch.tensor(
-        [r.reward for r in rollouts], dtype=torch.float32, device=batch.response_mask.device
-    )
-    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
-    turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
-    metrics: dict[str, float] = {}
-    if algo.kl.coef > 0 and algo.kl.placement == "reward":
-        assert batch.ref_log_probs is not None and batch.old_log_probs is not None
-        kl = KL_ESTIMATORS[algo.kl.estimator](batch.old_log_probs, batch.ref_log_probs) * batch.response_mask
-        token_rewards = token_rewards - algo.kl.coef * kl
-        # Turn-level estimators read per-turn rewards: each turn pays the KL of its own tokens.
-        penalty = turn_sums(kl, turns["token_turns"], turns["turn_rewards"].shape[1])
-        turns["turn_rewards"] = turns["turn_rewards"] - algo.kl.coef * penalty
-        metrics["kl"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
-    batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
-        **turns,
-        token_rewards=token_rewards,
-        response_mask=batch.response_mask,
-        group_ids=batch.group_ids,
-        eps=algo.eps,
-        norm_by_std=algo.norm_by_std,
-        gamma=algo.gamma,
-        lam=algo.lam,
-    )
-    return metrics
-
-
 def response_budget(cfg: HoneConfig, episodes: Episodes | None) -> int:
     """The most loss tokens one response can have: Dr.GRPO's constant normaliser (`norm_len` of
     `seq-mean-token-sum-norm`, Liu et al. 2025). Single-turn: `rollout.max_new_tokens`. Multi-turn,
@@ -129,85 +70,17 @@ def response_budget(cfg: HoneConfig, episodes: Episodes | None) -> int:
     return min(limits.max_turns * limits.max_tokens_per_turn, limits.max_total_tokens - 1)
 
 
-def sync_weights(parts: RunComponents, version: int) -> None:
-    """Hand the new weights to the sampler. A sampler sharing the policy's model object (synchronous,
-    in-process) already sees them: only its version moves."""
-    shared = getattr(parts.sampler, "model", None) is parts.policy.model
-    parts.sampler.load_weights({} if shared else parts.policy.state_dict_for_sampler(), version)
-
-
-def rl_step(
-    step: int, parts: RunComponents, trainer: RLTrainer, stream: PromptStream, cfg: HoneConfig
-) -> dict[str, float]:
+def rl_step(step: int, rollouts: RolloutSource, learner: Learner, stream: PromptStream) -> dict[str, float]:
+    """One RL step: submit the step's prompts, take scored groups, learn from them (with `SyncRollouts`,
+    `learn(produce(step))`); returns the producer's metrics, the learner's, and the step's time and
+    throughput."""
     t0 = time.perf_counter()
-    samples = stream.batch(step)
-    params = SamplingParams(
-        n=cfg.rollout.n,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        stop=cfg.rollout.stop,
-        seed=derive_seed(cfg.run.seed, "sampling", step),
-    )
-    rollouts = collect_rollouts(parts, cfg, samples, params)
-    t_sample = time.perf_counter()
-    metrics = score_rollouts(rollouts, {s.id: s for s in samples}, parts.reward)
-    t_reward = time.perf_counter()
-    metrics.update(episode_metrics(rollouts))
-    metrics["response_length/mean"] = sum(r.response_len for r in rollouts) / len(rollouts)
-    metrics["response_length/clip_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
-    metrics["answers/top_share"] = top_answer_share([r.response_text for r in rollouts])
-    new_tokens = sum(r.response_len for r in rollouts)
-
-    rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
-    # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
-    parts.reward.outage.observe(step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps)
-    if parts.episodes is not None and cfg.env.drop_void_turns:
-        kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
-        metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))
-        rollouts = kept
-    if cfg.algorithm.skip_zero_variance_groups:
-        rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
-    if rollouts:
-        batch = collate(rollouts, pad_id=parts.pad_id).to(parts.policy.device)
-        micro = micro_batch_rows(cfg.trainer, batch.input_ids.shape[1])
-        if cfg.algorithm.old_log_probs == "recompute":
-            sampler_lp = batch.old_log_probs
-            batch.old_log_probs = _log_probs(parts.policy, batch, cfg.rollout.temperature, micro)
-            diff = (batch.old_log_probs - sampler_lp).abs() * batch.response_mask
-            metrics["mismatch/logprob_abs"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
-        if parts.ref_policy is not None:
-            batch.ref_log_probs = _log_probs(parts.ref_policy, batch, cfg.rollout.temperature, micro)
-        metrics.update(compute_advantages(batch, rollouts, cfg))
-        metrics.update(trainer.update(batch, step))
-        sync_weights(parts, version=step + 1)
-    t_end = time.perf_counter()
-    metrics["time/sample_s"] = t_sample - t0
-    metrics["time/reward_s"] = t_reward - t_sample
-    metrics["time/train_s"] = t_end - t_reward
-    metrics["time/step_s"] = t_end - t0
-    metrics["throughput/tokens_per_s"] = new_tokens / max(t_end - t0, 1e-9)
-    return metrics
-
-
-def collect_rollouts(
-    parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
-) -> list[Rollout]:
-    """Single-turn generations, or one multi-turn episode per rollout when the run has an environment."""
-    if parts.episodes is None:
-        requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
-        return parts.sampler.generate(requests, params)
-    episodes = parts.episodes
-    return run_episodes(
-        parts.sampler, parts.policy.tokenizer, episodes.make_env, samples, params, episodes.limits
-    )
-
-
-def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
-    """Means over the batch of every `episode/*` and `env/*` rollout metric (0 where a rollout lacks it)."""
-    names = {k for r in rollouts for k in r.metrics if k.startswith(("episode/", "env/"))}
-    return {k: sum(r.metrics.get(k, 0.0) for r in rollouts) / len(rollouts) for k in sorted(names)}
+    rollouts.submit(PromptBatch(step=step, samples=stream.batch(step)))
+    groups = rollouts.take()
+    learned = learner.learn(groups, step)
+    elapsed = time.perf_counter() - t0
+    timing = {"time/step_s": elapsed, "throughput/tokens_per_s": groups.new_tokens / max(elapsed, 1e-9)}
+    return groups.metrics | learned | timing
 
 
 def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
@@ -419,6 +292,7 @@ def _start(
             run_dir / "sft",
             parts.episodes,
             deadline=None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s,
+            weights=parts.weights,
         )
     reference = _reference(cfg, parts, run_dir)
     trainer = rl_trainer(cfg, parts)
@@ -442,7 +316,7 @@ def _train(
         begin = _start(cfg, parts, run_dir, sft_data, metrics_log, started)
     else:
         begin = resumed
-        sync_weights(parts, version=begin.step)
+        parts.weights.publish(begin.step)  # the checkpoint's weights, as the version they were
         log.info("resumed %s at step %d", run_dir, begin.step)
     trainer, start_eval = begin.trainer, begin.start_eval
 
@@ -456,13 +330,22 @@ def _train(
         )
 
     stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
+    rollouts = SyncRollouts(Producer(parts, cfg), parts.weights)
+    learner = Learner(
+        policy=parts.policy,
+        ref_policy=parts.ref_policy,
+        trainer=trainer,
+        cfg=cfg,
+        pad_id=parts.pad_id,
+        publish=rollouts.publish,
+    )
     step = begin.step
     final_eval: dict[str, float] = {}
     if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
         trainer.schedule.start_clock(cfg.run.time_limit_s - (time.perf_counter() - started))
     with Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress:
         while step < cfg.run.steps:
-            metrics = rl_step(step, parts, trainer, stream, cfg)
+            metrics = rl_step(step, rollouts, learner, stream)
             step += 1
             out_of_time = (
                 cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s

@@ -16,6 +16,7 @@ from hone.data import Task, load_samples
 from hone.orchestration.components import RunComponents, validation_samples
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import render_prompt
+from hone.orchestration.weights import WeightChannel
 from hone.rewards import RewardFn, RewardScorer
 from hone.rollout import Sampler
 from hone.rollout.multiturn import Episodes, demonstration_tokens
@@ -85,15 +86,20 @@ def warm_start_sft(
     reward: RewardScorer | RewardFn,
     out_dir: Path,
     episodes: Episodes | None = None,
+    *,
     deadline: float | None = None,
+    weights: WeightChannel,
 ) -> dict[str, float]:
     """SFT on `data` until validation accuracy on `data.val` reaches `sft.stop_at_accuracy`, `sft.max_steps`
-    or `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`."""
+    or `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`.
+    `sampler` validates: `weights` publishes the policy's SFT weights to it, as version 0 (RL has not
+    started), before each validation and once SFT ends."""
     greedy = SamplingParams(
         n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop
     )
 
     def val_accuracy() -> float:
+        weights.publish(0)
         return evaluate(
             sampler,
             policy.tokenizer,
@@ -129,6 +135,7 @@ def warm_start_sft(
         deadline=deadline,
         max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
     )
+    weights.publish(0)
     if result["out_of_time"]:
         log.warning("SFT stopped at the run's time limit after %d steps", result["steps"])
     policy.save_pretrained(out_dir)

@@ -14,8 +14,10 @@ last `generate` call fed through the model and, when a new prompt starts with on
 the new tokens (what vLLM's automatic prefix caching does for the same traffic). Reused rows sit in
 the batch as [padding][cached tokens][padding][new tokens]; the attention mask hides both paddings and
 positions count real tokens only, so the model sees exactly the sequence it would see unpadded. The
-store is dropped by `load_weights` and whenever a parameter's storage, dtype or in-place version counter
-changes (so a synchronous run's optimizer step, which tells the sampler nothing, drops it too).
+store is keyed by the weight version: `load_weights` (every weight publish) drops it, so nothing computed
+with old weights is reused after a publish. A model object shared with a trainer (tests do that; a run's
+sampler owns a copy) changes without telling the sampler, so the key also holds each parameter's
+storage, dtype and in-place version counter, and an optimizer step on a shared model drops it too.
 Measured (bench/sampler_bench.py): 1.8x the tokens/s of re-encoding on 3-turn `agent-retry`-shaped
 traffic, 2.2x over 6 turns.
 """
@@ -130,7 +132,10 @@ class _Sequence:
 
 
 class HFSampler:
-    """`Sampler` over an in-process transformers model (which may be the trainer's very own object).
+    """`Sampler` over an in-process transformers model. In a run it owns its model (a copy of the
+    policy's, `orchestration.components.sampler_model`) and takes new weights only through
+    `load_weights` (`orchestration.weights`); sharing a trainer's model object works too (see the prefix
+    cache in the module docstring).
 
     `sampler_logprobs` are log softmax(logits / temperature) of the chosen token over the *full*
     vocabulary (raw logits at temperature 0), taken before top-k/top-p truncation: that is the quantity
@@ -154,7 +159,7 @@ class HFSampler:
         self.prefix_cache = prefix_cache
         self.policy_version = 0
         self._prefixes: _PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
-        self._prefixes_for: tuple[object, ...] | None = None
+        self._prefixes_for: tuple[int, tuple[object, ...]] | None = None  # (version, weights fingerprint)
         # transformers 5 renamed `past_key_values` to `cache`; an unknown name would be swallowed by
         # **kwargs and silently disable the cache, so ask the signature which one this model takes
         # (a PEFT wrapper's forward takes **kwargs and passes them on to the model it wraps).
@@ -175,8 +180,8 @@ class HFSampler:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
-        weights = self._weights_fingerprint() if self.prefix_cache else None
-        previous = self._prefixes if weights is not None and self._prefixes_for == weights else None
+        key = (self.policy_version, self._weights_fingerprint()) if self.prefix_cache else None
+        previous = self._prefixes if key is not None and self._prefixes_for == key else None
         self._prefixes = None  # a stale store is freed before this call's cache is built
         store = _PrefixStore() if self.prefix_cache else None
         sequences: list[_Sequence] = []
@@ -186,7 +191,7 @@ class HFSampler:
             for start in range(0, len(prompts), size):
                 chunk, limits = prompts[start : start + size], budgets[start : start + size]
                 sequences += self._decode(chunk, limits, params, generator, device, previous, store)
-        self._prefixes, self._prefixes_for = store, weights
+        self._prefixes, self._prefixes_for = store, key
         texts = self.tokenizer.batch_decode([s.tokens for s in sequences], skip_special_tokens=True)
         rollouts = []
         for i, (seq, text) in enumerate(zip(sequences, texts, strict=True)):
@@ -212,10 +217,11 @@ class HFSampler:
         return eos_token_ids(self.model, self.tokenizer)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Copy `state_dict` into the model in place (a partial dict updates only those tensors).
+        """Copy `state_dict` into the model in place (a partial dict updates only those tensors) and make
+        it weight version `version`; the prefix cache is dropped, whatever the version.
 
-        In synchronous mode the trainer and sampler share one model, the tensors are the same storage
-        and nothing is copied. Shapes are checked because `copy_` would silently broadcast a wrong one.
+        Tensors that already are the model's own storage (a model shared with the trainer) are not
+        copied. Shapes are checked because `copy_` would silently broadcast a wrong one.
         """
         self._prefixes = None  # whatever changes below, cached KV of the old weights must not be reused
         own = self.model.state_dict()
@@ -232,12 +238,12 @@ class HFSampler:
         self.policy_version = version
 
     def _weights_fingerprint(self) -> tuple[object, ...]:
-        """What decides whether the last call's KV caches still hold: the model, the policy version, and
-        each parameter's storage, dtype and in-place version counter (bumped by autograd-visible writes:
-        a default AdamW step, `copy_`). Writes that bypass the counter (`p.data.copy_`, fused optimizers)
-        are not seen: change weights through `load_weights` (which drops the store) or a new version."""
+        """Beside the version, what decides whether the last call's KV caches still hold when the model is
+        shared with a trainer: the model, and each parameter's storage, dtype and in-place version counter
+        (bumped by autograd-visible writes: a default AdamW step, `copy_`). Writes that bypass the counter
+        (`p.data.copy_`, fused optimizers) are not seen: change weights through `load_weights`."""
         params = self.model.parameters()
-        return (id(self.model), self.policy_version, *((p.data_ptr(), p.dtype, p._version) for p in params))
+        return (id(self.model), *((p.data_ptr(), p.dtype, p._version) for p in params))
 
     def _prefill(
         self, prompts: list[list[int]], previous: _PrefixStore | None, pad: int, device: torch.device

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from transformers import PreTrainedTokenizerBase
@@ -139,7 +139,7 @@ def _turn_budget(e: _Episode, limits: EpisodeLimits) -> int:
 
 def _turn_params(params: SamplingParams, budget: int, turn: int) -> SamplingParams:
     seed = None if params.seed is None else derive_seed(params.seed, "turn", turn)
-    return SamplingParams(1, params.temperature, params.top_p, params.top_k, budget, params.stop, seed)
+    return replace(params, n=1, max_new_tokens=budget, seed=seed)
 
 
 def _take_turn(e: _Episode, out: Rollout, tokenizer: PreTrainedTokenizerBase) -> str:

@@ -1,0 +1,114 @@
+"""The learner: scored groups → collate → old/ref log-probs → advantages → update → publish weights.
+
+It reads only what the producer hands it (`ScoredGroups`) and the policy it trains; the one thing it sends
+back is a weight publish, through the callable it was given (`RolloutSource.publish` in the loop).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards, turn_sums
+from hone.config import HoneConfig
+from hone.orchestration.collate import collate, turn_tensors
+from hone.orchestration.producer import ScoredGroups
+from hone.training.policy import Policy, first_response_column
+from hone.training.trainer import RLTrainer, micro_batch_rows
+from hone.types import Batch, Rollout
+
+
+@torch.no_grad()
+def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> torch.Tensor:
+    policy.model.eval()
+    log_probs, _ = policy.token_log_probs(
+        batch.input_ids,
+        batch.attention_mask,
+        temperature=temperature,
+        micro_batch_size=micro,
+        from_column=first_response_column(batch.response_mask),
+    )
+    return log_probs
+
+
+def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -> dict[str, float]:
+    """Fill `batch.advantages`/`returns` from rewards (minus a per-token KL penalty when placed there)."""
+    algo = cfg.algorithm
+    scores = torch.tensor(
+        [r.reward for r in rollouts], dtype=torch.float32, device=batch.response_mask.device
+    )
+    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
+    turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
+    metrics: dict[str, float] = {}
+    if algo.kl.coef > 0 and algo.kl.placement == "reward":
+        assert batch.ref_log_probs is not None and batch.old_log_probs is not None
+        kl = KL_ESTIMATORS[algo.kl.estimator](batch.old_log_probs, batch.ref_log_probs) * batch.response_mask
+        token_rewards = token_rewards - algo.kl.coef * kl
+        # Turn-level estimators read per-turn rewards: each turn pays the KL of its own tokens.
+        penalty = turn_sums(kl, turns["token_turns"], turns["turn_rewards"].shape[1])
+        turns["turn_rewards"] = turns["turn_rewards"] - algo.kl.coef * penalty
+        metrics["kl"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
+    batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+        **turns,
+        token_rewards=token_rewards,
+        response_mask=batch.response_mask,
+        group_ids=batch.group_ids,
+        eps=algo.eps,
+        norm_by_std=algo.norm_by_std,
+        gamma=algo.gamma,
+        lam=algo.lam,
+    )
+    return metrics
+
+
+class Learner:
+    """Trains the policy on `ScoredGroups` and publishes each new version of its weights."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        ref_policy: Policy | None,
+        trainer: RLTrainer,
+        cfg: HoneConfig,
+        pad_id: int,
+        publish: Callable[[int], None],
+    ) -> None:
+        self.policy = policy
+        self.ref_policy = ref_policy
+        self.trainer = trainer
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.publish = publish
+
+    def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
+        """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish version `step + 1`.
+        A step whose groups were all filtered out trains nothing and publishes nothing (the weights,
+        and so the sampler's version, stay as they were)."""
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        if groups.rollouts:
+            batch = self.batch(groups.rollouts, metrics)
+            metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
+            metrics |= self.trainer.update(batch, step)
+            self.publish(step + 1)
+        metrics["time/train_s"] = time.perf_counter() - t0
+        return metrics
+
+    def batch(self, rollouts: list[Rollout], metrics: dict[str, float]) -> Batch:
+        """Collated `rollouts` with the behaviour (old) and reference log-probs the config asks for;
+        `mismatch/logprob_abs` (sampler vs recomputation) goes into `metrics`."""
+        cfg = self.cfg
+        batch = collate(rollouts, pad_id=self.pad_id).to(self.policy.device)
+        micro = micro_batch_rows(cfg.trainer, batch.input_ids.shape[1])
+        if cfg.algorithm.old_log_probs == "recompute":
+            batch.sampler_log_probs = batch.old_log_probs  # π_behav, for the off-policy corrections
+            assert batch.sampler_log_probs is not None  # collate fills it
+            batch.old_log_probs = _log_probs(self.policy, batch, cfg.rollout.temperature, micro)
+            diff = (batch.old_log_probs - batch.sampler_log_probs).abs() * batch.response_mask
+            metrics["mismatch/logprob_abs"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+        if self.ref_policy is not None:
+            batch.ref_log_probs = _log_probs(self.ref_policy, batch, cfg.rollout.temperature, micro)
+        return batch

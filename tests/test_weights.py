@@ -1,0 +1,193 @@
+"""The sampler owns its weights: publishes through the weight channel, their versions, the prefix cache
+they invalidate, their timeout; and a run with an owned copy trains exactly like one sharing the model."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase
+
+from hone.config import load_config
+from hone.orchestration import components, loop
+from hone.orchestration.learner import Learner
+from hone.orchestration.loop import train
+from hone.orchestration.producer import ScoredGroups
+from hone.orchestration.weights import LocalWeightChannel, WeightPublishTimeout
+from hone.rollout import HFSampler
+from tests.conftest import char_tokenizer
+from tests.test_orchestration import tiny_overrides
+from tests.test_sampler import (
+    ATOL,
+    CHARS,
+    _next_turn,
+    _prefill_widths,
+    full_forward_logprobs,
+    greedy,
+    make_model,
+    requests,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return char_tokenizer(CHARS, unk_token=None)
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def test_a_publish_drops_the_prefix_cache_and_the_next_turn_uses_the_new_weights(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    learner_model = make_model(1)
+    sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
+    channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler)
+    widths = _prefill_widths(sampler, monkeypatch)
+
+    first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
+    with torch.no_grad():
+        next(learner_model.parameters()).mul_(1.5)  # an update the sampler is not told of: owned weights
+    widths.clear()
+    second = sampler.generate(_next_turn(tokenizer, first, " ok "), greedy(max_new_tokens=8))
+    assert max(widths) < min(len(r.token_ids) for r in first)  # same version: the cache is reused
+    assert all(r.policy_version == 0 for r in second)
+
+    channel.publish(1)
+    assert channel.version == 1
+    third_requests = _next_turn(tokenizer, second, " ok ")
+    widths.clear()
+    third = sampler.generate(third_requests, greedy(max_new_tokens=8))
+    assert widths == [max(len(r.prompt_ids) for r in third_requests)]  # everything prefilled again
+    for rollout in third:
+        assert rollout.policy_version == 1
+        torch.testing.assert_close(  # float64 models: see ATOL
+            torch.tensor(rollout.sampler_logprobs, dtype=torch.float64),
+            full_forward_logprobs(learner_model, rollout, 0.0),
+            atol=ATOL,
+            rtol=0,
+        )
+
+
+def test_a_publish_the_sampler_never_lets_in_fails_in_one_line_after_its_timeout(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    learner_model = make_model(2)
+    sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
+    channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler, timeout_s=0.2)
+    holding, release = threading.Event(), threading.Event()
+
+    def generating() -> None:  # a sampler stuck inside its generation
+        with channel.hold():
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=generating)
+    thread.start()
+    holding.wait(10)
+    try:
+        with pytest.raises(WeightPublishTimeout) as failed:
+            channel.publish(3)
+    finally:
+        release.set()
+        thread.join()
+    assert str(failed.value) == (
+        "weight publish of version 3 did not complete within 0.2 s: the sampler (at version 0) never "
+        "left its generation to take it"
+    )
+    assert sampler.policy_version == 0
+    channel.publish(3)  # once the sampler is at a safe point, the same publish goes through
+    assert sampler.policy_version == 3
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    (checkpoint,) = [p for p in (run_dir / "checkpoints").iterdir() if p.name == "step-3"]
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted((checkpoint / "model").rglob("*.safetensors")):
+        out |= {f"{file.name}/{k}": v for k, v in load_file(str(file)).items()}
+    return out
+
+
+RUNS: dict[str, dict[str, object]] = {
+    "single-turn, KL, two epochs on the sampler's log-probs": {
+        "trainer.ppo_epochs": 2,
+        "algorithm.kl.coef": 0.05,
+        "reward.fn": "tests.rewards_for_tests:token_id_reward",
+    },
+    "LoRA after an SFT warm start": {
+        "model.lora.r": 4,
+        "model.lora.alpha": 8,
+        "trainer.lr": 1e-2,
+        "sft.enabled": "true",
+        "sft.max_steps": 2,
+        "sft.examples": 16,
+        "sft.batch_size": 8,
+        "sft.val_size": 4,
+        "sft.eval_every": 1,
+        "reward.fn": "tests.rewards_for_tests:token_id_reward",
+    },
+    "multi-turn, prefix cache": {
+        "data.task": "null",
+        "env.name": "guess_number",
+        "env.args": "{high: 8}",
+        "env.max_tokens_per_turn": 3,
+        "reward.fn": "env",
+        "algorithm.advantage": "turn_grpo",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The run's sampler owns a copy of the policy model; sharing the model object itself (what the loop
+    did before the weight channel) must end on the same weights, bit for bit. In the owned run, after
+    every publish the sampler's tensors equal the policy's without sharing storage, and every rollout a
+    step trains on was sampled by the version the step before published."""
+    built: list[components.RunComponents] = []
+    published: list[int] = []
+    trained_versions: list[tuple[int, set[int]]] = []
+    real_build, real_publish = components.build_components, LocalWeightChannel.publish
+    real_learn = Learner.learn
+
+    def recording_build(cfg: Any) -> components.RunComponents:
+        built.append(real_build(cfg))
+        return built[-1]
+
+    def checked_publish(self: LocalWeightChannel, version: int) -> None:
+        real_publish(self, version)
+        sampler_model, policy_model = built[-1].sampler.model, built[-1].policy.model  # type: ignore[attr-defined]
+        if sampler_model is not policy_model:
+            published.append(version)
+            own = dict(sampler_model.named_parameters())
+            for key, value in policy_model.named_parameters():
+                assert torch.equal(own[key], value) and own[key].data_ptr() != value.data_ptr(), key
+
+    def recording_learn(self: Learner, groups: ScoredGroups, step: int) -> dict[str, Any]:
+        trained_versions.append((step, {r.policy_version for r in groups.rollouts}))
+        return real_learn(self, groups, step)
+
+    monkeypatch.setattr(loop, "build_components", recording_build)
+    monkeypatch.setattr(LocalWeightChannel, "publish", checked_publish)
+    monkeypatch.setattr(Learner, "learn", recording_learn)
+    finals = {}
+    for share in (False, True):
+        if share:
+            monkeypatch.setattr(components, "sampler_model", lambda policy: policy.model)
+        run = f"shared-{share}"
+        extra = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **RUNS[name]}
+        recipe = "agent-guess" if "env.name" in extra else None
+        train(load_config(recipe, tiny_overrides(tmp_path, micro_model_dir, run, **extra)))
+        finals[share] = _final_weights(tmp_path / run)
+        if not share:
+            assert published[-3:] == [1, 2, 3]
+            assert trained_versions == [(0, {0}), (1, {1}), (2, {2})]
+    owned, shared = finals[False], finals[True]
+    assert owned.keys() == shared.keys() and all(torch.equal(owned[k], shared[k]) for k in owned)
