@@ -4,8 +4,10 @@ All tensors are [B,T]; `old_log_probs` are the behaviour policy's (the sampler's
 recomputation at sampling time). Losses are called with keyword arguments and ignore unknown ones, so
 the trainer calls every registered name the same way; a clip range left as None takes the loss's own
 default (GSPO's ranges are three orders of magnitude smaller than PPO's). `num_tokens`, `num_seqs`
-and `norm_len` pass through to `aggregate_loss` for gradient accumulation. Metrics are detached
-scalars averaged over this call's valid tokens.
+and `norm_len` pass through to `aggregate_loss` for gradient accumulation. `token_weights` [B,T]
+(detached), when given, multiplies each token's loss term before aggregation, the counts unchanged: the
+off-policy correction's weights (hone/algorithms/offpolicy.py; 0 drops a token). Metrics are detached
+scalars averaged over this call's valid tokens and do not see the weights.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ def _approx_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach()
 
 
+def _weighted(per_token: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    """Each token's loss term times its off-policy weight (none given: unchanged, bit for bit)."""
+    return per_token if token_weights is None else per_token * token_weights
+
+
 @register_policy_loss("ppo")
 def ppo_loss(
     *,
@@ -58,6 +65,7 @@ def ppo_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     norm_len: float | None = None,
+    token_weights: torch.Tensor | None = None,
     **_: object,
 ) -> LossOutput:
     """PPO clipped surrogate (Schulman et al. 2017), per token: max(-A r, -A clip(r, 1-εl, 1+εh)).
@@ -79,7 +87,12 @@ def ppo_loss(
         per_token = torch.where(dual_active, bound, per_token)
         metrics["dual_clip_frac"] = masked_mean(dual_active.float(), response_mask).detach()
     loss = aggregate_loss(
-        per_token, response_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len
+        _weighted(per_token, token_weights),
+        response_mask,
+        agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        norm_len=norm_len,
     )
     metrics["clip_frac"] = masked_mean(clipped.float(), response_mask).detach()
     metrics["approx_kl"] = _approx_kl(log_ratio, response_mask)
@@ -99,6 +112,7 @@ def gspo_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     norm_len: float | None = None,
+    token_weights: torch.Tensor | None = None,
     **_: object,
 ) -> LossOutput:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"), GSPO-token form.
@@ -116,7 +130,12 @@ def gspo_loss(
     token_log_ratio = torch.where(response_mask.bool(), token_log_ratio, torch.zeros_like(token_log_ratio))
     per_token, clipped = _clipped_surrogate(torch.exp(token_log_ratio), advantages, clip_low, clip_high)
     loss = aggregate_loss(
-        per_token, response_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len
+        _weighted(per_token, token_weights),
+        response_mask,
+        agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        norm_len=norm_len,
     )
     return loss, {
         "clip_frac": masked_mean(clipped.float(), response_mask).detach(),
@@ -137,6 +156,7 @@ def cispo_loss(
     num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | torch.Tensor | None = None,
     norm_len: float | None = None,
+    token_weights: torch.Tensor | None = None,
     **_: object,
 ) -> LossOutput:
     """CISPO (MiniMax 2025, "MiniMax-M1"): -sg(clip(r, 1-εl, 1+εh)) · A · log π.
@@ -152,7 +172,12 @@ def cispo_loss(
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
     per_token = -weight * advantages * log_probs
     loss = aggregate_loss(
-        per_token, response_mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len
+        _weighted(per_token, token_weights),
+        response_mask,
+        agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        norm_len=norm_len,
     )
     clipped = (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)
     return loss, {

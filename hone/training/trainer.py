@@ -5,8 +5,10 @@ One call = `ppo_epochs` passes over the batch, each split into `mini_batches` op
 with SFT (`hone.training.optim`). Every micro-batch loss is normalised by the token/sequence counts
 of its whole *mini-batch* (`num_tokens`, `num_seqs`), so accumulation gives exactly the full-batch
 gradient whatever the micro-batch size. The loss is a sum of named terms — the policy loss (the
-algorithm, by registry name), the KL penalty, the entropy bonus — each a small function of one
-micro-batch returning its loss and metrics (`LossTerm`), so a value loss is one more term.
+algorithm, by registry name; its per-token terms weighted by the off-policy correction
+`algorithm.off_policy` when one applies, see `_off_policy`), the KL penalty, the entropy bonus — each
+a small function of one micro-batch returning its loss and metrics (`LossTerm`), so a value loss is
+one more term.
 
 The learning rate is a function of the RL step (and, under a time limit, of the time spent), not of
 the optimizer steps taken, so filtered-out steps and short batches cannot leave the schedule short
@@ -16,6 +18,7 @@ norm is skipped, and `trainer.max_nonfinite_steps` of them in a row stop the run
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections import defaultdict
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-from hone.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
+from hone.algorithms import KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate_loss
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.seeding import derive_seed
 from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
@@ -122,6 +125,9 @@ class MicroBatch:
     log_probs: torch.Tensor  # [b, T], with grad
     entropy: torch.Tensor | None  # [b, T]; with grad only when the entropy bonus is on
     counts: dict[str, Any]  # num_tokens and num_seqs of the mini-batch, norm_len (aggregate_loss keywords)
+    # [b, T] the off-policy correction's weight x keep per token (detached), multiplying the policy loss's
+    # per-token terms; None when no correction applies
+    token_weights: torch.Tensor | None = None
 
 
 # A loss term: (its contribution to the loss, metrics). Metrics named "loss/..." are summed per optimizer
@@ -149,6 +155,12 @@ class RLTrainer:
         self.norm_len = norm_len
         self.seed = seed
         self.updates = 0
+        loss_params = inspect.signature(POLICY_LOSSES[algorithm.policy_loss]).parameters
+        if algorithm.off_policy.name != "none" and "token_weights" not in loss_params:
+            raise ValueError(
+                f"policy loss {algorithm.policy_loss!r} takes no token_weights, so algorithm.off_policy.name "
+                f"{algorithm.off_policy.name!r} could not weight its tokens"
+            )
         if trainer.disable_dropout:
             disable_dropout(policy.model)
         self.stepper = OptimizerStepper(
@@ -186,8 +198,10 @@ class RLTrainer:
     # Loss terms: each returns its contribution to the loss and its metrics (see `LossTerm`).
 
     def _policy_term(self, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The registered policy-gradient loss (its metrics are means over the micro-batch's tokens)."""
+        """The registered policy-gradient loss (its metrics are means over the micro-batch's tokens), each
+        token's term weighted by the off-policy correction when one applies."""
         batch, rows = micro.batch, micro.rows
+        weighting = {} if micro.token_weights is None else {"token_weights": micro.token_weights}
         assert batch.old_log_probs is not None and batch.advantages is not None  # checked by update
         loss, metrics = POLICY_LOSSES[self.algo.policy_loss](
             log_probs=micro.log_probs,
@@ -196,6 +210,7 @@ class RLTrainer:
             response_mask=micro.mask,
             **self._loss_kwargs(),
             **micro.counts,
+            **weighting,
         )
         n = float(micro.mask.sum())
         return loss, {"loss/policy": float(loss.detach()), **{k: float(v) * n for k, v in metrics.items()}}
@@ -226,6 +241,34 @@ class RLTrainer:
     def _kl_in_loss(self) -> bool:
         return self.algo.kl.coef > 0 and self.algo.kl.placement == "loss"
 
+    def _off_policy(self, batch: Batch) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The off-policy correction (`algorithm.off_policy`) of the whole batch, once per update: the
+        per-token weights of the policy loss (weight x keep: a dropped token's term is 0 and the loss's
+        token/sequence counts are unchanged, the estimator rho * 1[kept] of hone/algorithms/offpolicy.py),
+        or None for `none`, and its metrics. Anchor: `old_log_probs` (the trainer's recomputation);
+        behaviour: `sampler_log_probs`. Without sampler log-probs there is nothing to measure."""
+        cfg = self.algo.off_policy
+        if batch.sampler_log_probs is None:
+            if cfg.name != "none":  # never a correction silently not applied (AReaL's trap)
+                raise ValueError(
+                    f"algorithm.off_policy.name {cfg.name!r} needs the batch's sampler_log_probs "
+                    "(kept when algorithm.old_log_probs is recompute), and this batch has none"
+                )
+            return None, {}
+        correction = OFF_POLICY_CORRECTIONS[cfg.name](
+            anchor_log_probs=batch.old_log_probs,
+            behaviour_log_probs=batch.sampler_log_probs,
+            response_mask=batch.response_mask,
+            level=cfg.level,
+            cap=cfg.cap,
+            lo=cfg.lo,
+            hi=cfg.hi,
+            bound=cfg.bound,
+        )
+        # `none` only measures: its weights are all 1, and leaving them out keeps today's update exact.
+        weights = None if cfg.name == "none" else correction.weights * correction.keep
+        return weights, correction.metrics
+
     def _mini_batches(self, rows: int) -> Iterator[torch.Tensor]:
         """Row indices of each optimizer step: `ppo_epochs` passes over the batch, each split into
         `mini_batches`, shuffled when there is more than one step (seeded per update, so a resumed run
@@ -243,10 +286,12 @@ class RLTrainer:
         terms: list[LossTerm],
         sums: dict[str, float],
         mismatch: list[float] | None,
+        token_weights: torch.Tensor | None,
     ) -> Iterator[torch.Tensor]:
         """The loss of each micro-batch of mini-batch `mini` (one forward each, lazily: the optimizer step
         backwards one before the next is built); adds their metrics to `sums` and, when given, the
-        sampler/trainer log-prob gap to `mismatch` ([sum of |gap|, tokens])."""
+        sampler/trainer log-prob gap to `mismatch` ([sum of |gap|, tokens]). `token_weights` [B, T]: the
+        off-policy correction's, or None."""
         counts = {
             "num_tokens": batch.response_mask[mini].sum(),
             "num_seqs": len(mini),
@@ -263,7 +308,8 @@ class RLTrainer:
                 entropy_grad=bool(self.algo.entropy_coef),
                 from_column=first_response_column(mask),
             )
-            micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts)
+            weights = None if token_weights is None else token_weights[rows]
+            micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts, weights)
             loss: torch.Tensor | None = None
             for term in terms:
                 term_loss, metrics = term(micro)
@@ -293,6 +339,7 @@ class RLTrainer:
         lr = self.cfg.lr * self.schedule.factor(step)
         self.stepper.set_lr(lr)
         terms = self._loss_terms()
+        token_weights, correction_metrics = self._off_policy(batch)
         # Loss metrics are summed per mini-batch and kept only when its optimizer step applied: a skipped
         # step's NaN loss says nothing about the update that happened.
         sums: dict[str, float] = defaultdict(float)
@@ -304,7 +351,8 @@ class RLTrainer:
         watch_mismatch = self.algo.old_log_probs == "sampler"
         for mini in self._mini_batches(batch.input_ids.shape[0]):
             mini_sums: dict[str, float] = defaultdict(float)
-            losses = self._micro_losses(batch, mini, terms, mini_sums, mismatch if watch_mismatch else None)
+            watched = mismatch if watch_mismatch else None
+            losses = self._micro_losses(batch, mini, terms, mini_sums, watched, token_weights)
             norm = self.stepper.step(losses, where=f"RL step {step + 1}")
             watch_mismatch = False
             if not math.isfinite(norm):
@@ -314,7 +362,7 @@ class RLTrainer:
             for key, value in mini_sums.items():
                 sums[key] += value
         self.updates += 1
-        out: dict[str, float] = {"train/nonfinite_steps": float(skipped)}
+        out: dict[str, float] = {"train/nonfinite_steps": float(skipped), **correction_metrics}
         if mismatch[1]:
             out["mismatch/logprob_abs"] = mismatch[0] / mismatch[1]
         if not grad_norms:  # every step skipped: no loss was applied, and no LR
