@@ -326,6 +326,20 @@ class TrainerConfig(Section):
         3, ge=1, description="optimizer steps in a row with a NaN/inf gradient norm (each skipped) to stop"
     )
     log_entropy: bool = Field(True, description="log the policy's entropy (computed in chunks, no graph)")
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="async: a producer thread samples and scores the next steps while the learner trains",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="async: η, the most weight versions a trained rollout may lag the learner (0 = sync)",
+    )
+    publish_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="the most a weight publish may wait for the sampler to finish the step it is sampling",
+    )
 
 
 class SFTConfig(Section):

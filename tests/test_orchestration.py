@@ -24,7 +24,7 @@ from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents, load_reward
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import SetupError, rl_step, train
-from hone.orchestration.producer import Producer, drop_zero_variance_groups
+from hone.orchestration.producer import Producer, PromptBatch, drop_zero_variance_groups
 from hone.orchestration.prompts import PromptStream
 from hone.orchestration.rollouts import SyncRollouts
 from hone.orchestration.weights import LocalWeightChannel
@@ -392,7 +392,7 @@ def one_step(
         policy=SimpleNamespace(device=torch.device("cpu")),  # type: ignore[arg-type]
         ref_policy=None,
         sampler=sampler,  # type: ignore[arg-type]
-        weights=LocalWeightChannel(dict, sampler),  # type: ignore[arg-type]
+        weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]
         reward=reward,
         train_samples=samples,
         eval_samples=[],
@@ -411,7 +411,8 @@ def one_step(
         pad_id=0,
         publish=rollouts.publish,
     )
-    metrics = rl_step(0, rollouts, learner, PromptStream(samples, len(samples), seed=0))
+    rollouts.submit(PromptBatch(step=0, samples=samples))
+    metrics = rl_step(0, rollouts, learner)
     return metrics, trainer
 
 

@@ -48,7 +48,7 @@ def test_a_publish_drops_the_prefix_cache_and_the_next_turn_uses_the_new_weights
 ) -> None:
     learner_model = make_model(1)
     sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
-    channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler)
+    channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler, timeout_s=60)
     widths = _prefill_widths(sampler, monkeypatch)
 
     first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))

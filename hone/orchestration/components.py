@@ -293,7 +293,9 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         policy=policy,
         ref_policy=None,
         sampler=sampler,
-        weights=LocalWeightChannel(partial(sampler_tensors, policy), sampler),
+        weights=LocalWeightChannel(
+            partial(sampler_tensors, policy), sampler, timeout_s=cfg.trainer.publish_timeout_s
+        ),
         reward=reward,
         train_samples=train_samples,
         eval_samples=eval_samples,

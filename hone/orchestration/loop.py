@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from hone.orchestration.evaluate import evaluate
 from hone.orchestration.learner import Learner
 from hone.orchestration.producer import Producer, PromptBatch
 from hone.orchestration.prompts import PromptStream
-from hone.orchestration.rollouts import RolloutSource, SyncRollouts
+from hone.orchestration.rollouts import AsyncRollouts, RolloutSource, SyncRollouts
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.rollout.multiturn import Episodes
@@ -70,17 +71,24 @@ def response_budget(cfg: HoneConfig, episodes: Episodes | None) -> int:
     return min(limits.max_turns * limits.max_tokens_per_turn, limits.max_total_tokens - 1)
 
 
-def rl_step(step: int, rollouts: RolloutSource, learner: Learner, stream: PromptStream) -> dict[str, float]:
-    """One RL step: submit the step's prompts, take scored groups, learn from them (with `SyncRollouts`,
+def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, float]:
+    """One RL step: take the next step's scored groups and learn from them (with `SyncRollouts`,
     `learn(produce(step))`); returns the producer's metrics, the learner's, and the step's time and
     throughput."""
     t0 = time.perf_counter()
-    rollouts.submit(PromptBatch(step=step, samples=stream.batch(step)))
     groups = rollouts.take()
     learned = learner.learn(groups, step)
     elapsed = time.perf_counter() - t0
     timing = {"time/step_s": elapsed, "throughput/tokens_per_s": groups.new_tokens / max(elapsed, 1e-9)}
     return groups.metrics | learned | timing
+
+
+def rollout_source(cfg: HoneConfig, parts: RunComponents) -> SyncRollouts | AsyncRollouts:
+    """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own."""
+    producer = Producer(parts, cfg)
+    if cfg.trainer.mode == "async":
+        return AsyncRollouts(producer, parts.weights)
+    return SyncRollouts(producer, parts.weights)
 
 
 def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
@@ -330,7 +338,7 @@ def _train(
         )
 
     stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
-    rollouts = SyncRollouts(Producer(parts, cfg), parts.weights)
+    rollouts = rollout_source(cfg, parts)
     learner = Learner(
         policy=parts.policy,
         ref_policy=parts.ref_policy,
@@ -343,16 +351,26 @@ def _train(
     final_eval: dict[str, float] = {}
     if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
         trainer.schedule.start_clock(cfg.run.time_limit_s - (time.perf_counter() - started))
-    with Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress:
+    # Admission: step s is submitted once the learner has finished s - η steps (η = 0 when synchronous).
+    ahead = cfg.trainer.max_staleness if cfg.trainer.mode == "async" else 0
+    submitted = step
+    with (
+        Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress,
+        closing(rollouts),
+    ):
         while step < cfg.run.steps:
-            metrics = rl_step(step, rollouts, learner, stream)
+            for s in range(submitted, min(step + ahead + 1, cfg.run.steps)):
+                rollouts.submit(PromptBatch(step=s, samples=stream.batch(s)))
+            submitted = max(submitted, min(step + ahead + 1, cfg.run.steps))
+            metrics = rl_step(step, rollouts, learner)
             step += 1
             out_of_time = (
                 cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s
             )
             last = step == cfg.run.steps or out_of_time
             if last or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                final_eval = run_eval(parts, cfg)
+                with parts.weights.hold():  # the producer may be sampling: evaluate between its steps
+                    final_eval = run_eval(parts, cfg)
                 metrics.update(final_eval)
             metrics_log.log(step, metrics)
             progress.update(step, metrics)

@@ -21,10 +21,6 @@ import torch
 
 from hone.rollout import Sampler
 
-# Long enough for a slow sampler to finish the generate call it is in (a long multi-turn batch on CPU);
-# short enough that a wedged sampler ends the run with a line instead of a hang (verl #6967, TRL #6797).
-DEFAULT_PUBLISH_TIMEOUT_S = 600.0
-
 
 class WeightPublishTimeout(RuntimeError):
     """A publish did not complete within its timeout; the message is one line."""
@@ -49,7 +45,9 @@ class LocalWeightChannel:
     copy of the policy model: the trainable parameters, see `components.sampler_tensors`; for an engine
     that takes plain HF weights: `Policy.state_dict_for_sampler`). The copy runs in the publishing
     thread while the sampler waits at a safe point; `hold()` is re-entrant, so a producer may hold its
-    whole batch and the sampler's own calls inside it too.
+    whole batch and the sampler's own calls inside it too. `timeout_s` (`trainer.publish_timeout_s`)
+    bounds the wait: long enough for a slow sampler to finish its step, short enough that a wedged one
+    ends the run with a line instead of a hang (verl #6967, TRL #6797).
     """
 
     def __init__(
@@ -57,7 +55,7 @@ class LocalWeightChannel:
         source: Callable[[], dict[str, torch.Tensor]],
         sampler: Sampler,
         *,
-        timeout_s: float = DEFAULT_PUBLISH_TIMEOUT_S,
+        timeout_s: float,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
