@@ -99,7 +99,7 @@ def test_a_publish_the_sampler_never_lets_in_fails_in_one_line_after_its_timeout
         thread.join()
     assert str(failed.value) == (
         "weight publish of version 3 did not complete within 0.2 s: the sampler (at version 0) never "
-        "left its generation to take it"
+        "left its generation to take it (trainer.publish_timeout_s)"
     )
     assert sampler.policy_version == 0
     channel.publish(3)  # once the sampler is at a safe point, the same publish goes through

@@ -74,7 +74,8 @@ class LocalWeightChannel:
         if not self._lock.acquire(timeout=self.timeout_s):
             raise WeightPublishTimeout(
                 f"weight publish of version {version} did not complete within {self.timeout_s:g} s: the "
-                f"sampler (at version {self.version}) never left its generation to take it"
+                f"sampler (at version {self.version}) never left its generation to take it "
+                "(trainer.publish_timeout_s)"
             )
         try:
             self._sampler.load_weights(self._source(), version)
