@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from hone.orchestration.loop import RunInterrupted, SetupError
+    from hone.orchestration.rollouts import ProducerError
     from hone.orchestration.weights import WeightPublishTimeout
     from hone.rewards.scoring import RewardOutageError
     from hone.training.trainer import NonFiniteGradientError
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             NonFiniteGradientError,
             RewardOutageError,
             WeightPublishTimeout,
+            ProducerError,
         ) as e:
             return _error(e)
         except (RunInterrupted, KeyboardInterrupt) as e:

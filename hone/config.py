@@ -340,6 +340,12 @@ class TrainerConfig(Section):
         gt=0,
         description="the most a weight publish may wait for the sampler to finish the step it is sampling",
     )
+    producer_retries: int = Field(
+        2,
+        ge=0,
+        description="times a step whose producing raised (sampler, reward, environment) is produced again "
+        "before the run stops",
+    )
 
 
 class SFTConfig(Section):

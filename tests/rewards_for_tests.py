@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hone.types import Rollout, Sample
 
 
@@ -14,3 +16,9 @@ def fails_on_odd_length(rollout: Rollout, sample: Sample) -> float:
 def token_id_reward(rollout: Rollout, sample: Sample) -> float:
     """Varies within almost every group of a random model, so every step has a gradient."""
     return float(sum(rollout.response_ids) % 7)
+
+
+def slow_token_id_reward(rollout: Rollout, sample: Sample) -> float:
+    """`token_id_reward` after 0.2 s: a producer that is busy scoring when a run is interrupted."""
+    time.sleep(0.2)
+    return token_id_reward(rollout, sample)

@@ -1,9 +1,16 @@
 """Asynchronous mode (`trainer.mode: async`): η = 0 is synchronous training exactly, no trained rollout
-is more than η versions old, its metrics, and a producer that fails ends the run instead of hanging."""
+is more than η versions old, its metrics; faults: a producer error is retried (then stops the run in one
+line, never a hang), a wedged publish times out in one line, Ctrl-C ends the run within seconds, and a
+resume restores the version counter and produces the steps in flight again."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,9 +21,11 @@ import torch
 
 from hone.config import load_config
 from hone.orchestration import loop
+from hone.orchestration import producer as producer_module
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import train
-from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
+from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups, sampling_params
+from hone.training.checkpoint import Checkpointer
 from tests.test_orchestration import tiny_overrides
 from tests.test_weights import _final_weights
 
@@ -83,21 +92,112 @@ def test_no_trained_rollout_is_more_than_eta_versions_old(
         assert 0 <= row["time/learner_idle_frac"] <= 1 and 0 <= row["time/producer_idle_frac"] <= 1
 
 
-def test_a_failing_producer_ends_the_run_with_its_error_and_leaves_no_thread(
-    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_producer_fault_that_passes_is_retried_and_the_run_trains_as_if_it_never_happened(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
+    """Step 3's scoring fails once, after its sampling ran: the step is produced again (same prompts,
+    seed and weights), counted in `faults/producer_retries`, and the run ends on the weights of a run
+    without the fault (async with η = 0 is synchronous training exactly)."""
+    clean = _final_weights(_run(tmp_path, micro_model_dir, "clean"))
+    real_score = producer_module.score_rollouts
+    calls: list[int] = []
+
+    def flaky_score(*args: Any) -> dict[str, float]:
+        calls.append(len(calls))
+        if len(calls) == 3:  # steps 0 and 1 scored; step 2's first attempt fails
+            raise ConnectionError("judge returned HTTP 502")
+        return real_score(*args)
+
+    monkeypatch.setattr(producer_module, "score_rollouts", flaky_score)
+    run = _run(tmp_path, micro_model_dir, "flaky", **{"trainer.mode": mode, "trainer.max_staleness": 0})
+    assert len(calls) == 4
+    faulty = _final_weights(run)
+    assert clean.keys() == faulty.keys() and all(torch.equal(clean[k], faulty[k]) for k in clean)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["faults/producer_retries"] for r in rows] == [0.0, 0.0, 1.0]
+    assert not _producer_threads()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_producer_that_keeps_failing_stops_the_run_in_one_line_after_its_retries(
+    tmp_path: Path,
+    micro_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    mode: str,
+) -> None:
+    from hone.cli import main
+    from tests.test_cli import tiny_run
+
     real_produce = Producer.produce
+    attempts: list[int] = []
 
     def failing(self: Producer, prompts: PromptBatch) -> ScoredGroups:
+        attempts.append(prompts.step)
         if prompts.step == 2:
-            raise ConnectionError("judge returned HTTP 502")
+            raise ConnectionError("judge returned HTTP 502\n<html>Bad Gateway</html>")
         return real_produce(self, prompts)
 
     monkeypatch.setattr(Producer, "produce", failing)
+    args = tiny_run(tmp_path, micro_model_dir, **{"run.steps": 5, "trainer.mode": mode})
     started = time.perf_counter()
-    with pytest.raises(ConnectionError, match="HTTP 502"):
-        _run(tmp_path, micro_model_dir, "fails", **{"run.steps": 5, "trainer.mode": "async"})
+    assert main(["train", *args, "trainer.max_staleness=2", "trainer.producer_retries=2"]) == 2
     assert time.perf_counter() - started < 60
+    assert attempts.count(2) == 3  # the first attempt and two retries
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "hone: error: stopped at RL step 3: producing its rollouts failed on 3 attempts "
+        "(trainer.producer_retries=2); last error: ConnectionError: judge returned HTTP 502 "
+        "<html>Bad Gateway</html>"
+    )
+    steps = [json.loads(x)["step"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]  # the steps before it trained and logged
+    assert not _producer_threads()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_system_exit_in_the_producer_is_not_retried(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    attempts: list[int] = []
+
+    def exiting(self: Producer, prompts: PromptBatch) -> ScoredGroups:
+        attempts.append(prompts.step)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(Producer, "produce", exiting)
+    with pytest.raises(SystemExit):
+        _run(tmp_path, micro_model_dir, "exits", **{"trainer.mode": mode, "trainer.max_staleness": 0})
+    assert attempts == [0]
+    assert not _producer_threads()
+
+
+def test_a_publish_the_producer_blocks_past_its_timeout_ends_the_run_in_one_line(
+    tmp_path: Path,
+    micro_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The producer holds the sampler's weights for 3 s on step 2 (a wedged generation): the learner's
+    publish after step 1 waits `trainer.publish_timeout_s` (0.2 s), and the CLI prints one line."""
+    from hone.cli import main
+    from tests.test_cli import tiny_run
+
+    real_produce = Producer.produce
+
+    def wedged(self: Producer, prompts: PromptBatch) -> ScoredGroups:
+        if prompts.step == 1:
+            time.sleep(3)
+        return real_produce(self, prompts)
+
+    monkeypatch.setattr(Producer, "produce", wedged)
+    settings = {"run.steps": 4, "trainer.mode": "async", "algorithm.skip_zero_variance_groups": "false"}
+    args = tiny_run(tmp_path, micro_model_dir, **settings, **TOKEN_REWARD)  # step 1 trains and publishes
+    assert main(["train", *args, "trainer.max_staleness=1", "trainer.publish_timeout_s=0.2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "hone: error: weight publish of version 1 did not complete within 0.2 s: the sampler (at "
+        "version 0) never left its generation to take it (trainer.publish_timeout_s)"
+    )
     assert not _producer_threads()
 
 
@@ -129,9 +229,146 @@ def test_ctrl_c_in_async_mode_is_one_line_and_leaves_no_producer_thread(
 
 
 def test_sigkill_and_resume_in_async_mode_logs_every_step_once(tmp_path: Path, micro_model_dir: Path) -> None:
-    """The checkpoint holds the version counter (the step); steps that were buffered or in flight at the
+    """The checkpoint holds the version counter beside the step; steps that were buffered or in flight at the
     kill are submitted again on resume, from the same prompts and seeds, so no row is lost or repeated
     (`_killed_and_resumed` checks rows 0..8 and that the resumed steps trained)."""
     from tests.test_orchestration import _killed_and_resumed
 
     _killed_and_resumed(tmp_path, micro_model_dir, **{"trainer.mode": "async", "trainer.max_staleness": 2})
+
+
+class _Killed(BaseException):
+    """A stand-in for SIGKILL that a test can raise at a chosen step (nothing in the run catches it)."""
+
+
+def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """η = 2 and a slow learner, so steps run ahead of training; step 2's groups are all filtered out, so
+    it publishes nothing and the version (publishes) falls one behind the step. A run killed at RL step 7
+    (steps 7 and 8 produced or in flight, checkpoint 4 the last) and resumed: the checkpoint holds version
+    3, the resumed sampler starts at it, steps 5-8 are produced again with the prompts and seeds of a
+    run never stopped, every step is logged once, staleness never exceeds η (versions counted as steps
+    would report η + 1 on RL step 5, sampled before RL step 3 published), and both runs end at version 7."""
+    eta = 2
+    produced: list[tuple[int, int, tuple[str, ...], int | None]] = []  # step, version, prompts, seed
+    real_produce, real_learn, real_step = Producer.produce, Learner.learn, loop.rl_step
+
+    def recording_produce(self: Producer, prompts: PromptBatch) -> ScoredGroups:
+        seed = sampling_params(self.cfg, prompts.step).seed
+        ids = tuple(s.id for s in prompts.samples)
+        produced.append((prompts.step, self.parts.weights.version, ids, seed))
+        groups = real_produce(self, prompts)
+        if prompts.step == 1:
+            groups.rollouts = []  # every group filtered out: the step trains nothing
+        return groups
+
+    def slow_learn(self: Learner, groups: ScoredGroups, step: int) -> dict[str, Any]:
+        time.sleep(0.3)
+        return real_learn(self, groups, step)
+
+    def killed_at_step_7(step: int, *args: Any) -> dict[str, float]:
+        if step == 6:
+            raise _Killed
+        return real_step(step, *args)
+
+    built: list[Any] = []
+    real_setup = loop.setup_components
+
+    def recording_setup(cfg: Any) -> Any:
+        built.append(real_setup(cfg))
+        return built[-1]
+
+    monkeypatch.setattr(Producer, "produce", recording_produce)
+    monkeypatch.setattr(Learner, "learn", slow_learn)
+    monkeypatch.setattr(loop, "setup_components", recording_setup)
+    settings = {
+        "run.steps": 8,
+        "run.save_every": 4,
+        "run.eval_every": 0,
+        "trainer.mode": "async",
+        "trainer.max_staleness": eta,
+        **TOKEN_REWARD,
+    }
+    train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "straight", **settings)))
+    straight = {step: (ids, seed) for step, _, ids, seed in produced}
+    assert built[-1].weights.version == 7  # 8 steps, one of which published nothing
+    rows = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= r["staleness/max"] <= eta for r in rows[1:])
+
+    produced.clear()
+    monkeypatch.setattr(loop, "rl_step", killed_at_step_7)
+    killed_cfg = tiny_overrides(tmp_path, micro_model_dir, "killed", **settings)
+    with pytest.raises(_Killed):
+        train(load_config(None, killed_cfg))
+    run = tmp_path / "killed"
+    assert 6 in [step for step, *_ in produced]  # produced before the kill, never trained
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-4"]
+    saved = json.loads((run / "checkpoints" / "step-4" / "state.json").read_text())
+    assert (saved["step"], saved["version"]) == (4, 3)
+
+    produced.clear()
+    monkeypatch.setattr(loop, "rl_step", real_step)
+    train(load_config(None, killed_cfg), resume=True)
+    assert [step for step, *_ in produced] == [4, 5, 6, 7]  # the steps after checkpoint 4, once each
+    assert produced[0][1] == 3  # the sampler starts at the checkpoint's version
+    assert all(straight[step] == (ids, seed) for step, _, ids, seed in produced)
+    assert built[-1].weights.version == 7
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(9))
+    assert all(0 <= r["staleness/max"] <= eta for r in rows[1:])
+
+
+def test_sigint_ends_an_async_run_within_seconds_with_its_last_checkpoint_intact(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """A real Ctrl-C (SIGINT to the process) while the producer is busy scoring (0.2 s a rollout) and
+    running ahead: the process exits within 10 s with the one interrupted line, and its last checkpoint
+    resumes."""
+    from hone.cli import main
+    from tests.test_cli import REPO, tiny_run
+
+    args = tiny_run(
+        tmp_path,
+        micro_model_dir,
+        **{
+            "run.steps": 10_000,
+            "run.save_every": 1,
+            "trainer.mode": "async",
+            "trainer.max_staleness": 2,
+            "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
+        },
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hone.cli", "train", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        metrics = tmp_path / "r" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and '"step": 2' in metrics.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never reached step 2"
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - signalled < 10, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    last = err.strip().splitlines()[-1]
+    match = re.fullmatch(r"hone: interrupted at step (\d+); last checkpoint step (\d+); resume with .*", last)
+    assert match and "Traceback" not in err, err
+    logged, saved = int(match[1]), int(match[2])
+    assert saved in (logged - 1, logged)  # interrupted after the step's row, perhaps before its save
+    run = tmp_path / "r"
+    assert Checkpointer(run).latest_intact() == run / "checkpoints" / f"step-{saved}"
+    assert main(["train", "--resume", str(run), f"run.steps={saved + 1}"]) == 0
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(saved + 2))

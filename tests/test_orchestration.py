@@ -402,7 +402,8 @@ def one_step(
     )
     cfg = load_config(None, ["algorithm.skip_zero_variance_groups=false", "algorithm.kl.coef=0"])
     trainer = RecordingTrainer()
-    rollouts = SyncRollouts(Producer(parts, cfg), parts.weights)
+    # Retries as a run has them: an outage must stop the run, not be produced again.
+    rollouts = SyncRollouts(Producer(parts, cfg), parts.weights, retries=cfg.trainer.producer_retries)
     learner = Learner(
         policy=parts.policy,
         ref_policy=None,

@@ -64,7 +64,12 @@ def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -
 
 
 class Learner:
-    """Trains the policy on `ScoredGroups` and publishes each new version of its weights."""
+    """Trains the policy on `ScoredGroups` and publishes each new version of its weights.
+
+    `version` counts publishes (one per step that updated the weights), not steps: a step whose groups
+    were all filtered out publishes nothing, and staleness, the versions a rollout lags the learner,
+    must count only the updates in between. A resumed run starts it from its checkpoint's `version`
+    (AReaL #1388: a counter restarting at 0 let staleness grow without bound)."""
 
     def __init__(
         self,
@@ -75,6 +80,7 @@ class Learner:
         cfg: HoneConfig,
         pad_id: int,
         publish: Callable[[int], None],
+        version: int = 0,
     ) -> None:
         self.policy = policy
         self.ref_policy = ref_policy
@@ -82,9 +88,10 @@ class Learner:
         self.cfg = cfg
         self.pad_id = pad_id
         self.publish = publish
+        self.version = version
 
     def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
-        """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish version `step + 1`.
+        """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish the next version.
         A step whose groups were all filtered out trains nothing and publishes nothing (the weights,
         and so the sampler's version, stay as they were)."""
         t0 = time.perf_counter()
@@ -93,7 +100,8 @@ class Learner:
             batch = self.batch(groups.rollouts, metrics)
             metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
             metrics |= self.trainer.update(batch, step)
-            self.publish(step + 1)
+            self.publish(self.version + 1)
+            self.version += 1  # after the publish: one that timed out leaves the count as the sampler's
         metrics["time/train_s"] = time.perf_counter() - t0
         return metrics
 

@@ -85,10 +85,10 @@ def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, f
 
 def rollout_source(cfg: HoneConfig, parts: RunComponents) -> SyncRollouts | AsyncRollouts:
     """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own."""
-    producer = Producer(parts, cfg)
+    producer, retries = Producer(parts, cfg), cfg.trainer.producer_retries
     if cfg.trainer.mode == "async":
-        return AsyncRollouts(producer, parts.weights)
-    return SyncRollouts(producer, parts.weights)
+        return AsyncRollouts(producer, parts.weights, retries=retries)
+    return SyncRollouts(producer, parts.weights, retries=retries)
 
 
 def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
@@ -232,12 +232,14 @@ def _reference(cfg: HoneConfig, parts: RunComponents, run_dir: Path) -> dict[str
 
 @dataclass
 class _RLStart:
-    """Where RL begins: at step 0 after the start eval, or at a checkpoint's step."""
+    """Where RL begins: at step 0 after the start eval, or at a checkpoint's step and weight version (the
+    publishes before it: fewer than its steps when a step's groups were all filtered out)."""
 
     trainer: RLTrainer
     reference: dict[str, str] | None
     step: int
     start_eval: dict[str, float]
+    version: int = 0
 
 
 def _resume(
@@ -248,7 +250,10 @@ def _resume(
     trainer = rl_trainer(cfg, parts)
     state = _restore(checkpointer, latest, parts.policy, trainer)
     check_reference(state.get("reference"), reference, latest)
-    return _RLStart(trainer, reference, int(state["step"]), dict(state.get("start_eval", {})))
+    step = int(state["step"])
+    # A checkpoint written before versions were counted apart from steps: every step published then.
+    version = int(state.get("version", step))
+    return _RLStart(trainer, reference, step, dict(state.get("start_eval", {})), version)
 
 
 def _restore(checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer) -> dict[str, Any]:
@@ -324,19 +329,9 @@ def _train(
         begin = _start(cfg, parts, run_dir, sft_data, metrics_log, started)
     else:
         begin = resumed
-        parts.weights.publish(begin.step)  # the checkpoint's weights, as the version they were
-        log.info("resumed %s at step %d", run_dir, begin.step)
+        parts.weights.publish(begin.version)  # the checkpoint's weights, as the version they were
+        log.info("resumed %s at step %d (weight version %d)", run_dir, begin.step, begin.version)
     trainer, start_eval = begin.trainer, begin.start_eval
-
-    def save(step: int) -> None:
-        checkpointer.save(
-            step,
-            parts.policy,
-            trainer.optimizer,
-            {"step": step, "trainer": trainer.state_dict(), "start_eval": start_eval}
-            | ({"reference": begin.reference} if begin.reference else {}),
-        )
-
     stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
     rollouts = rollout_source(cfg, parts)
     learner = Learner(
@@ -346,7 +341,26 @@ def _train(
         cfg=cfg,
         pad_id=parts.pad_id,
         publish=rollouts.publish,
+        version=begin.version,
     )
+
+    def save(step: int) -> None:
+        """The checkpoint holds the version counter with the step; admission needs nothing more: it is
+        a function of the step (step s is submitted once s - η are done), so a resume submits again
+        every step that was buffered or in flight, with its prompts and seed."""
+        checkpointer.save(
+            step,
+            parts.policy,
+            trainer.optimizer,
+            {
+                "step": step,
+                "version": learner.version,
+                "trainer": trainer.state_dict(),
+                "start_eval": start_eval,
+            }
+            | ({"reference": begin.reference} if begin.reference else {}),
+        )
+
     step = begin.step
     final_eval: dict[str, float] = {}
     if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget

@@ -9,6 +9,7 @@ one keeps producers in actors and publishes through the object store.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -17,6 +18,9 @@ from typing import Protocol
 
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.weights import WeightChannel
+from hone.rewards.scoring import RewardOutageError
+
+log = logging.getLogger("hone")
 
 # How often a blocked `take` looks up from its queue: Ctrl-C reaches the main thread only between waits.
 _POLL_S = 0.1
@@ -39,13 +43,66 @@ class RolloutSource(Protocol):
     def close(self) -> None: ...
 
 
+class ProducerError(RuntimeError):
+    """A step's producing raised on every attempt (`trainer.producer_retries` + 1); the message is one
+    line naming the step and the last error."""
+
+
+# Deliberate stops, not faults: producing the step again would only repeat them.
+_NOT_RETRIED = (RewardOutageError,)
+
+
+def produce_with_retries(
+    producer: Producer,
+    weights: WeightChannel,
+    prompts: PromptBatch,
+    retries: int,
+    stopping: threading.Event | None = None,
+) -> ScoredGroups:
+    """`producer.produce(prompts)` with the sampler's weights held, produced again up to `retries` times
+    when it raises (a sampler, reward or environment fault: a judge's HTTP 502, a dead sandbox). The hold
+    spans every attempt, so a retry samples the same prompts with the same seed (both functions of the
+    step) and the same weights as the attempt that failed: a fault that passes leaves the run as if it
+    had never happened. The step's `faults/producer_retries` counts its failed attempts. KeyboardInterrupt
+    and SystemExit (not `Exception`s) and a reward outage (a deliberate stop) are never retried, nor is
+    anything once `stopping` is set (the run is closing); the last failure raises `ProducerError`."""
+    failed = 0
+    with weights.hold():
+        while True:
+            try:
+                groups = producer.produce(prompts)
+            except _NOT_RETRIED:
+                raise
+            except Exception as e:
+                failed += 1
+                error = " ".join(f"{type(e).__name__}: {e}".split())  # one line, whatever the message
+                if failed > retries or (stopping is not None and stopping.is_set()):
+                    attempts = f"{failed} attempt{'s' if failed > 1 else ''}"
+                    raise ProducerError(
+                        f"stopped at RL step {prompts.step + 1}: producing its rollouts failed on "
+                        f"{attempts} (trainer.producer_retries={retries}); last error: {error}"
+                    ) from e
+                log.warning(
+                    "RL step %d: producing its rollouts failed (%s); producing it again (retry %d of %d)",
+                    prompts.step + 1,
+                    error,
+                    failed,
+                    retries,
+                )
+            else:
+                groups.metrics["faults/producer_retries"] = float(failed)
+                return groups
+
+
 class SyncRollouts:
     """Producing on `take`, in the caller's thread, with the sampler's weights held for the whole batch:
-    every rollout of a step comes from the one version published before it."""
+    every rollout of a step comes from the one version published before it. A step that raises is
+    produced again up to `retries` times (`produce_with_retries`)."""
 
-    def __init__(self, producer: Producer, weights: WeightChannel) -> None:
+    def __init__(self, producer: Producer, weights: WeightChannel, *, retries: int = 0) -> None:
         self.producer = producer
         self.weights = weights
+        self.retries = retries
         self._submitted: deque[PromptBatch] = deque()
 
     def submit(self, prompts: PromptBatch) -> None:
@@ -54,9 +111,7 @@ class SyncRollouts:
     def take(self) -> ScoredGroups:
         if not self._submitted:
             raise RuntimeError("take() with no prompts submitted")
-        prompts = self._submitted.popleft()
-        with self.weights.hold():
-            return self.producer.produce(prompts)
+        return produce_with_retries(self.producer, self.weights, self._submitted.popleft(), self.retries)
 
     def publish(self, version: int) -> None:
         self.weights.publish(version)
@@ -72,21 +127,25 @@ class AsyncRollouts:
     (`WeightChannel.hold`), so every rollout of a step comes from one version and a publish lands between
     steps. How far ahead it runs is set by what the loop has submitted: AReaL's admission rule (a rollout
     may start only while accepted + running < (η + v + 1)·B) counted in whole steps of B groups, the loop
-    submits step s only once the learner has finished s - η steps. A step is then sampled by a version at
-    least s - η and trained at version s or less, so staleness (the learner's version when it trains,
-    minus the rollout's) is at most η, and with η = 0 each step is produced after the previous update:
+    submits step s only once the learner has finished s - η steps. A step is then sampled with the weights
+    after step s - η or later and trained with those after step s - 1, and a version counts publishes
+    (at most one a step), so staleness (the learner's version when it trains, minus the rollout's) is at
+    most η, and with η = 0 each step is produced after the previous update:
     synchronous training, in another thread. Work is never thrown away: the producer idles instead
     (`time/producer_idle_frac` is the throttled share). Threads, not processes: the sampler and the
     reward release the GIL in torch and I/O, and a thread shares the sampler's weights with the channel's
     in-process copy (a process would need the Ray-style transport).
 
-    A producer error (sampler, reward, environment) ends the thread and is raised by the next `take`,
-    with its own type, so the run stops with its one line instead of hanging.
+    A step whose producing raises (sampler, reward, environment) is produced again, up to `retries` times,
+    in the same hold (`produce_with_retries`); past that, or on an error that is not retried, the thread
+    ends and the next `take` raises the error, so the run stops with its one line instead of hanging.
     """
 
-    def __init__(self, producer: Producer, weights: WeightChannel) -> None:
+    def __init__(self, producer: Producer, weights: WeightChannel, *, retries: int = 0) -> None:
         self.producer = producer
         self.weights = weights
+        self.retries = retries
+        self._stopping = threading.Event()
         self._todo: queue.Queue[PromptBatch | None] = queue.Queue()
         self._done: queue.Queue[ScoredGroups | BaseException] = queue.Queue()
         self._producer_idle_s = 0.0
@@ -103,8 +162,9 @@ class AsyncRollouts:
             if prompts is None:
                 return
             try:
-                with self.weights.hold():
-                    groups = self.producer.produce(prompts)
+                groups = produce_with_retries(
+                    self.producer, self.weights, prompts, self.retries, self._stopping
+                )
             except BaseException as e:  # handed to the learner's thread, which raises it
                 self._done.put(e)
                 return
@@ -143,7 +203,9 @@ class AsyncRollouts:
         self.weights.publish(version)
 
     def close(self) -> None:
-        """Stop the producer after the step it is on (it is a daemon: an interrupted run does not wait)."""
+        """Stop the producer after the step it is on, without retrying it (a daemon: an interrupted run
+        waits at most `_CLOSE_S` for it)."""
+        self._stopping.set()
         while not self._todo.empty():
             try:
                 self._todo.get_nowait()
