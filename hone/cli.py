@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -192,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         except (RunInterrupted, KeyboardInterrupt) as e:
             if os.environ.get("HONE_DEBUG"):
                 raise
+            # Work the interrupt cut short (e.g. a reward call's coroutine, created but never awaited) is
+            # garbage now: its warnings at shutdown would break the one-line promise.
+            warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
             print(f"hone: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C has no message
             return 128 + received.get("signal", signal.SIGINT)
 
