@@ -150,6 +150,14 @@ ARMS: list[tuple[str, dict[str, object]]] = [
         },
     ),
     ("async eta=1 pinned", {"trainer.mode": "async", "trainer.max_staleness": 1, "run.threads": 1}),
+    (
+        "async eta=2, 2 producers",
+        {"trainer.mode": "async", "trainer.max_staleness": 2, "trainer.producers": 2},
+    ),
+    (
+        "async eta=4, 2 producers",
+        {"trainer.mode": "async", "trainer.max_staleness": 4, "trainer.producers": 2},
+    ),
 ]
 
 
@@ -190,10 +198,10 @@ class _Recorder:
 
             return publish
 
-        def produce_pinned(rollouts: AsyncRollouts) -> None:
+        def produce_pinned(rollouts: AsyncRollouts, *worker: Any) -> None:
             os.sched_setaffinity(0, {1})  # pid 0: this thread only
             torch.set_num_threads(1)  # OpenMP's thread count is per calling thread
-            real_produce_all(rollouts)
+            real_produce_all(rollouts, *worker)
 
         loop.rl_step, Learner.learn = step, learn  # type: ignore[method-assign]
         for cls in real_publish:
@@ -291,11 +299,19 @@ class _SimProducer:
         return ScoredGroups(step=prompts.step, rollouts=rollouts, metrics={}, new_tokens=0)
 
 
-def simulate(eta: int | None, latencies: list[float], learn_s: float) -> dict[str, float]:
-    """Steps/s of `len(latencies)` steps; eta None = `SyncRollouts`, else `AsyncRollouts` under eta."""
-    weights = LocalWeightChannel(dict, _SimSampler(), timeout_s=60)  # type: ignore[arg-type]
-    producer = _SimProducer(weights, latencies, groups=4)
-    source = SyncRollouts(producer, weights) if eta is None else AsyncRollouts(producer, weights)  # type: ignore[arg-type]
+def simulate(eta: int | None, latencies: list[float], learn_s: float, producers: int = 1) -> dict[str, float]:
+    """Steps/s of `len(latencies)` steps; eta None = `SyncRollouts`, else `AsyncRollouts` under eta with
+    `producers` producers (each its own sampler and channel, as `trainer.producers` builds them)."""
+    workers = []
+    for _ in range(producers):
+        weights = LocalWeightChannel(dict, _SimSampler(), timeout_s=60)  # type: ignore[arg-type]
+        workers.append((_SimProducer(weights, latencies, groups=4), weights))
+    (producer, weights), replicas = workers[0], workers[1:]
+    source = (
+        SyncRollouts(producer, weights)  # type: ignore[arg-type]
+        if eta is None
+        else AsyncRollouts(producer, weights, replicas=replicas)  # type: ignore[arg-type]
+    )
     ahead, steps, submitted, lags, publish_s = eta or 0, len(latencies), 0, [], 0.0
     t0 = time.perf_counter()
     with closing(source):
@@ -304,7 +320,7 @@ def simulate(eta: int | None, latencies: list[float], learn_s: float) -> dict[st
                 source.submit(PromptBatch(step=s, samples=[]))
             submitted = max(submitted, min(step + ahead + 1, steps))
             groups = source.take()
-            lags += [weights.version - r.policy_version for r in groups.rollouts]
+            lags += [weights.published - r.policy_version for r in groups.rollouts]
             time.sleep(learn_s)  # the learner's device
             published = time.perf_counter()
             source.publish(step + 1)
@@ -319,12 +335,25 @@ def simulate(eta: int | None, latencies: list[float], learn_s: float) -> dict[st
     }
 
 
-def run_simulation(steps: int, learn_s: float) -> list[dict[str, Any]]:
+# Sampling as long as learning on average, and twice as long (the real arms' sync step: 61% sampling).
+SIM_SAMPLE_RATIOS = (1.0, 2.0)
+SIM_ARMS: list[tuple[str, int | None, int]] = [  # (arm, eta (None: sync), producers)
+    ("sync", None, 1),
+    *[(f"async eta={eta}", eta, 1) for eta in (0, 1, 2, 4, 8)],
+    *[(f"async eta={eta}, {k} producers", eta, k) for k in (2, 4) for eta in (2, 4, 8)],
+]
+
+
+def run_simulation(steps: int, learn_s: float, sample_ratio: float) -> list[dict[str, Any]]:
+    """The arms on one draw of step latencies: lognormal (sigma 1; median 0.61 x mean, 1 step in 20 over
+    3.1 x mean) with mean `sample_ratio` x the learner's step."""
     rng = random.Random(0)
-    sigma = 1.0  # lognormal with mean learn_s: median 0.61 x mean, 1 step in 20 over 3.1 x mean
-    latencies = [learn_s * math.exp(rng.gauss(0, sigma) - sigma**2 / 2) for _ in range(steps)]
-    rows = [{"arm": "sync"} | simulate(None, latencies, learn_s)]
-    rows += [{"arm": f"async eta={eta}"} | simulate(eta, latencies, learn_s) for eta in (0, 1, 2, 4, 8)]
+    sigma, mean = 1.0, sample_ratio * learn_s
+    latencies = [mean * math.exp(rng.gauss(0, sigma) - sigma**2 / 2) for _ in range(steps)]
+    rows = [
+        {"arm": arm, "sample_ratio": sample_ratio} | simulate(eta, latencies, learn_s, producers)
+        for arm, eta, producers in SIM_ARMS
+    ]
     for row in rows:
         row["speedup"] = row["steps_per_s"] / rows[0]["steps_per_s"]
     return rows
@@ -366,17 +395,23 @@ def print_real(rows: list[dict[str, Any]]) -> None:
 
 
 def print_sim(rows: list[dict[str, Any]], steps: int, learn_s: float) -> None:
-    print(
-        f"\n2. simulated split devices: {steps} steps, learner step {learn_s:.2f} s, "
-        f"sampler step lognormal (sigma 1) with mean {learn_s:.2f} s"
-    )
-    print(f"{'arm':>12} {'steps/s':>8} {'speedup':>8} {'learner idle':>12} {'publish wait':>12} {'stale':>9}")
-    for r in rows:
-        stale = f"{r['staleness_mean']:.2f}/{r['staleness_max']:.0f}"
+    for ratio in sorted({r["sample_ratio"] for r in rows}):
         print(
-            f"{r['arm']:>12} {r['steps_per_s']:>8.2f} {r['speedup']:>7.2f}x {r['learner_idle_frac']:>12.2f} "
-            f"{r['publish_wait_frac']:>12.2f} {stale:>9}"
+            f"\n2. simulated split devices: {steps} steps, learner step {learn_s:.2f} s, sampler step "
+            f"lognormal (sigma 1) with mean {ratio:g} x that"
         )
+        print(
+            f"{'arm':>26} {'steps/s':>8} {'speedup':>8} {'learner idle':>12} "
+            f"{'publish wait':>12} {'stale':>9}"
+        )
+        for r in rows:
+            if r["sample_ratio"] != ratio:
+                continue
+            stale = f"{r['staleness_mean']:.2f}/{r['staleness_max']:.0f}"
+            print(
+                f"{r['arm']:>26} {r['steps_per_s']:>8.2f} {r['speedup']:>7.2f}x "
+                f"{r['learner_idle_frac']:>12.2f} {r['publish_wait_frac']:>12.2f} {stale:>9}"
+            )
 
 
 def main() -> None:
@@ -406,7 +441,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             results["real"].append(run_arm(name, extra, args.arm_seconds, run_dir))
             print(f"  {name}: {results['real'][-1]['steps']} steps", flush=True)
             args.out.write_text(json.dumps(results, indent=1) + "\n")
-    results["simulated"] = run_simulation(args.sim_steps, args.sim_learn_s)
+    results["simulated"] = [
+        row for ratio in SIM_SAMPLE_RATIOS for row in run_simulation(args.sim_steps, args.sim_learn_s, ratio)
+    ]
     return results
 
 

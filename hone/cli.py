@@ -193,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         except (RunInterrupted, KeyboardInterrupt) as e:
             if os.environ.get("HONE_DEBUG"):
                 raise
-            # Work the interrupt cut short (e.g. a reward call's coroutine, created but never awaited) is
-            # garbage now: its warnings at shutdown would break the one-line promise.
+            # Work the interrupt cut short (e.g. a reward call's coroutine, created but never awaited, or
+            # a task of an event loop the interrupt closed) is garbage now: its warnings and asyncio's
+            # "Task was destroyed but it is pending!" at shutdown would break the one-line promise.
             warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
             print(f"hone: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C has no message
             return 128 + received.get("signal", signal.SIGINT)
 

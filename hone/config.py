@@ -338,7 +338,13 @@ class TrainerConfig(Section):
     publish_timeout_s: float = Field(
         600.0,
         gt=0,
-        description="the most a weight publish may wait for the sampler to finish the step it is sampling",
+        description="the most a published version may wait for the sampler to finish the step it is sampling",
+    )
+    producers: int = Field(
+        1,
+        ge=1,
+        description="async: producer threads, each with its own sampler (one more copy of the weights "
+        "each), so more than one step is in flight",
     )
     producer_retries: int = Field(
         2,
@@ -346,6 +352,14 @@ class TrainerConfig(Section):
         description="times a step whose producing raised (sampler, reward, environment) is produced again "
         "before the run stops",
     )
+
+    @model_validator(mode="after")
+    def _producers_need_async(self) -> TrainerConfig:
+        if self.producers > 1 and self.mode != "async":
+            raise ValueError(
+                f"producers={self.producers} needs mode: async (a synchronous run has one step in flight)"
+            )
+        return self
 
 
 class SFTConfig(Section):

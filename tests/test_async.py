@@ -25,7 +25,10 @@ from hone.orchestration import producer as producer_module
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import train
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups, sampling_params
+from hone.orchestration.rollouts import AsyncRollouts
+from hone.orchestration.weights import LocalWeightChannel
 from hone.training.checkpoint import Checkpointer
+from hone.types import Rollout
 from tests.test_orchestration import tiny_overrides
 from tests.test_weights import _final_weights
 
@@ -38,28 +41,41 @@ def _run(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
     return tmp_path / name
 
 
-def test_async_with_no_staleness_trains_exactly_like_sync(tmp_path: Path, micro_model_dir: Path) -> None:
+@pytest.mark.parametrize("producers", [1, 2])
+def test_async_with_no_staleness_trains_exactly_like_sync(
+    tmp_path: Path, micro_model_dir: Path, producers: int
+) -> None:
+    """With two producers the steps alternate between two samplers, each its own copy of the weights:
+    every publish must reach both, or the second would sample step 2 with version 0's weights."""
     sync = _final_weights(_run(tmp_path, micro_model_dir, "sync"))
-    run = _run(tmp_path, micro_model_dir, "async", **{"trainer.mode": "async", "trainer.max_staleness": 0})
+    run = _run(
+        tmp_path,
+        micro_model_dir,
+        "async",
+        **{"trainer.mode": "async", "trainer.max_staleness": 0, "trainer.producers": producers},
+    )
     same = _final_weights(run)
     assert sync.keys() == same.keys() and all(torch.equal(sync[k], same[k]) for k in sync)
     assert not _producer_threads()  # the run closed it
 
 
-@pytest.mark.parametrize("eta", [1, 2])
+@pytest.mark.parametrize(("eta", "producers"), [(1, 1), (2, 1), (2, 2)])
 def test_no_trained_rollout_is_more_than_eta_versions_old(
-    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, eta: int
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, eta: int, producers: int
 ) -> None:
-    """A slow learner (0.3 s a step) lets the producer run as far ahead as admission allows: every rollout
-    a step trains on was sampled by a version at most η behind the learner's, and some by an older one
-    than the learner's (the producer did run ahead). The logged staleness says the same."""
+    """A slow learner (0.3 s a step) lets the producers run as far ahead as admission allows: every
+    rollout a step trains on was sampled by a version at most η behind the learner's, and some by an older
+    one than the learner's (the producers did run ahead). The logged staleness says the same. With two
+    producers (each its own sampler) steps still reach the learner in order."""
     seen: list[tuple[int, int, int]] = []  # (learner version, oldest rollout version, newest)
+    steps: list[int] = []
     real_learn = Learner.learn
 
     def slow_learn(self: Learner, groups: ScoredGroups, step: int) -> dict[str, Any]:
         time.sleep(0.3)
         versions = [r.policy_version for r in groups.rollouts]
-        seen.append((loop_parts[0].weights.version, min(versions), max(versions)))
+        seen.append((loop_parts[0].weights.published, min(versions), max(versions)))
+        steps.append(groups.step)
         return real_learn(self, groups, step)
 
     loop_parts: list[Any] = []
@@ -75,9 +91,16 @@ def test_no_trained_rollout_is_more_than_eta_versions_old(
         tmp_path,
         micro_model_dir,
         "ahead",
-        **{"run.steps": 6, "run.save_every": 6, "trainer.mode": "async", "trainer.max_staleness": eta},
+        **{
+            "run.steps": 6,
+            "run.save_every": 6,
+            "trainer.mode": "async",
+            "trainer.max_staleness": eta,
+            "trainer.producers": producers,
+        },
     )
     assert [v for v, _, _ in seen] == list(range(6))  # every step trained and published once
+    assert steps == list(range(6))
     assert all(learner - oldest <= eta for learner, oldest, _ in seen)
     assert any(learner - newest > 0 for learner, _, newest in seen)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
@@ -202,7 +225,7 @@ def test_a_publish_the_producer_blocks_past_its_timeout_ends_the_run_in_one_line
 
 
 def _producer_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "hone-producer" and t.is_alive()]
+    return [t for t in threading.enumerate() if t.name.startswith("hone-producer") and t.is_alive()]
 
 
 def test_ctrl_c_in_async_mode_is_one_line_and_leaves_no_producer_thread(
@@ -372,3 +395,84 @@ def test_sigint_ends_an_async_run_within_seconds_with_its_last_checkpoint_intact
     assert main(["train", "--resume", str(run), f"run.steps={saved + 1}"]) == 0
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(saved + 2))
+
+
+class _Sampler:
+    """A sampler that is only a weight version (the channel's other end)."""
+
+    policy_version = 0
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        self.policy_version = version
+
+
+class _SleepyProducer:
+    """Produces step s by sleeping `delays[s]`, stamping its rollouts with the version it holds."""
+
+    def __init__(self, weights: Any, delays: dict[int, float]) -> None:
+        self.weights, self.delays = weights, delays
+
+    def produce(self, prompts: PromptBatch) -> ScoredGroups:
+        version = self.weights.version
+        time.sleep(self.delays.get(prompts.step, 0.0))
+        rollout = Rollout(
+            sample_id="s",
+            group_id=0,
+            token_ids=[0],
+            prompt_len=1,
+            loss_mask=[],
+            sampler_logprobs=[],
+            policy_version=version,
+        )
+        return ScoredGroups(step=prompts.step, rollouts=[rollout], metrics={}, new_tokens=0)
+
+
+def _workers(delays: dict[int, float], count: int) -> list[tuple[Any, Any]]:
+    workers = []
+    for _ in range(count):
+        weights = LocalWeightChannel(dict, _Sampler(), timeout_s=5)  # type: ignore[arg-type]
+        workers.append((_SleepyProducer(weights, delays), weights))
+    return workers
+
+
+def test_a_publish_does_not_wait_for_the_producers_step_and_lands_as_its_next_step_starts() -> None:
+    """The producer is 0.6 s into step 1 when the learner publishes version 1: the publish returns at once
+    (the learner trains on), step 1 keeps the version it started with, step 2 starts with version 1."""
+    ((producer, weights),) = _workers({1: 0.6}, 1)
+    source = AsyncRollouts(producer, weights)
+    try:
+        source.submit(PromptBatch(step=0, samples=[]))
+        source.submit(PromptBatch(step=1, samples=[]))
+        assert source.take().rollouts[0].policy_version == 0
+        time.sleep(0.1)  # the producer is inside step 1
+        started = time.perf_counter()
+        source.publish(1)
+        assert time.perf_counter() - started < 0.3
+        assert (weights.version, weights.published) == (0, 1)
+        source.submit(PromptBatch(step=2, samples=[]))
+        one, two = source.take(), source.take()
+        assert (one.rollouts[0].policy_version, one.metrics["staleness/max"]) == (0, 1.0)
+        assert (two.rollouts[0].policy_version, two.metrics["staleness/max"]) == (1, 0.0)
+    finally:
+        source.close()
+    assert not _producer_threads()
+
+
+def test_two_producers_keep_two_steps_in_flight_and_hand_them_over_in_order() -> None:
+    """Step 0 takes 1 s, step 1 0.5 s: the second producer finishes step 1 first, `take` still returns
+    step 0 first, and both were done in about the time of the slower one (in flight together)."""
+    (producer, weights), *replicas = _workers({0: 1.0, 1: 0.5}, 2)
+    source = AsyncRollouts(producer, weights, replicas=replicas)
+    try:
+        started = time.perf_counter()
+        source.submit(PromptBatch(step=0, samples=[]))
+        source.submit(PromptBatch(step=1, samples=[]))
+        first = source.take()
+        assert first.step == 0 and first.metrics["buffer/groups"] == 1.0  # step 1 was waiting, done
+        assert source.take().step == 1
+        assert time.perf_counter() - started < 1.3  # one after the other: 1.5 s
+        source.publish(1)
+        assert [w.published for _, w in [(producer, weights), *replicas]] == [1, 1]
+    finally:
+        source.close()
+    assert not _producer_threads()

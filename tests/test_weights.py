@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,12 @@ def test_a_publish_drops_the_prefix_cache_and_the_next_turn_uses_the_new_weights
         )
 
 
-def test_a_publish_the_sampler_never_lets_in_fails_in_one_line_after_its_timeout(
+def test_a_publish_made_while_the_sampler_holds_lands_at_its_next_hold_and_times_out_in_one_line(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
+    """A publish does not wait for a sampler inside its generation: it snapshots the weights (an update
+    made after the publish does not leak in) and the sampler's next outermost hold installs the newest
+    snapshot. A snapshot that waits past the timeout fails `raise_if_overdue` in one line."""
     learner_model = make_model(2)
     sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
     channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler, timeout_s=0.2)
@@ -92,8 +96,18 @@ def test_a_publish_the_sampler_never_lets_in_fails_in_one_line_after_its_timeout
     thread.start()
     holding.wait(10)
     try:
+        channel.publish(2)  # returns at once, though the sampler holds
+        with torch.no_grad():
+            next(learner_model.parameters()).add_(1.0)
+        published_3 = {k: v.clone() for k, v in _trainable(learner_model).items()}
+        channel.publish(3)  # supersedes 2
+        with torch.no_grad():
+            next(learner_model.parameters()).add_(1.0)  # after the publish: must not reach the sampler
+        assert (sampler.policy_version, channel.published) == (0, 3)
+        channel.raise_if_overdue()  # not yet overdue
+        time.sleep(0.3)
         with pytest.raises(WeightPublishTimeout) as failed:
-            channel.publish(3)
+            channel.raise_if_overdue()
     finally:
         release.set()
         thread.join()
@@ -101,9 +115,26 @@ def test_a_publish_the_sampler_never_lets_in_fails_in_one_line_after_its_timeout
         "weight publish of version 3 did not complete within 0.2 s: the sampler (at version 0) never "
         "left its generation to take it (trainer.publish_timeout_s)"
     )
-    assert sampler.policy_version == 0
-    channel.publish(3)  # once the sampler is at a safe point, the same publish goes through
-    assert sampler.policy_version == 3
+    assert sampler.policy_version == 0  # leaving a hold installs nothing: the next one does
+    with channel.hold() as version, channel.hold() as inner:
+        assert version == inner == 3
+    for name, tensor in sampler.model.named_parameters():
+        torch.testing.assert_close(tensor.detach(), published_3[name], atol=0, rtol=0)
+    channel.raise_if_overdue()  # installed: nothing pending
+
+
+def test_a_publish_inside_the_publishers_own_hold_waits_for_the_outermost_entry(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    learner_model = make_model(3)
+    sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
+    channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler, timeout_s=60)
+    with channel.hold():
+        channel.publish(1)
+        with channel.hold() as inner:
+            assert inner == 0  # an inner hold never changes the weights under the outer one
+    channel.publish(2)  # between holds: installed at once
+    assert sampler.policy_version == 2
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -279,15 +279,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     check_tokenizer(policy, model_path)
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engines = {
-        "hf": lambda: HFSampler(
-            sampler_model(policy),
-            tokenizer,
-            max_batch_size=cfg.rollout.max_batch_size,
-            prefix_cache=cfg.rollout.prefix_cache,
-        )
-    }
-    sampler = engines[cfg.rollout.engine]()
+    sampler = build_sampler(cfg, policy)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
     return RunComponents(
         policy=policy,
@@ -304,6 +296,31 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         model_path=model_path,
         episodes=episodes,
     )
+
+
+def build_sampler(cfg: HoneConfig, policy: Policy) -> Sampler:
+    """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0)."""
+    engines = {
+        "hf": lambda: HFSampler(
+            sampler_model(policy),
+            policy.tokenizer,
+            max_batch_size=cfg.rollout.max_batch_size,
+            prefix_cache=cfg.rollout.prefix_cache,
+        )
+    }
+    return engines[cfg.rollout.engine]()
+
+
+def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
+    """Another producer's view of the run (`trainer.producers`): its own sampler, a copy of the policy's
+    current weights made the version the run's sampler was last published, and the channel feeding it;
+    the reward, data and environments are shared."""
+    sampler = build_sampler(cfg, parts.policy)
+    weights = LocalWeightChannel(
+        partial(sampler_tensors, parts.policy), sampler, timeout_s=cfg.trainer.publish_timeout_s
+    )
+    weights.publish(parts.weights.published)
+    return replace(parts, sampler=sampler, weights=weights)
 
 
 def sampler_model(policy: Policy) -> nn.Module:

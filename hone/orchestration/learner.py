@@ -97,7 +97,7 @@ class Learner:
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         if groups.rollouts:
-            batch = self.batch(groups.rollouts, metrics)
+            batch = self.batch(groups.rollouts)
             metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
             metrics |= self.trainer.update(batch, step)
             self.publish(self.version + 1)
@@ -105,9 +105,9 @@ class Learner:
         metrics["time/train_s"] = time.perf_counter() - t0
         return metrics
 
-    def batch(self, rollouts: list[Rollout], metrics: dict[str, float]) -> Batch:
-        """Collated `rollouts` with the behaviour (old) and reference log-probs the config asks for;
-        `mismatch/logprob_abs` (sampler vs recomputation) goes into `metrics`."""
+    def batch(self, rollouts: list[Rollout]) -> Batch:
+        """Collated `rollouts` with the behaviour (old) and reference log-probs the config asks for (the
+        trainer measures `mismatch/logprob_abs` from them: sampler vs recomputation)."""
         cfg = self.cfg
         batch = collate(rollouts, pad_id=self.pad_id).to(self.policy.device)
         micro = micro_batch_rows(cfg.trainer, batch.input_ids.shape[1])
@@ -115,8 +115,6 @@ class Learner:
             batch.sampler_log_probs = batch.old_log_probs  # π_behav, for the off-policy corrections
             assert batch.sampler_log_probs is not None  # collate fills it
             batch.old_log_probs = _log_probs(self.policy, batch, cfg.rollout.temperature, micro)
-            diff = (batch.old_log_probs - batch.sampler_log_probs).abs() * batch.response_mask
-            metrics["mismatch/logprob_abs"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
         if self.ref_policy is not None:
             batch.ref_log_probs = _log_probs(self.ref_policy, batch, cfg.rollout.temperature, micro)
         return batch

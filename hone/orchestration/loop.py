@@ -25,7 +25,7 @@ import torch
 
 from hone.config import HoneConfig
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
-from hone.orchestration.components import RunComponents, build_components, load_reference
+from hone.orchestration.components import RunComponents, build_components, load_reference, producer_replica
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.learner import Learner
 from hone.orchestration.producer import Producer, PromptBatch
@@ -87,7 +87,13 @@ def rollout_source(cfg: HoneConfig, parts: RunComponents) -> SyncRollouts | Asyn
     """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own."""
     producer, retries = Producer(parts, cfg), cfg.trainer.producer_retries
     if cfg.trainer.mode == "async":
-        return AsyncRollouts(producer, parts.weights, retries=retries)
+        replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
+        return AsyncRollouts(
+            producer,
+            parts.weights,
+            retries=retries,
+            replicas=[(Producer(r, cfg), r.weights) for r in replicas],
+        )
     return SyncRollouts(producer, parts.weights, retries=retries)
 
 

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Protocol
 
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
@@ -121,98 +122,137 @@ class SyncRollouts:
 
 
 class AsyncRollouts:
-    """Producing ahead in one background thread while the learner trains (`trainer.mode: async`).
+    """Producing ahead in background threads while the learner trains (`trainer.mode: async`).
 
-    The producer takes submitted steps in order and produces each with the sampler's weights held
-    (`WeightChannel.hold`), so every rollout of a step comes from one version and a publish lands between
-    steps. How far ahead it runs is set by what the loop has submitted: AReaL's admission rule (a rollout
-    may start only while accepted + running < (η + v + 1)·B) counted in whole steps of B groups, the loop
-    submits step s only once the learner has finished s - η steps. A step is then sampled with the weights
-    after step s - η or later and trained with those after step s - 1, and a version counts publishes
-    (at most one a step), so staleness (the learner's version when it trains, minus the rollout's) is at
-    most η, and with η = 0 each step is produced after the previous update:
-    synchronous training, in another thread. Work is never thrown away: the producer idles instead
-    (`time/producer_idle_frac` is the throttled share). Threads, not processes: the sampler and the
-    reward release the GIL in torch and I/O, and a thread shares the sampler's weights with the channel's
-    in-process copy (a process would need the Ray-style transport).
+    Each producer (one, or `trainer.producers`) takes the next submitted step and produces it with its
+    sampler's weights held (`WeightChannel.hold`), so every rollout of a step comes from one version; a
+    publish made meanwhile does not wait for the step to end (the learner trains on) but lands as that
+    producer starts its next step. How far ahead they run is set by what the loop has submitted: AReaL's
+    admission rule (a rollout may start only while accepted + running < (η + v + 1)·B) counted in whole
+    steps of B groups, the loop submits step s only once the learner has finished s - η steps. A step is
+    then sampled with the weights after step s - η or later and trained with those after step s - 1, and a
+    version counts publishes (at most one a step), so staleness (the learner's version when it trains,
+    minus the rollout's) is at most η, and with η = 0 each step is produced after the previous update:
+    synchronous training, in another thread. Work is never thrown away: producers idle instead
+    (`time/producer_idle_frac` is the throttled share). `take` returns steps in the order submitted, so
+    a step is trained with the same prompts whichever producer finished first.
+
+    Several producers (`replicas`: each a producer with its own sampler, i.e. its own copy of the
+    weights, and the channel that feeds it) keep more than one step in flight: while one waits on its
+    slowest response, tool call or judge, another samples the next step. That is where asynchronous
+    training gains more than overlapping two stages can (at most 2x): synchronous training has one
+    step's requests in flight and waits for the longest of them.
+
+    Threads, not processes: the sampler and the reward release the GIL in torch and I/O, and a thread
+    shares the sampler's weights with the channel's in-process copy (a process would need the Ray-style
+    transport).
 
     A step whose producing raises (sampler, reward, environment) is produced again, up to `retries` times,
-    in the same hold (`produce_with_retries`); past that, or on an error that is not retried, the thread
-    ends and the next `take` raises the error, so the run stops with its one line instead of hanging.
+    in the same hold (`produce_with_retries`); past that, or on an error that is not retried, the next
+    `take` of that step raises the error, so the run stops with its one line instead of hanging.
     """
 
-    def __init__(self, producer: Producer, weights: WeightChannel, *, retries: int = 0) -> None:
-        self.producer = producer
-        self.weights = weights
+    def __init__(
+        self,
+        producer: Producer,
+        weights: WeightChannel,
+        *,
+        retries: int = 0,
+        replicas: Sequence[tuple[Producer, WeightChannel]] = (),
+    ) -> None:
+        self.weights = weights  # the first producer's: its `published` is the learner's version
+        self._workers = [(producer, weights), *replicas]
         self.retries = retries
         self._stopping = threading.Event()
         self._todo: queue.Queue[PromptBatch | None] = queue.Queue()
-        self._done: queue.Queue[ScoredGroups | BaseException] = queue.Queue()
-        self._producer_idle_s = 0.0
+        self._order: deque[int] = deque()  # submitted steps not yet taken, oldest first
+        self._done: dict[int, ScoredGroups | BaseException] = {}
+        self._ready = threading.Condition()
+        self._producer_idle_s = 0.0  # summed over producers
         self._last_take = time.perf_counter()
         self._idle_at_last_take = 0.0
-        self._thread = threading.Thread(target=self._produce_all, name="hone-producer", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._produce_all, args=worker, name=f"hone-producer-{i}", daemon=True)
+            for i, worker in enumerate(self._workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _produce_all(self) -> None:
+    def _produce_all(self, producer: Producer, weights: WeightChannel) -> None:
         while True:
             waited = time.perf_counter()
             prompts = self._todo.get()
-            self._producer_idle_s += time.perf_counter() - waited
+            with self._ready:
+                self._producer_idle_s += time.perf_counter() - waited
             if prompts is None:
                 return
             try:
-                groups = produce_with_retries(
-                    self.producer, self.weights, prompts, self.retries, self._stopping
+                result: ScoredGroups | BaseException = produce_with_retries(
+                    producer, weights, prompts, self.retries, self._stopping
                 )
             except BaseException as e:  # handed to the learner's thread, which raises it
-                self._done.put(e)
+                result = e
+            with self._ready:
+                self._done[prompts.step] = result
+                self._ready.notify_all()
+            if isinstance(result, BaseException):
                 return
-            self._done.put(groups)
 
     def submit(self, prompts: PromptBatch) -> None:
+        self._order.append(prompts.step)
         self._todo.put(prompts)
 
     def take(self) -> ScoredGroups:
         """The oldest submitted step's groups (blocking), with staleness, buffer and idle metrics."""
+        if not self._order:
+            raise RuntimeError("take() with no prompts submitted")
+        step = self._order[0]
         waited = time.perf_counter()
-        while True:
-            try:
-                item = self._done.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._done.empty():
-                    raise RuntimeError("the producer thread stopped without a result") from None
+        with self._ready:
+            while step not in self._done:
+                self._ready.wait(timeout=_POLL_S)
+                for _, weights in self._workers:
+                    weights.raise_if_overdue()  # a producer wedged inside its step: a line, not a hang
+                if step not in self._done and not any(t.is_alive() for t in self._threads):
+                    raise RuntimeError("the producer threads stopped without a result")
+            item = self._done.pop(step)
+            buffered = sum(_groups(g) for g in self._done.values())
+            idle_total = self._producer_idle_s
+        self._order.popleft()
         now = time.perf_counter()
         if isinstance(item, BaseException):
             raise item
         since = max(now - self._last_take, 1e-9)
-        idle = self._producer_idle_s - self._idle_at_last_take
-        self._last_take, self._idle_at_last_take = now, self._producer_idle_s
-        lags = [self.weights.version - r.policy_version for r in item.rollouts] or [0]
+        idle = (idle_total - self._idle_at_last_take) / len(self._workers)
+        self._last_take, self._idle_at_last_take = now, idle_total
+        lags = [self.weights.published - r.policy_version for r in item.rollouts] or [0]
         item.metrics |= {
             "staleness/mean": sum(lags) / len(lags),
             "staleness/max": float(max(lags)),
-            "buffer/groups": float(sum(_groups(g) for g in list(self._done.queue))),
+            "buffer/groups": float(buffered),
             "time/learner_idle_frac": (now - waited) / since,
             "time/producer_idle_frac": min(idle / since, 1.0),
         }
         return item
 
     def publish(self, version: int) -> None:
-        self.weights.publish(version)
+        for _, weights in self._workers:
+            weights.publish(version)
 
     def close(self) -> None:
-        """Stop the producer after the step it is on, without retrying it (a daemon: an interrupted run
-        waits at most `_CLOSE_S` for it)."""
+        """Stop the producers after the steps they are on, without retrying them (daemons: an interrupted
+        run waits at most `_CLOSE_S` for them)."""
         self._stopping.set()
         while not self._todo.empty():
             try:
                 self._todo.get_nowait()
             except queue.Empty:
                 break
-        self._todo.put(None)
-        self._thread.join(timeout=_CLOSE_S)
+        for _ in self._threads:
+            self._todo.put(None)
+        deadline = time.monotonic() + _CLOSE_S
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _groups(item: ScoredGroups | BaseException) -> int:
