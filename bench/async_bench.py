@@ -135,28 +135,24 @@ def real_overrides(run_dir: str, name: str, seconds: float, **extra: object) -> 
     return [f"{k}={v}" for k, v in base.items()]
 
 
+ASYNC = {"trainer.mode": "async"}
+DECOUPLED = {"algorithm.old_log_probs": "recompute", "algorithm.off_policy.name": "decoupled"}
 ARMS: list[tuple[str, dict[str, object]]] = [
     ("sync", {}),
-    ("async eta=1", {"trainer.mode": "async", "trainer.max_staleness": 1}),
-    ("async eta=2", {"trainer.mode": "async", "trainer.max_staleness": 2}),
-    ("async eta=4", {"trainer.mode": "async", "trainer.max_staleness": 4}),
+    ("async eta=1", {**ASYNC, "trainer.max_staleness": 1}),
+    ("async eta=2", {**ASYNC, "trainer.max_staleness": 2}),
+    ("async eta=4", {**ASYNC, "trainer.max_staleness": 4}),
+    ("async eta=4 decoupled", {**ASYNC, "trainer.max_staleness": 4, **DECOUPLED}),
+    ("async eta=1 pinned", {**ASYNC, "trainer.max_staleness": 1, "run.threads": 1}),
+    ("async eta=2, 2 producers", {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2}),
+    ("async eta=4, 2 producers", {**ASYNC, "trainer.max_staleness": 4, "trainer.producers": 2}),
     (
-        "async eta=4 decoupled",
-        {
-            "trainer.mode": "async",
-            "trainer.max_staleness": 4,
-            "algorithm.old_log_probs": "recompute",
-            "algorithm.off_policy.name": "decoupled",
-        },
-    ),
-    ("async eta=1 pinned", {"trainer.mode": "async", "trainer.max_staleness": 1, "run.threads": 1}),
-    (
-        "async eta=2, 2 producers",
-        {"trainer.mode": "async", "trainer.max_staleness": 2, "trainer.producers": 2},
+        "async eta=2, 2 producers, decoupled",
+        {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2, **DECOUPLED},
     ),
     (
-        "async eta=4, 2 producers",
-        {"trainer.mode": "async", "trainer.max_staleness": 4, "trainer.producers": 2},
+        "async eta=4, 2 producers, decoupled",
+        {**ASYNC, "trainer.max_staleness": 4, "trainer.producers": 2, **DECOUPLED},
     ),
 ]
 
@@ -421,6 +417,9 @@ def main() -> None:
     parser.add_argument("--sim-learn-s", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--report", action="store_true", help="print the tables of --out; run nothing")
+    parser.add_argument(
+        "--arms", nargs="+", help="run only these real arms (by name), replacing them in --out's results"
+    )
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.report else measure(args)
     print_sim(results["simulated"], **results["config"]["sim"])
@@ -436,11 +435,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sim = {"steps": args.sim_steps, "learn_s": args.sim_learn_s}
     results: dict[str, Any] = {"config": {"arm_seconds": args.arm_seconds, "sim": sim}, "real": []}
     args.out.parent.mkdir(exist_ok=True)
+    if args.arms:  # a partial run: the other arms and the simulation stay as --out has them
+        unknown = set(args.arms) - {name for name, _ in ARMS}
+        if unknown:
+            raise SystemExit(f"unknown arms {sorted(unknown)}; the arms are {[name for name, _ in ARMS]}")
+        results = json.loads(args.out.read_text())
     with tempfile.TemporaryDirectory() as run_dir:
         for name, extra in ARMS:
-            results["real"].append(run_arm(name, extra, args.arm_seconds, run_dir))
-            print(f"  {name}: {results['real'][-1]['steps']} steps", flush=True)
+            if args.arms and name not in args.arms:
+                continue
+            row = run_arm(name, extra, args.arm_seconds, run_dir)
+            kept = [r for r in results["real"] if r["arm"] != name]
+            results["real"] = sorted([*kept, row], key=lambda r: [n for n, _ in ARMS].index(r["arm"]))
+            print(f"  {name}: {row['steps']} steps", flush=True)
             args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.arms:
+        return results
     results["simulated"] = [
         row for ratio in SIM_SAMPLE_RATIOS for row in run_simulation(args.sim_steps, args.sim_learn_s, ratio)
     ]
