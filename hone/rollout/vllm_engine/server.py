@@ -1,0 +1,145 @@
+"""The vLLM engine server: runs in the vLLM environment's Python, never imports Hone.
+
+vLLM pins a transformers older than Hone's, so the engine lives in a process of its own, started by
+`hone.rollout.vllm.VLLMSampler` as `<vllm python> -I server.py` with one end of a socket pair as fd
+`HONE_VLLM_FD`. Messages are plain dicts (`multiprocessing.connection`: the trainer's own child, the same
+Python), one reply per request, protocol version `PROTOCOL`:
+
+    {"op": "hello"}                                  -> {"ok": True, "protocol", "vllm"}
+    {"op": "generate", "prompts": [[ids]], "max_tokens": [int], "seeds": [int | None], "params": {...}}
+                                                     -> {"ok": True, "outputs": [{"token_ids",
+                                                         "logprobs", "finish_reason"}]}
+    {"op": "load", "path": "<dir with model.safetensors>"}    -> {"ok": True, "seconds"}
+    {"op": "shutdown"}                               -> {"ok": True}, then exit
+    any failure                                      -> {"ok": False, "error": "<one line>"}
+
+Weights arrive as a safetensors file on tmpfs, the full state dict (never part of one: a layer given only
+some tensors would end up partly uninitialised), loaded in place by the worker extension below.
+
+The engine never outlives the trainer: the server leads its own process group (vLLM's engine processes
+join it) and kills the group when the socket closes (the trainer exited or died), on SIGTERM (which the
+kernel sends it when the trainer dies, `PR_SET_PDEATHSIG`) and on shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+PROTOCOL = 1
+
+
+def _kill_group(*_: object) -> None:
+    """Take vLLM's engine processes down with this one (vllm #55510 leaves them behind otherwise)."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(1)
+
+
+def _sampling_params(params: dict, max_tokens: int, seed: int | None):
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=params["temperature"],
+        top_p=params["top_p"],
+        top_k=params["top_k"],
+        max_tokens=max_tokens,
+        stop=params["stop"] or None,
+        stop_token_ids=params["stop_token_ids"],
+        include_stop_str_in_output=True,  # the stop string's tokens are part of the response, as in HF
+        seed=seed,
+        logprobs=0,  # the sampled token's own log-prob only
+        detokenize=bool(params["stop"]),  # stop strings need text; token ids are decoded by Hone
+        skip_special_tokens=False,
+    )
+
+
+def _generate(llm, message: dict) -> list[dict]:
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in message["prompts"]]
+    params = [
+        _sampling_params(message["params"], max_tokens, seed)
+        for max_tokens, seed in zip(message["max_tokens"], message["seeds"], strict=True)
+    ]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    outputs = []
+    for result in results:
+        (completion,) = result.outputs
+        logprobs = [
+            step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids, strict=True)
+        ]
+        outputs.append(
+            {
+                "token_ids": list(completion.token_ids),
+                "logprobs": logprobs,
+                "finish_reason": "length" if completion.finish_reason == "length" else "stop",
+            }
+        )
+    return outputs
+
+
+def _load(llm, path: str) -> float:
+    started = time.perf_counter()
+    llm.collective_rpc("hone_load_weights", args=(path,))
+    llm.reset_prefix_cache()  # KV computed with the old weights must never be reused
+    return time.perf_counter() - started
+
+
+def serve(conn: Connection, llm) -> None:
+    import vllm
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone
+            _kill_group()
+        try:
+            op = message["op"]
+            if op == "hello":
+                reply = {"protocol": PROTOCOL, "vllm": vllm.__version__}
+            elif op == "generate":
+                reply = {"outputs": _generate(llm, message)}
+            elif op == "load":
+                reply = {"seconds": _load(llm, message["path"])}
+            elif op == "shutdown":
+                conn.send({"ok": True})
+                return
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            conn.send({"ok": True, **reply})
+        except Exception as e:  # one line back to the trainer; the engine keeps serving
+            traceback.print_exc(file=sys.stderr)
+            conn.send({"ok": False, "error": " ".join(f"{type(e).__name__}: {e}".split())})
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _kill_group)
+    conn = Connection(int(os.environ["HONE_VLLM_FD"]))
+    engine_args = json.loads(os.environ["HONE_VLLM_ARGS"])
+    # The worker extension must be importable by vLLM's worker processes, which get this sys.path.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from vllm import LLM
+
+    try:
+        llm = LLM(worker_extension_cls="hone_vllm_worker.HoneWorkerExtension", **engine_args)
+    except Exception as e:
+        conn.send({"ok": False, "error": " ".join(f"engine start failed: {type(e).__name__}: {e}".split())})
+        raise
+    conn.send({"ok": True, "ready": True})
+    try:
+        serve(conn, llm)
+    finally:
+        conn.close()
+        _kill_group()
+
+
+if __name__ == "__main__":
+    main()
