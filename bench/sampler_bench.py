@@ -11,12 +11,21 @@ The second table is multi-turn traffic (what `hone/rollout/multiturn.py` sends):
 the last turn's whole sequences plus an observation. The peer is the same sampler with `prefix_cache`
 off, which re-encodes every context each turn as `generate` would.
 
-    .venv/bin/python bench/sampler_bench.py
+The third part (`--vllm`, needs `make setup-smollm2 setup-vllm`) is the vLLM engine (`rollout.engine:
+vllm`, hone/rollout/vllm.py) against `HFSampler` on SmolLM2-135M-Instruct, fp32: a GRPO-shaped batch
+(8 word problems x 8 samples x 64 new tokens, temperature 1) and multi-turn traffic (8 prompts x 4
+samples, 4 turns of 16 tokens, a 20-token observation between turns), each engine with its prefix cache;
+and the time of a weight sync (the full state dict written to /dev/shm and loaded into the running
+engine), over 5 updates.
+
+    .venv/bin/python bench/sampler_bench.py           # the HF sampler's tables (~2 minutes)
+    .venv/bin/python bench/sampler_bench.py --vllm    # the vLLM rows (~4 minutes with the engine start)
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -58,13 +67,13 @@ def build() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     return Qwen2ForCausalLM(config).eval(), tokenizer
 
 
-def best_rates(runs: list[Callable[[], int]]) -> list[float]:
+def best_rates(runs: list[Callable[[], int]], repeats: int = REPEATS) -> list[float]:
     """New tokens/s of each run, best of REPEATS after a warm-up.
 
     Runs are interleaved so that load from other processes on the shared CPU hits them alike.
     """
     rates: list[list[float]] = [[] for _ in runs]
-    for repeat in range(REPEATS + 1):
+    for repeat in range(repeats + 1):
         for run, rate in zip(runs, rates, strict=True):
             start = time.perf_counter()
             tokens = run()
@@ -121,7 +130,76 @@ def random_requests(rng: random.Random, count: int, lengths: tuple[int, int]) ->
     return [GenerationRequest(str(i), i, rng.choices(ids, k=rng.randint(*lengths))) for i in range(count)]
 
 
+def _rate_row(ours: float, theirs: float) -> str:
+    return f"{ours:>11,.0f} {theirs:>16,.0f} {ours / theirs:>5.1f}x"
+
+
+def vllm_rows() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hone.data import get_task
+    from hone.models import resolve_model
+    from hone.rollout import eos_token_ids
+    from hone.rollout.vllm import VLLMSampler
+
+    path = resolve_model("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eos = eos_token_ids(model, tokenizer)
+    problems = get_task("word_problems").train_samples(8, seed=0)
+    requests = [
+        GenerationRequest(
+            p.id,
+            i,
+            tokenizer.encode(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p.prompt}], add_generation_prompt=True, tokenize=False
+                ),
+                add_special_tokens=False,
+            ),
+        )
+        for i, p in enumerate(problems)
+    ]
+    obs = tokenizer.encode(" The tool says: 17 apples and 25 pears were counted here today.")[:20]
+    started = time.perf_counter()
+    engine = VLLMSampler(path, tokenizer, eos)
+    start_s = time.perf_counter() - started
+    print(f"\nvLLM {engine.vllm_version} engine start: {start_s:.1f} s (SmolLM2-135M, fp32)")
+    try:
+        hf = HFSampler(model, tokenizer)
+        print(f"{'workload':>44} {'vLLM tok/s':>11} {'HFSampler tok/s':>16} {'ratio':>6}")
+        grpo = [partial(hone_run, engine, requests, 8, 64), partial(hone_run, hf, requests, 8, 64)]
+        ours, theirs = best_rates(grpo, repeats=3)
+        print(f"{'GRPO: 8 prompts x 8 samples x 64 new':>44} {_rate_row(ours, theirs)}")
+        turns = [
+            partial(conversation_run, engine, requests, 4, 16, 4, obs),
+            partial(conversation_run, hf, requests, 4, 16, 4, obs),
+        ]
+        ours, theirs = best_rates(turns, repeats=3)
+        print(f"{'multi-turn: 8 x 4 x 16 new x 4 turns, obs 20':>44} {_rate_row(ours, theirs)}")
+        syncs, loads = [], []
+        for version in range(1, 6):
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
+            state = {k: v.detach() for k, v in model.state_dict().items()}
+            t0 = time.perf_counter()
+            engine.load_weights(state, version)
+            syncs.append(time.perf_counter() - t0)
+            loads.append(engine.last_load_s)
+        print(
+            f"weight sync, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters: "
+            f"{sum(syncs) / len(syncs):.2f} s a sync (engine load {sum(loads) / len(loads):.2f} s), "
+            f"mean of {len(syncs)}; max {max(syncs):.2f} s"
+        )
+    finally:
+        engine.close()
+
+
 def main() -> None:
+    if "--vllm" in sys.argv[1:]:
+        torch.set_num_threads(2)
+        vllm_rows()
+        return
     torch.set_num_threads(2)
     model, tokenizer = build()
     rng = random.Random(0)

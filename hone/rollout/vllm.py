@@ -114,6 +114,11 @@ class VLLMSampler:
             "HONE_VLLM_ARGS": json.dumps({k: v for k, v in engine_args.items() if v is not None}),
             "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib)),
             "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "ERROR"),
+            # vLLM's "auto" binding keeps a core for its scheduler: on a 2-core machine the model would
+            # get one thread. Every core of ours instead (the scheduler mostly waits while it computes).
+            "VLLM_CPU_OMP_THREADS_BIND": env.get(
+                "VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+            ),
         }
         self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
             [str(python), "-I", str(SERVER)],
