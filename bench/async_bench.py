@@ -10,17 +10,18 @@
    and GRPO raises within a minute, so reward against wall time is a curve. Every arm gets the same
    wall-time budget (`run.time_limit_s`): sync, async with eta = 1, 2, 4 (naive PPO: the sampler's
    log-probs are the anchor), eta = 4 with AReaL's decoupled objective (`old_log_probs: recompute`,
-   `off_policy.name: decoupled`), and eta = 1 pinned (main thread on core 0, producer thread on core 1,
-   one torch thread each). Trajectories/s counts trained trajectories over the RL wall time (first step
-   begun to last step done); the learner is idle when it waits for groups (`take`) or for the producer
-   to reach a safe point (`publish`).
-2. Simulated split devices: the real `AsyncRollouts`/`SyncRollouts` and `LocalWeightChannel`, with a
-   fake producer that sleeps a lognormal sampling time per step (sigma 1, mean = the learner's step)
+   `off_policy.name: decoupled`), eta = 1 pinned (main thread on core 0, producer thread on core 1, one
+   torch thread each), and two producers (`trainer.producers: 2`) at eta = 2 and 4, naive and decoupled.
+   Trajectories/s counts trained trajectories over the RL wall time (first step begun to last step
+   done); the learner is idle when it waits for groups (`take`) or in a publish (which no longer waits
+   for the producer: the column stays as evidence).
+2. Simulated split devices: the real `AsyncRollouts`/`SyncRollouts` and `LocalWeightChannel`, with fake
+   producers that sleep a lognormal sampling time per step (sigma 1, mean 1x and 2x the learner's step)
    and a learner that sleeps a fixed step, the loop's admission rule (step s submitted once s - eta
    steps are trained) copied from `loop._train`. Nothing competes for cores: this is the scheduling
-   gain alone, eta = 0, 1, 2, 4, 8 against sync.
+   gain alone, eta = 0, 1, 2, 4, 8 with one producer, 2, 4, 8 with two and four, against sync.
 
-    .venv/bin/python bench/async_bench.py     # ~8 minutes (60 s an arm); --arm-seconds 5: a smoke run
+    .venv/bin/python bench/async_bench.py     # ~13 minutes (60 s an arm); --arm-seconds 5: a smoke run
 
 Prints a table and writes bench/results/async_bench.json.
 """
