@@ -1,7 +1,7 @@
 # The README's commands. `make demo` runs the main job, `make test` the test suite.
 PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: setup setup-smollm2 setup-vllm test test-vllm demo lint bench clean
 

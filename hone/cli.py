@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from hone.orchestration.loop import RunInterrupted, SetupError
+    from hone.orchestration.ray_backend import RayClusterError
     from hone.orchestration.rollouts import ProducerError
     from hone.orchestration.weights import WeightPublishTimeout
     from hone.rewards.scoring import RewardOutageError
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             NonFiniteGradientError,
             RewardOutageError,
             WeightPublishTimeout,
+            RayClusterError,
             ProducerError,
         ) as e:
             return _error(e)

@@ -408,6 +408,33 @@ class LoggingConfig(Section):
     plot: list[str] = Field(default_factory=list)
 
 
+class SamplerRoleConfig(Section):
+    count: int = Field(1, ge=1, description="sampler actors; each produces whole groups of every step")
+    num_cpus: float = Field(1, gt=0, description="CPUs reserved for each sampler actor")
+    num_gpus: float = Field(0, ge=0, description="GPUs reserved for each sampler actor")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each sampler actor needs (e.g. a node's)"
+    )
+
+
+class RewardWorkersConfig(Section):
+    count: int = Field(0, ge=0, description="reward-worker actors; 0 = sampler actors score their own")
+    num_cpus: float = Field(1, gt=0, description="CPUs reserved for each reward worker")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each needs")
+
+
+class ClusterConfig(Section):
+    backend: Literal["local", "ray"] = Field(
+        "local", description="ray: the producers run as Ray actors (same recipe, metrics, checkpoints)"
+    )
+    address: str | None = Field(
+        None, description="ray: a cluster to attach to (else RAY_ADDRESS; else a local one is started)"
+    )
+    samplers: SamplerRoleConfig = Field(default_factory=SamplerRoleConfig)
+    reward_workers: RewardWorkersConfig = Field(default_factory=RewardWorkersConfig)
+    start_timeout_s: float = Field(120.0, gt=0, description="ray: the most the actors may take to start")
+
+
 class HoneConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -420,6 +447,7 @@ class HoneConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @model_validator(mode="after")
     def _has_prompts(self) -> HoneConfig:

@@ -89,9 +89,13 @@ def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, f
     return groups.metrics | learned | timing
 
 
-def rollout_source(cfg: HoneConfig, parts: RunComponents) -> SyncRollouts | AsyncRollouts:
+def rollout_source(cfg: HoneConfig, parts: RunComponents) -> RolloutSource:
     """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own."""
     producer, retries = Producer(parts, cfg), cfg.trainer.producer_retries
+    if cfg.cluster.backend == "ray":
+        from hone.orchestration.ray_backend import RayRollouts
+
+        return RayRollouts(cfg, parts, retries=retries)
     if cfg.trainer.mode == "async":
         replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
         return AsyncRollouts(

@@ -26,6 +26,9 @@ class PromptBatch:
 
     step: int
     samples: list[Sample]
+    # Which share of the step's prompts this is, when producers split a step (Ray sampler actors): every
+    # part gets its own sampling seed. Part 0 is seeded as a whole step, so one producer samples as ever.
+    part: int = 0
 
 
 @dataclass(kw_only=True)
@@ -58,8 +61,11 @@ def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], f
     return kept, 1.0 - len(kept) / max(1, len(rollouts))
 
 
-def sampling_params(cfg: HoneConfig, step: int) -> SamplingParams:
-    """The training sampling parameters of `step` (seeded by the run's seed and the step)."""
+def sampling_params(cfg: HoneConfig, step: int, part: int = 0) -> SamplingParams:
+    """The training sampling parameters of `step` (seeded by the run's seed, the step and the part)."""
+    seed = derive_seed(cfg.run.seed, "sampling", step)
+    if part:
+        seed = derive_seed(seed, "sampling-part", part)
     return SamplingParams(
         n=cfg.rollout.n,
         temperature=cfg.rollout.temperature,
@@ -67,7 +73,7 @@ def sampling_params(cfg: HoneConfig, step: int) -> SamplingParams:
         top_k=cfg.rollout.top_k,
         max_new_tokens=cfg.rollout.max_new_tokens,
         stop=cfg.rollout.stop,
-        seed=derive_seed(cfg.run.seed, "sampling", step),
+        seed=seed,
     )
 
 
@@ -99,7 +105,7 @@ class Producer:
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
         t0 = time.perf_counter()
-        params = sampling_params(self.cfg, prompts.step)
+        params = sampling_params(self.cfg, prompts.step, prompts.part)
         rollouts = collect_rollouts(self.parts, self.cfg, prompts.samples, params)
         t_sample = time.perf_counter()
         metrics = score_rollouts(rollouts, {s.id: s for s in prompts.samples}, self.parts.reward)

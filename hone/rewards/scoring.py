@@ -273,7 +273,8 @@ def score_rollouts(
     rollouts: Sequence[Rollout], samples_by_id: Mapping[str, Sample], reward: RewardScorer | RewardFn
 ) -> dict[str, float]:
     """Score with `reward` (a scorer, or one reward function with default timeout and concurrency)."""
-    scorer = reward if isinstance(reward, RewardScorer) else RewardScorer(reward)
+    # Anything with `score` stands in for a scorer (the Ray back-end's reward workers); else a bare fn.
+    scorer = reward if hasattr(reward, "score") else RewardScorer(reward)  # type: ignore[arg-type]
     return scorer.score(rollouts, samples_by_id)
 
 
