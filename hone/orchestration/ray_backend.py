@@ -126,6 +126,11 @@ class ProducerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def load(self, version: int, tensors: dict[str, torch.Tensor]) -> int:
         self.parts.sampler.load_weights(tensors, version)
         return version
@@ -322,6 +327,10 @@ class RayRollouts:
 
     def actor_pids(self) -> list[int]:
         return self._ray.get([a.pid.remote() for a in self._actors], timeout=60)
+
+    def actor_nodes(self) -> list[str]:
+        """The Ray node id each sampler actor runs on."""
+        return self._ray.get([a.node.remote() for a in self._actors], timeout=60)
 
     def close(self) -> None:
         """Kill the actors; shut Ray down if this run started it."""
