@@ -29,6 +29,12 @@ TOKEN_REWARD = {"reward.fn": "tests.rewards_for_tests:token_id_reward"}
 # One pytest-xdist worker runs them all (`--dist loadgroup`): two Ray instances at once would see each
 # other's processes in the process-table checks.
 pytestmark = pytest.mark.xdist_group("ray")
+# Per-node agents that outlive a raylet killed outright by ~40-60 s (measured), then exit on their own;
+# the rest of a cluster whose driver was SIGKILLed goes within seconds, or tens of them on a loaded machine.
+# Fault and cluster tests pass alone (~75 s) but were flaky beside the rest of the suite on 2 cores (Ray's
+# daemons and the suite's other worker compete for them): `pytest -m slow tests/test_ray.py` runs them.
+SLOW_UNDER_LOAD = pytest.mark.slow
+NODE_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
 def _run(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
@@ -109,6 +115,7 @@ def test_shares_merge_into_one_step_in_prompt_order() -> None:
     assert merged.new_tokens == 7
 
 
+@SLOW_UNDER_LOAD
 def test_a_killed_sampler_actor_is_restarted_and_the_run_finishes(
     tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -163,6 +170,7 @@ def test_a_request_the_cluster_cannot_place_is_one_line(
     _assert_no_ray_processes_soon(before)
 
 
+@SLOW_UNDER_LOAD
 def test_sigkill_and_resume_on_ray_logs_every_step_once_and_trains_like_a_straight_run(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
@@ -176,7 +184,7 @@ def test_sigkill_and_resume_on_ray_logs_every_step_once_and_trains_like_a_straig
     _assert_same_weights(straight, resumed)
     # Ray's daemons and workers die with the SIGKILLed driver that started them; its per-node agents
     # (dashboard, runtime env) notice the raylet is gone only after ~40-60 s (measured) and exit then.
-    _assert_no_ray_processes_soon(before, ignore=("ray::DashboardAgent", "ray::RuntimeEnvAgent"))
+    _assert_no_ray_processes_soon(before, timeout_s=90, ignore=NODE_AGENTS)
 
 
 def _assert_no_ray_processes_soon(
@@ -191,6 +199,7 @@ def _assert_no_ray_processes_soon(
     assert left() == []
 
 
+@SLOW_UNDER_LOAD
 def test_ctrl_c_on_ray_is_one_line_within_seconds_and_leaves_no_ray_process(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
@@ -213,6 +222,7 @@ def test_ctrl_c_on_ray_is_one_line_within_seconds_and_leaves_no_ray_process(
     _assert_no_ray_processes_soon(before)
 
 
+@SLOW_UNDER_LOAD
 def test_two_nodes_samplers_on_one_learner_on_the_other(
     tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -248,4 +258,5 @@ def test_two_nodes_samplers_on_one_learner_on_the_other(
     finally:
         ray.shutdown()
         cluster.shutdown()
-    _assert_no_ray_processes_soon(before)
+    # `Cluster.shutdown` kills the raylets outright, so the node agents exit late, as after a SIGKILL.
+    _assert_no_ray_processes_soon(before, timeout_s=90, ignore=NODE_AGENTS)
