@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ def test_tensorboard_scalars_are_purged_on_resume(tmp_path: Path) -> None:
     with MetricsLogger(tmp_path) as logger:
         for step in range(1, 5):
             logger.log(step, {"reward/mean": float(step), "kl": float("inf")})
+    # TensorBoard reads event files in name order, "events.out.tfevents.<second>.<host>.<pid>.<n>": writers
+    # of one process within one second sort by their counter n as text (10 before 9), which depends on how
+    # many writers the test process made before. A real resume starts in a later second: so does this one.
+    time.sleep(1.1)
     with MetricsLogger(tmp_path, resume_step=2) as logger:
         logger.log(3, {"reward/mean": 30.0})
 
@@ -73,6 +78,7 @@ def test_tensorboard_scalars_are_purged_on_resume(tmp_path: Path) -> None:
         return [(s.step, s.value) for s in events.Scalars("reward/mean")]
 
     assert reward_curve() == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    time.sleep(1.1)
     with MetricsLogger(tmp_path) as logger:  # a fresh run in the same directory replaces the curve
         logger.log(1, {"reward/mean": -1.0})
     assert reward_curve() == [(1, -1.0)]
