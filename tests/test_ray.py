@@ -17,15 +17,13 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from hone.config import load_config  # noqa: E402
 from hone.orchestration import ray_backend  # noqa: E402
-from hone.orchestration.loop import train  # noqa: E402
 from hone.orchestration.producer import PromptBatch, ScoredGroups  # noqa: E402
 from hone.types import Rollout  # noqa: E402
+from tests.test_async import TOKEN_REWARD, _run  # noqa: E402
 from tests.test_orchestration import tiny_overrides  # noqa: E402
 from tests.test_weights import _final_weights  # noqa: E402
 
-TOKEN_REWARD = {"reward.fn": "tests.rewards_for_tests:token_id_reward"}
 # One pytest-xdist worker runs them all (`--dist loadgroup`): two Ray instances at once would see each
 # other's processes in the process-table checks.
 pytestmark = pytest.mark.xdist_group("ray")
@@ -35,12 +33,6 @@ pytestmark = pytest.mark.xdist_group("ray")
 # daemons and the suite's other worker compete for them): `pytest -m slow tests/test_ray.py` runs them.
 SLOW_UNDER_LOAD = pytest.mark.slow
 NODE_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
-
-
-def _run(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
-    settings = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **TOKEN_REWARD, **extra}
-    train(load_config(None, tiny_overrides(tmp_path, model_dir, name, **settings)))
-    return tmp_path / name
 
 
 def _rows(run: Path) -> list[dict[str, Any]]:

@@ -319,13 +319,15 @@ def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
     )
 
 
-def weight_channel(cfg: HoneConfig, policy: Policy, sampler: Sampler) -> LocalWeightChannel:
-    """The channel from the policy to `sampler`: the trainable tensors into the HF sampler's model copy;
+def weight_source(cfg: HoneConfig, policy: Policy) -> Callable[[], dict[str, torch.Tensor]]:
+    """What a publish sends the run's samplers: the trainable tensors into the HF sampler's model copy;
     the whole HF-named state dict (LoRA merged) for an engine that loads plain weights (vLLM)."""
-    source = (
-        policy.state_dict_for_sampler if cfg.rollout.engine == "vllm" else partial(sampler_tensors, policy)
-    )
-    return LocalWeightChannel(source, sampler, timeout_s=cfg.trainer.publish_timeout_s)
+    return policy.state_dict_for_sampler if cfg.rollout.engine == "vllm" else partial(sampler_tensors, policy)
+
+
+def weight_channel(cfg: HoneConfig, policy: Policy, sampler: Sampler) -> LocalWeightChannel:
+    """The in-process channel from the policy to `sampler` (`weight_source`)."""
+    return LocalWeightChannel(weight_source(cfg, policy), sampler, timeout_s=cfg.trainer.publish_timeout_s)
 
 
 def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:

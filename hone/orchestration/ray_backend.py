@@ -47,7 +47,7 @@ from hone.orchestration.components import (
     build_components,
     load_data,
     load_reward,
-    sampler_tensors,
+    weight_source,
 )
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.rollouts import ProducerError
@@ -229,15 +229,9 @@ class RayRollouts:
             raise
         return actors
 
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        policy = self.parts.policy
-        if self.cfg.rollout.engine == "vllm":
-            return {k: v.detach().clone() for k, v in policy.state_dict_for_sampler().items()}
-        return {k: v.clone() for k, v in sampler_tensors(policy).items()}
-
     def publish(self, version: int) -> None:
         """One object-store put of this version's tensors; each actor loads it before its next share."""
-        ref = self._ray.put(self._tensors())
+        ref = self._ray.put(weight_source(self.cfg, self.parts.policy)())  # put copies: no aliasing
         self._weights = (version, ref)
         for actor in self._actors:
             actor.load.remote(version, ref)
