@@ -423,15 +423,24 @@ class RewardWorkersConfig(Section):
     resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each needs")
 
 
+class LearnerRoleConfig(Section):
+    num_cpus: float = Field(1, gt=0, description="CPUs reserved for the learner actor (its torch threads)")
+    num_gpus: float = Field(0, ge=0, description="GPUs reserved for the learner actor")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources the learner actor needs (e.g. a node's)"
+    )
+
+
 class ClusterConfig(Section):
     backend: Literal["local", "ray"] = Field(
-        "local", description="ray: the producers run as Ray actors (same recipe, metrics, checkpoints)"
+        "local", description="ray: the learner, samplers and reward workers run as Ray actors (same recipe)"
     )
     address: str | None = Field(
         None, description="ray: a cluster to attach to (else RAY_ADDRESS; else a local one is started)"
     )
     samplers: SamplerRoleConfig = Field(default_factory=SamplerRoleConfig)
     reward_workers: RewardWorkersConfig = Field(default_factory=RewardWorkersConfig)
+    learner: LearnerRoleConfig = Field(default_factory=LearnerRoleConfig)
     start_timeout_s: float = Field(120.0, gt=0, description="ray: the most the actors may take to start")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from hone.types import Rollout, Sample
@@ -28,3 +30,22 @@ def digit_share_reward(rollout: Rollout, sample: Sample) -> float:
     """The share of digits in the response: ~4% for a random tiny model, and GRPO raises it in a few steps."""
     text = rollout.response_text
     return sum(c.isdigit() for c in text) / max(1, len(text))
+
+
+_calls = 0
+
+
+def token_id_reward_dying_once(rollout: Rollout, sample: Sample) -> float:
+    """`token_id_reward`; but the 20th call in a Ray actor whose process title names `$HONE_TEST_DIE_IN`
+    (e.g. `ray::RewardActor`) kills its own process (SIGKILL, mid-call), once per run: the first to die
+    leaves the file `$HONE_TEST_DIE_MARKER`, and its restarted incarnation lives."""
+    global _calls
+    _calls += 1
+    role, marker = os.environ.get("HONE_TEST_DIE_IN"), os.environ.get("HONE_TEST_DIE_MARKER")
+    if role and marker and _calls == 20 and not os.path.exists(marker):
+        with open("/proc/self/cmdline", "rb") as f:
+            title = f.read().decode(errors="replace")
+        if role in title:
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return token_id_reward(rollout, sample)

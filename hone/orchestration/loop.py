@@ -160,17 +160,29 @@ def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
     os.replace(tmp, run_dir / "config.yaml")
 
 
-def _interrupted(run_dir: Path, checkpointer: Checkpointer) -> RunInterrupted:
+def where_stopped(run_dir: Path) -> str:
+    """'at step N; last checkpoint step M; resume with `…`', read from the run directory's files."""
     rows = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
     done = max((int(row["step"]) for row in rows), default=0)  # the last step that finished and logged
-    latest = checkpointer.latest()
+    latest = Checkpointer(run_dir).latest()
     saved = "no checkpoint yet" if latest is None else f"last checkpoint {latest.name.replace('-', ' ')}"
     at = f"at step {done}" if done else "before the first RL step"
-    return RunInterrupted(f"interrupted {at}; {saved}; resume with `hone train --resume {run_dir}`")
+    return f"{at}; {saved}; resume with `hone train --resume {run_dir}`"
 
 
 def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
-    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`."""
+    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`. With `cluster.backend: ray`
+    the learner below runs in a Ray actor (`ray_backend.train_on_ray`), the samplers in others."""
+    if cfg.cluster.backend == "ray":
+        from hone.orchestration.ray_backend import train_on_ray
+
+        return train_on_ray(cfg, resume=resume)
+    return run_learner(cfg, resume=resume)
+
+
+def run_learner(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
+    """The run in this process: set-up, (SFT warm start,) the RL loop driving its `RolloutSource`, eval,
+    metrics and checkpoints."""
     started = time.perf_counter()
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -194,7 +206,7 @@ def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
             try:
                 result = _train(cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started)
             except KeyboardInterrupt:
-                raise _interrupted(run_dir, checkpointer) from None
+                raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
         if cfg.logging.plot:
             plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
         return result
