@@ -212,6 +212,21 @@ def test_a_request_the_cluster_cannot_place_is_one_line(
     _assert_no_ray_processes_soon(before)
 
 
+def test_an_address_with_no_cluster_is_one_line_at_once(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ray.init` would retry an address where nothing listens for minutes."""
+    from hone.cli import main
+
+    args = tiny_overrides(tmp_path, micro_model_dir, "nocluster", **TOKEN_REWARD)
+    started = time.monotonic()
+    assert main(["train", *args, "cluster.backend=ray", "cluster.address=127.0.0.1:1"]) == 2
+    assert time.monotonic() - started < 15
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("hone: error: cannot attach to the Ray cluster at 127.0.0.1:1 (cluster.address")
+    assert not ray.is_initialized() and not (tmp_path / "nocluster").exists()
+
+
 @RAY_CLUSTER
 def test_sigkill_and_resume_on_ray_logs_every_step_once_and_trains_like_a_straight_run(
     tmp_path: Path, micro_model_dir: Path

@@ -100,8 +100,10 @@ class Learner:
             batch = self.batch(groups.rollouts)
             metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
             metrics |= self.trainer.update(batch, step)
+            published = time.perf_counter()
             self.publish(self.version + 1)
             self.version += 1  # after the publish: one that timed out leaves the count as the sampler's
+            metrics["time/publish_s"] = time.perf_counter() - published
         metrics["time/train_s"] = time.perf_counter() - t0
         return metrics
 

@@ -41,6 +41,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -81,6 +82,10 @@ def _enter(cwd: str, threads: int) -> None:
         os.chdir(cwd)
     torch.set_num_threads(threads)
     logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
+    # As `hone.cli` does for a local run: an attached cluster's workers do not have the driver's environment.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _threads(num_cpus: float) -> int:
@@ -189,7 +194,16 @@ def train_on_ray(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
     started = False
     if not ray.is_initialized():
         if address:
-            ray.init(address=address)
+            _check_reachable(address)
+            try:
+                ray.init(address=address)
+            except (ConnectionError, RuntimeError) as e:
+                raise RayClusterError(
+                    f"cannot attach to the Ray cluster at {address} (cluster.address or RAY_ADDRESS): "
+                    f"{' '.join(str(e).split())[:200]}; a cluster with token authentication (the default "
+                    "of `ray start` since Ray 2.5x) also needs RAY_AUTH_MODE=token here, with its token in "
+                    "~/.ray/auth_token or RAY_AUTH_TOKEN"
+                ) from None
         else:
             ray.init(include_dashboard=False, num_cpus=_local_cpus(cfg))
             started = True
@@ -230,6 +244,20 @@ def train_on_ray(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
                 remove_placement_group(group)
         if started:
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """A `host:port` that takes no TCP connection is one line at once: `ray.init` would retry it for
+    minutes. (`auto` and `ray://` addresses are left to Ray.)"""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise RayClusterError(
+            f"cannot attach to the Ray cluster at {address} (cluster.address or RAY_ADDRESS): {e}"
+        ) from None
 
 
 def _kill(learner: Any, run: Any) -> None:
