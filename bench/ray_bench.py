@@ -1,7 +1,7 @@
 """The Ray back-end on this machine: publish time per weight version and throughput with 1 vs 2 sampler
 actors, against the local run, same recipe (the demo's tiny model and task, no SFT, 30 RL steps).
 
-    .venv/bin/python bench/ray_bench.py     # ~2 minutes
+    .venv/bin/python bench/ray_bench.py     # ~2 minutes; sampler actors get 1 CPU each (the default)
 
 Read from each run's metrics.jsonl, as a user would: trajectories/s counts trained rollouts over the sum
 of the steps' `time/step_s` (the learner's RL wall time, Ray's start and the eval left out); the publish
@@ -23,9 +23,12 @@ from hone.orchestration import loop
 STEPS = 30
 ARMS: list[tuple[str, dict[str, object]]] = [
     ("local (sync)", {}),
-    ("ray, 1 sampler actor", {"cluster.backend": "ray", "cluster.samplers.count": 1}),
+    ("ray, 1 sampler", {"cluster.backend": "ray"}),
     ("ray, 1 sampler, learner 2 CPUs", {"cluster.backend": "ray", "cluster.learner.num_cpus": 2}),
-    ("ray, 2 sampler actors", {"cluster.backend": "ray", "cluster.samplers.count": 2}),
+    (
+        "ray, 2 samplers, learner 2 CPUs",
+        {"cluster.backend": "ray", "cluster.samplers.count": 2, "cluster.learner.num_cpus": 2},
+    ),
 ]
 
 

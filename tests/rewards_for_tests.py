@@ -49,3 +49,11 @@ def token_id_reward_dying_once(rollout: Rollout, sample: Sample) -> float:
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
     return token_id_reward(rollout, sample)
+
+
+def token_id_reward_recorded(rollout: Rollout, sample: Sample) -> float:
+    """`token_id_reward`, appending '<pid> <sample id>' to the file `$HONE_TEST_REWARD_LOG`: which
+    process scored which prompt, in order."""
+    with open(os.environ["HONE_TEST_REWARD_LOG"], "a") as f:
+        f.write(f"{os.getpid()} {rollout.sample_id}\n")
+    return token_id_reward(rollout, sample)

@@ -80,6 +80,39 @@ def test_one_sampler_actor_and_a_reward_worker_train_exactly_like_a_local_run_an
     _assert_no_ray_processes_soon(before)
 
 
+@RAY_CLUSTER
+def test_two_sampler_actors_and_a_reward_worker_train_each_step_on_the_local_runs_prompts(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17's small cluster, at η = 0: every training rollout is scored in the reward worker's process,
+    each step on exactly the local run's prompts (n rollouts each), sampled by the current weights. The
+    final weights differ from the local run's, for a documented reason: each sampler actor draws its share
+    with its own seed, so the step's samples are not the local run's draws (one actor: bit-identical,
+    above)."""
+    logs = {name: tmp_path / f"{name}.log" for name in ("local", "ray")}
+
+    def scored(name: str, **extra: object) -> tuple[list[list[str]], set[int], Path]:
+        monkeypatch.setenv("HONE_TEST_REWARD_LOG", str(logs[name]))
+        reward = {"reward.fn": "tests.rewards_for_tests:token_id_reward_recorded"}
+        run = _run(
+            tmp_path, micro_model_dir, name, **{"run.steps": 4, "run.save_every": 4, **reward, **extra}
+        )
+        lines = [line.split() for line in logs[name].read_text().splitlines()]
+        train = [(int(pid), sample) for pid, sample in lines if "-train-" in sample]
+        per_step = len(train) // 4
+        steps = [sorted(s for _, s in train[k * per_step : (k + 1) * per_step]) for k in range(4)]
+        return steps, {pid for pid, _ in train}, run
+
+    local, local_pids, _ = scored("local")
+    ray_steps, ray_pids, run = scored(
+        "ray",
+        **{"cluster.backend": "ray", "cluster.samplers.count": 2, "cluster.reward_workers.count": 1},
+    )
+    assert ray_steps == local and all(len(step) == 4 * 4 for step in local)  # 4 prompts x 4 rollouts
+    assert len(ray_pids) == 1 and ray_pids != local_pids  # one reward worker scored it all
+    assert all(r["staleness/max"] == 0.0 and r["faults/actor_restarts"] == 0.0 for r in _rows(run))
+
+
 def test_shares_merge_into_one_step_in_prompt_order() -> None:
     def rollout(group: int) -> Rollout:
         return Rollout(
