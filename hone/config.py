@@ -335,6 +335,11 @@ class TrainerConfig(Section):
         3, ge=1, description="optimizer steps in a row with a NaN/inf gradient norm (each skipped) to stop"
     )
     log_entropy: bool = Field(True, description="log the policy's entropy (computed in chunks, no graph)")
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none",
+        description="bfloat16: the training forward/backward's matmuls in bf16 (torch.autocast), weights, "
+        "gradients, optimizer and log-softmax in fp32 (model.dtype float32)",
+    )
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="async: a producer thread samples and scores the next steps while the learner trains",

@@ -217,3 +217,39 @@ def test_the_loss_is_the_sum_of_its_named_terms(micro_model_dir: Path) -> None:
     # in another order (~30 fp32 terms: <= 1e-6 relative).
     expected = metrics["loss/policy"] + 0.5 * metrics["kl"] - 0.25 * metrics["entropy"]
     assert metrics["loss/total"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_bf16_autocast_update_matches_fp32_within_bf16_rounding_and_keeps_fp32_weights(
+    micro_model_dir: Path,
+) -> None:
+    """`trainer.autocast: bfloat16` changes the matmuls' precision, not the update: the SGD step (linear in
+    the gradient) lands within bf16 rounding of the fp32 one, yet not on it (autocast did engage), and the
+    weights, their gradients and the returned log-prob gap stay fp32."""
+
+    def step(autocast: str) -> tuple[dict[str, torch.Tensor], dict[str, float], Policy]:
+        policy = Policy.from_pretrained(micro_model_dir)
+        trainer = RLTrainer(
+            policy,
+            AlgorithmConfig(),
+            TrainerConfig(lr=1e-2, autocast=autocast),  # type: ignore[arg-type]
+            total_rl_steps=1,
+            temperature=1.0,
+            norm_len=8,
+        )
+        trainer.optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
+        metrics = trainer.update(make_batch(policy), 0)
+        return {k: v.clone() for k, v in policy.model.state_dict().items()}, metrics, policy
+
+    start = Policy.from_pretrained(micro_model_dir).model.state_dict()
+    full, full_metrics, _ = step("none")
+    half, half_metrics, policy = step("bfloat16")
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+    moved = {k: full[k] - start[k] for k in full}
+    moved_bf16 = {k: half[k] - start[k] for k in half}
+    assert any(not torch.equal(moved[k], moved_bf16[k]) for k in moved)  # bf16 matmuls did run
+    update = torch.cat([v.flatten() for v in moved.values()])
+    update_bf16 = torch.cat([v.flatten() for v in moved_bf16.values()])
+    cosine = torch.nn.functional.cosine_similarity(update, update_bf16, dim=0)
+    assert cosine > 0.99 and (update_bf16.norm() / update.norm() - 1).abs() < 0.05
+    # fp32 recomputation equals the sampler's log-probs here; bf16's is off by bf16 rounding only
+    assert full_metrics["mismatch/logprob_abs"] < 1e-5 < half_metrics["mismatch/logprob_abs"] < 0.05

@@ -18,6 +18,7 @@ norm is skipped, and `trainer.max_nonfinite_steps` of them in a row stop the run
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
@@ -300,14 +301,15 @@ class RLTrainer:
         with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
         for rows in mini.split(micro_batch_rows(self.cfg, batch.input_ids.shape[1])):
             mask = batch.response_mask[rows]
-            log_probs, entropy = self.policy.token_log_probs(
-                batch.input_ids[rows],
-                batch.attention_mask[rows],
-                temperature=self.temperature,
-                with_entropy=with_entropy,
-                entropy_grad=bool(self.algo.entropy_coef),
-                from_column=first_response_column(mask),
-            )
+            with self._autocast():
+                log_probs, entropy = self.policy.token_log_probs(
+                    batch.input_ids[rows],
+                    batch.attention_mask[rows],
+                    temperature=self.temperature,
+                    with_entropy=with_entropy,
+                    entropy_grad=bool(self.algo.entropy_coef),
+                    from_column=first_response_column(mask),
+                )
             weights = None if token_weights is None else token_weights[rows]
             micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts, weights)
             loss: torch.Tensor | None = None
@@ -328,6 +330,14 @@ class RLTrainer:
                 mismatch[0] += float(gap.abs().sum())
                 mismatch[1] += n
             yield loss
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        """`trainer.autocast: bfloat16`: the forward's matmuls in bf16 (on CPUs with AMX/AVX-512 BF16 and on
+        GPUs several times faster than fp32); `token_log_probs` takes the logits back to fp32 before the
+        log-softmax, and the backward (run outside, as torch recommends) follows the recorded casts."""
+        if self.cfg.autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.policy.device.type, dtype=torch.bfloat16)
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """One RL update of the batch of RL step `step` (0-based), which sets the learning rate."""

@@ -1,0 +1,379 @@
+"""Hone against TRL's `GRPOTrainer` on equal work, each framework in its own subprocess, alternating.
+
+    .venv/bin/pip install -e ".[bench]"           # trl
+    .venv/bin/python bench/vs_trl.py              # both workloads, 2 rounds (~25 minutes)
+    .venv/bin/python bench/vs_trl.py --workloads tiny --rounds 3 --dtype bf16
+
+Equal work: the same weights, tokenizer, prompts in the same order (Hone's `PromptStream` order, given
+to TRL unshuffled), group size, prompts per step, max new tokens, temperature, lr (constant), no KL,
+one optimizer step per batch (no mini-batches, one PPO epoch, no recomputed old log-probs), clip 0.2,
+token-mean loss over the batch (TRL's `dapo`), group-std advantages, grad-norm clip 1.0, AdamW
+(β 0.9/0.999, no weight decay), the same reward function (Hone's math verifier), 2 threads each; no
+dynamic filtering (Hone's `skip_zero_variance_groups` off: TRL trains on every group). `--dtype`
+picks fp32 for both or bf16 autocast for both (Hone `trainer.autocast: bfloat16`, TRL `bf16=True`);
+the weights and the optimizer stay fp32 either way.
+
+Per framework: median/min/max step time after the warm-up steps, the generation share of the step,
+new tokens/s, peak RSS of its process, and the mean reward over the timed steps; then TRL/Hone ratios.
+Writes `bench/results/vs_trl.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+THREADS = 2
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str  # a Hone model reference (alias or directory)
+    task: str
+    task_args: dict[str, Any]
+    chat_template: bool
+    prompts_per_step: int
+    n: int
+    max_new_tokens: int
+    temperature: float
+    lr: float
+    steps: int  # timed steps + warm-up
+    warmup: int
+
+
+WORKLOADS = {
+    # The demo's model (~1 M parameters) and task.
+    "tiny": Workload(
+        model="tiny",
+        task="arithmetic",
+        task_args={"min_digits": 2, "max_digits": 3, "ops": "+", "pad": True},
+        chat_template=False,
+        prompts_per_step=16,
+        n=8,
+        max_new_tokens=8,
+        temperature=1.0,
+        lr=1e-4,
+        steps=14,
+        warmup=2,
+    ),
+    # SmolLM2-135M-Instruct on the smollm2-math recipe's word problems (`make setup-smollm2`).
+    "smollm2": Workload(
+        model="smollm2-135m-instruct",
+        task="word_problems",
+        task_args={},
+        chat_template=True,
+        prompts_per_step=4,
+        n=8,
+        max_new_tokens=48,
+        temperature=0.7,
+        lr=2e-5,
+        steps=3,
+        warmup=1,
+    ),
+}
+
+
+def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
+    """The two configurations side by side, in each framework's own names."""
+    hone = {
+        "completions per step": f"data.prompts_per_step={w.prompts_per_step} x rollout.n={w.n}",
+        "optimizer steps per step": "trainer.mini_batches=1, ppo_epochs=1",
+        "max new tokens": f"rollout.max_new_tokens={w.max_new_tokens}",
+        "temperature": f"rollout.temperature={w.temperature}",
+        "dtype": f"model.dtype=float32, trainer.autocast={'bfloat16' if dtype == 'bf16' else 'none'}",
+        "KL": "algorithm.kl.coef=0 (no reference model)",
+        "clip": "algorithm.policy_loss=ppo (0.2)",
+        "aggregation": "token-mean over the batch",
+        "advantage": "grpo, norm_by_std (eps 1e-6)",
+        "old log-probs": "sampler's (no extra forward)",
+        "lr": f"{w.lr} constant",
+        "optimizer": "torch AdamW, grad clip 1.0, no gradient checkpointing",
+        "filtering": "skip_zero_variance_groups=false",
+    }
+    trl = {
+        "completions per step": f"per_device_train_batch_size={w.prompts_per_step * w.n}, "
+        f"num_generations={w.n}",
+        "optimizer steps per step": "gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1",
+        "max new tokens": f"max_completion_length={w.max_new_tokens}",
+        "temperature": f"temperature={w.temperature}, top_p=1.0, top_k=0",
+        "dtype": f"fp32 weights, bf16={dtype == 'bf16'}",
+        "KL": "beta=0.0 (no reference model)",
+        "clip": "epsilon=0.2",
+        "aggregation": "loss_type=dapo (token-mean over the batch)",
+        "advantage": "scale_rewards=group (std eps 1e-4)",
+        "old log-probs": "the step's own, detached (no extra forward)",
+        "lr": f"{w.lr} lr_scheduler_type=constant",
+        "optimizer": "optim=adamw_torch, max_grad_norm=1.0, gradient_checkpointing=False",
+        "filtering": "none",
+    }
+    return {"hone": hone, "trl": trl}
+
+
+def hone_config(w: Workload, run_dir: str, dtype: str) -> list[str]:
+    overrides: dict[str, Any] = {
+        "run.dir": run_dir,
+        "run.name": "hone",
+        "run.seed": SEED,
+        "run.steps": w.steps,
+        "run.threads": THREADS,
+        "run.time_limit_s": "null",
+        "run.eval_every": 0,
+        "run.save_every": 0,
+        "model.path": w.model,
+        "model.dtype": "float32",
+        "data.task": w.task,
+        "data.task_args": json.dumps(w.task_args),
+        "data.chat_template": w.chat_template,
+        "data.eval_size": 1,
+        "data.prompts_per_step": w.prompts_per_step,
+        "rollout.n": w.n,
+        "rollout.temperature": w.temperature,
+        "rollout.max_new_tokens": w.max_new_tokens,
+        "reward.fn": "math",
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "ppo",
+        "algorithm.old_log_probs": "sampler",
+        "algorithm.skip_zero_variance_groups": False,
+        "algorithm.kl.coef": 0.0,
+        "trainer.lr": w.lr,
+        "trainer.schedule": "constant",
+        "trainer.grad_clip": 1.0,
+        "trainer.autocast": "bfloat16" if dtype == "bf16" else "none",
+        "sft.enabled": False,
+        "eval.n": 1,
+        "eval.k": "[1]",
+        "logging.progress": False,
+        "logging.tensorboard": False,
+    }
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+
+
+def ordered_prompts(w: Workload, run_dir: str, dtype: str) -> list[dict[str, str]]:
+    """The prompts Hone's run draws, in its order (its `PromptStream`), with their answers."""
+    from hone.config import load_config
+    from hone.orchestration.components import load_data
+    from hone.orchestration.prompts import PromptStream
+
+    cfg = load_config(None, hone_config(w, run_dir, dtype))
+    task, train, _ = load_data(cfg)
+    stream = PromptStream(train, w.prompts_per_step, SEED)
+    require = bool(task.reward_args.get("require_evaluated", False)) if task is not None else False
+    return [
+        {"prompt": s.prompt, "answer": str(s.answer), "require_evaluated": require}
+        for step in range(w.steps)
+        for s in stream.batch(step)
+    ]
+
+
+def run_hone(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
+    import torch
+
+    from hone.config import load_config
+    from hone.orchestration import loop
+
+    torch.set_num_threads(THREADS)
+    result = loop.train(load_config(None, hone_config(w, str(work), dtype)))
+    rows = [json.loads(x) for x in (Path(result.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/step_s" in r]
+    return {
+        "step_s": [r["time/step_s"] for r in steps],
+        "generate_s": [r["time/sample_s"] for r in steps],
+        "new_tokens": [r["throughput/tokens_per_s"] * r["time/step_s"] for r in steps],
+        "reward": [r["reward/mean"] for r in steps],
+        "mismatch": [r.get("mismatch/logprob_abs") for r in steps],
+    }
+
+
+def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hone.models.resolve import resolve_model
+    from hone.verifiers.math import math_reward
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(SEED)
+    rows = json.loads((work / "prompts.json").read_text())
+    path = resolve_model(w.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def prompt(text: str) -> Any:
+        return [{"role": "user", "content": text}] if w.chat_template else text
+
+    dataset = Dataset.from_list([{"prompt": prompt(r["prompt"]), "answer": r["answer"]} for r in rows])
+    require = rows[0]["require_evaluated"]
+
+    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [math_reward(t, a, require_evaluated=require) for t, a in zip(texts, answer, strict=True)]
+
+    args = GRPOConfig(
+        output_dir=str(work / "trl"),
+        per_device_train_batch_size=w.prompts_per_step * w.n,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=w.n,
+        num_iterations=1,
+        max_completion_length=w.max_new_tokens,
+        temperature=w.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=w.lr,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        gradient_checkpointing=False,  # TRL's GRPO default is on; Hone's model.gradient_checkpointing is off
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        max_steps=w.steps,
+        shuffle_dataset=False,
+        seed=SEED,
+        bf16=dtype == "bf16",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    times: dict[str, list[float]] = {"step_s": [], "generate_s": [], "new_tokens": [], "reward": []}
+    began: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            began.append(time.perf_counter())
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            times["step_s"].append(time.perf_counter() - began[-1])
+
+        def on_log(
+            self, _args: Any, _state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any
+        ) -> None:
+            if logs and "reward" in logs:
+                times["reward"].append(logs["reward"])
+                times["new_tokens"].append(logs["completions/mean_length"] * w.prompts_per_step * w.n)
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.add_callback(Timer())
+    generate = trainer._generate
+
+    def timed_generate(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        out = generate(*a, **k)
+        times["generate_s"].append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate = timed_generate  # type: ignore[method-assign]
+    trainer.train()
+    return times
+
+
+def child(framework: str, workload: str, dtype: str, work: Path) -> None:
+    w = WORKLOADS[workload]
+    result = (run_hone if framework == "hone" else run_trl)(w, dtype, work)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    (work / f"{framework}.json").write_text(json.dumps(result))
+
+
+def summary(runs: list[dict[str, Any]], w: Workload) -> dict[str, float]:
+    timed = [(r, k) for r in runs for k in range(w.warmup, len(r["step_s"]))]
+    steps = [r["step_s"][k] for r, k in timed]
+    generate = sum(r["generate_s"][k] for r, k in timed)
+    return {
+        "median_s": statistics.median(steps),
+        "min_s": min(steps),
+        "max_s": max(steps),
+        "generate_share": generate / sum(steps),
+        "tokens_per_s": sum(r["new_tokens"][k] for r, k in timed) / sum(steps),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        "reward": statistics.fmean(r["reward"][k] for r, k in timed),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workloads", default="tiny,smollm2")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument(
+        "--child", nargs=4, metavar=("FRAMEWORK", "WORKLOAD", "DTYPE", "DIR"), help=argparse.SUPPRESS
+    )
+    ns = parser.parse_args()
+    if ns.child:
+        framework, workload, dtype, work = ns.child
+        child(framework, workload, dtype, Path(work))
+        return
+    results: dict[str, Any] = {}
+    for name in ns.workloads.split(","):
+        w = WORKLOADS[name]
+        print(
+            f"\n== {name}: {w.prompts_per_step} prompts x {w.n} samples x {w.max_new_tokens} new tokens, "
+            f"{ns.dtype}"
+        )
+        side = settings(w, ns.dtype)
+        for key in side["hone"]:
+            print(f"  {key:>26}  hone: {side['hone'][key]:<52} trl: {side['trl'][key]}")
+        runs: dict[str, list[dict[str, Any]]] = {"hone": [], "trl": []}
+        for round_ in range(ns.rounds):
+            order = ["hone", "trl"] if round_ % 2 == 0 else ["trl", "hone"]
+            for framework in order:
+                with tempfile.TemporaryDirectory() as tmp:
+                    work = Path(tmp)
+                    (work / "prompts.json").write_text(json.dumps(ordered_prompts(w, tmp, ns.dtype)))
+                    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+                    cmd = [sys.executable, __file__, "--child", framework, name, ns.dtype, tmp]
+                    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+                    runs[framework].append(json.loads((work / f"{framework}.json").read_text()))
+                    last = runs[framework][-1]["step_s"][w.warmup :]
+                    print(f"  round {round_ + 1} {framework}: median step {statistics.median(last):.3f} s")
+        table = {fw: summary(r, w) for fw, r in runs.items()}
+        results[name] = {
+            "workload": asdict(w),
+            "dtype": ns.dtype,
+            "settings": side,
+            "summary": table,
+            "runs": runs,
+        }
+        print(
+            f"  {'':>6} {'median s':>9} {'min':>7} {'max':>7} {'gen share':>9} {'tok/s':>8} {'RSS MB':>8} "
+            f"{'reward':>7}"
+        )
+        for fw, s in table.items():
+            print(
+                f"  {fw:>6} {s['median_s']:>9.3f} {s['min_s']:>7.3f} {s['max_s']:>7.3f} "
+                f"{s['generate_share']:>9.0%} {s['tokens_per_s']:>8.0f} {s['peak_rss_mb']:>8.0f} "
+                f"{s['reward']:>7.3f}"
+            )
+        h, t = table["hone"], table["trl"]
+        print(
+            f"  TRL/Hone step time {t['median_s'] / h['median_s']:.2f}x; "
+            f"RSS Hone/TRL {h['peak_rss_mb']:.0f}/{t['peak_rss_mb']:.0f} MB"
+        )
+    out = Path(__file__).parent / "results" / f"vs_trl_{ns.dtype}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
