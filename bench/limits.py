@@ -109,12 +109,10 @@ def main() -> None:
         steps = [r for r in rows if "time/step_s" in r][w.warmup :]
 
         def prompt_len(text: str) -> int:
-            if w.chat_template:
-                return len(
-                    tokenizer.apply_chat_template(
-                        [{"role": "user", "content": text}], add_generation_prompt=True
-                    )
-                )
+            if w.chat_template:  # rendered to text, then tokenized, as Hone's prompts are
+                messages = [{"role": "user", "content": text}]
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                return len(tokenizer(text, add_special_tokens=False)["input_ids"])
             return len(tokenizer(text)["input_ids"])
 
         per_step = w.prompts_per_step

@@ -335,6 +335,11 @@ class TrainerConfig(Section):
         3, ge=1, description="optimizer steps in a row with a NaN/inf gradient norm (each skipped) to stop"
     )
     log_entropy: bool = Field(True, description="log the policy's entropy (computed in chunks, no graph)")
+    shared_prompts: bool = Field(
+        True,
+        description="rows with the same prompt (a group) forward it once in training and log-prob passes; "
+        "exact up to float rounding",
+    )
     autocast: Literal["none", "bfloat16"] = Field(
         "none",
         description="bfloat16: the training forward/backward's matmuls in bf16 (torch.autocast), weights, "

@@ -110,6 +110,7 @@ class Batch:
     # [B, T] the sampler's own log-probs (π_behav), kept when `old_log_probs` is replaced by the trainer's
     # recomputation (π_anchor), for the off-policy correction (algorithm.off_policy)
     sampler_log_probs: torch.Tensor | None = None
+    prompt_lens: torch.Tensor | None = None  # [B] long: each row's prompt tokens (the rest is response)
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,52 @@ def test_lora_reference_is_the_base_or_the_start_adapter_without_a_copy(model_di
     assert base.model is policy.model is swapped.model
     with pytest.raises(RuntimeError, match="no_grad"):
         base.token_log_probs(ids, torch.ones_like(ids))
+
+
+def test_rows_sharing_a_prompt_forward_it_once_and_score_as_if_each_did(
+    policy64: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two groups of three rows (prompts of 4 and 6 tokens, answers of uneven lengths, right padding) plus
+    a row whose prompt is its own: with `prompt_lens` the shared path scores the same log-probs, entropies
+    and gradients as one forward per row, and the model sees each distinct prompt once."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 32, (4,), generator=g), torch.randint(3, 32, (6,), generator=g)]
+    rows = [(0, 3), (0, 5), (0, 1), (1, 4), (1, 2), (1, 6), (None, 2)]
+    seqs, lens = [], []
+    for group, answer in rows:
+        prompt = torch.randint(3, 32, (5,), generator=g) if group is None else prompts[group]
+        seqs.append(torch.cat([prompt, torch.randint(3, 32, (answer,), generator=g)]))
+        lens.append(len(prompt))
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    response = torch.zeros(len(seqs), width - 1)
+    for i, (s, n) in enumerate(zip(seqs, lens, strict=True)):
+        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+        response[i, n - 1 : len(s) - 1] = 1
+    forwarded: list[int] = []
+    real_forward = policy64.model.forward
+
+    @functools.wraps(real_forward)  # keeps the signature, which says the cache keyword's name
+    def counting(*args: object, **kwargs: torch.Tensor) -> object:
+        forwarded.append(int(kwargs["attention_mask"].shape[0]))
+        return real_forward(*args, **kwargs)
+
+    results, grads = [], []
+    for prompt_lens in (None, torch.tensor(lens)):
+        forwarded.clear()
+        monkeypatch.setattr(policy64.model, "forward", counting)
+        lp, ent = policy64.token_log_probs(ids, mask, with_entropy=True, prompt_lens=prompt_lens)
+        monkeypatch.undo()
+        results.append((lp * response, ent * response))
+        policy64.model.zero_grad()
+        (lp * response).sum().backward()
+        grads.append([p.grad.clone() for p in policy64.model.parameters()])
+        if prompt_lens is not None:
+            assert forwarded == [3, 7]  # the 3 distinct prompts once, then every row's answer
+    (full, full_ent), (shared, shared_ent) = results
+    assert bool((full != 0).any())
+    torch.testing.assert_close(shared, full, rtol=0, atol=ATOL64)
+    torch.testing.assert_close(shared_ent, full_ent, rtol=0, atol=ATOL64)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

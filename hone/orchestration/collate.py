@@ -41,6 +41,7 @@ def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
         response_mask=response_mask,
         old_log_probs=old_log_probs,
         group_ids=torch.tensor([r.group_id for r in rollouts]),
+        prompt_lens=torch.tensor([r.prompt_len for r in rollouts]),
     )
 
 

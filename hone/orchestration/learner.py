@@ -21,7 +21,7 @@ from hone.types import Batch, Rollout
 
 
 @torch.no_grad()
-def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> torch.Tensor:
+def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int, shared: bool) -> torch.Tensor:
     policy.model.eval()
     log_probs, _ = policy.token_log_probs(
         batch.input_ids,
@@ -29,6 +29,7 @@ def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int) -> 
         temperature=temperature,
         micro_batch_size=micro,
         from_column=first_response_column(batch.response_mask),
+        prompt_lens=batch.prompt_lens if shared else None,
     )
     return log_probs
 
@@ -116,7 +117,11 @@ class Learner:
         if cfg.algorithm.old_log_probs == "recompute":
             batch.sampler_log_probs = batch.old_log_probs  # π_behav, for the off-policy corrections
             assert batch.sampler_log_probs is not None  # collate fills it
-            batch.old_log_probs = _log_probs(self.policy, batch, cfg.rollout.temperature, micro)
+            batch.old_log_probs = _log_probs(
+                self.policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
+            )
         if self.ref_policy is not None:
-            batch.ref_log_probs = _log_probs(self.ref_policy, batch, cfg.rollout.temperature, micro)
+            batch.ref_log_probs = _log_probs(
+                self.ref_policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
+            )
         return batch

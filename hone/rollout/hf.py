@@ -24,7 +24,6 @@ traffic, 2.2x over 6 turns.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from hone.models.compat import cache_kwarg
 from hone.rollout.base import GenerationRequest, eos_token_ids
 from hone.types import Rollout, SamplingParams
 
@@ -160,12 +160,7 @@ class HFSampler:
         self.policy_version = 0
         self._prefixes: _PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
         self._prefixes_for: tuple[int, tuple[object, ...]] | None = None  # (version, weights fingerprint)
-        # transformers 5 renamed `past_key_values` to `cache`; an unknown name would be swallowed by
-        # **kwargs and silently disable the cache, so ask the signature which one this model takes
-        # (a PEFT wrapper's forward takes **kwargs and passes them on to the model it wraps).
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        params = inspect.signature(inner.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
         _check_params(params)

@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from hone.models.compat import cache_kwarg, checkpointing
+
 DType = Literal["float32", "bfloat16", "auto"]
 Device = Literal["cpu", "cuda", "auto"]
 
@@ -174,6 +176,7 @@ class Policy:
         with_entropy: bool = False,
         entropy_grad: bool = False,
         from_column: int = 0,
+        prompt_lens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs (and optionally entropies) of `input_ids` under the model, `[B, L-1]` float32.
 
@@ -185,6 +188,11 @@ class Policy:
         gradient only with `entropy_grad=True` (an entropy bonus); otherwise it is a detached metric.
         Columns before `from_column` (the prompt: see `first_response_column`) are returned as 0
         and skip the LM head and the vocabulary softmax, a fifth of a small model's compute.
+
+        With `prompt_lens` ([B], right-padded rows of prompt then response), rows that share a prompt (a
+        GRPO group) run it through the model once: its keys and values are copied to each row, which then
+        forwards only its response (`_score_shared`). Exact up to float reassociation; the prompt's share
+        of the compute (most of it for short answers to long prompts) drops by the group size.
         """
         if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
             raise ValueError(
@@ -197,7 +205,13 @@ class Policy:
         for start in range(0, input_ids.shape[0], chunk):
             ids = input_ids[start : start + chunk].to(device)
             mask = attention_mask[start : start + chunk].to(device)
-            lp, ent = self._score(ids, mask, temperature, with_entropy, entropy_grad, from_column)
+            shared = None
+            if prompt_lens is not None:
+                lens = prompt_lens[start : start + chunk]
+                shared = self._score_shared(ids, mask, lens, temperature, with_entropy, entropy_grad)
+            if shared is None:
+                shared = self._score(ids, mask, temperature, with_entropy, entropy_grad, from_column)
+            lp, ent = shared
             log_probs.append(lp)
             if ent is not None:
                 entropies.append(ent)
@@ -246,6 +260,87 @@ class Policy:
             lp = torch.nn.functional.pad(lp, pad)
             ent = None if ent is None else torch.nn.functional.pad(ent, pad)
         return lp, ent
+
+    def _score_shared(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        prompt_lens: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """`_score` with each distinct prompt forwarded once (see `token_log_probs`); None when no two rows
+        share one, or the model cannot return its cache (gradient checkpointing turns it off)."""
+        rows, full_len = ids.shape
+        lens = [int(n) for n in prompt_lens]
+        owner: list[int] = []  # row -> its prompt's index among the distinct ones
+        firsts: dict[tuple[int, bytes], int] = {}
+        for i, n in enumerate(lens):
+            key = (n, ids[i, :n].cpu().numpy().tobytes())
+            owner.append(firsts.setdefault(key, len(firsts)))
+        if len(firsts) == rows or checkpointing(self.model):
+            return None
+        device = ids.device
+        heads = [next(i for i, o in enumerate(owner) if o == g) for g in range(len(firsts))]
+        width = max(lens)
+        # Distinct prompts, left-padded so every one ends at the same column.
+        prompt_ids = torch.zeros((len(heads), width), dtype=ids.dtype, device=device)
+        prompt_mask = torch.zeros((len(heads), width), dtype=mask.dtype, device=device)
+        for g, i in enumerate(heads):
+            prompt_ids[g, width - lens[i] :] = ids[i, : lens[i]]
+            prompt_mask[g, width - lens[i] :] = 1
+        # Responses, right-padded: row i's tokens after its prompt.
+        totals = [int(t) for t in mask.sum(dim=1)]
+        answer = max(1, max(t - n for t, n in zip(totals, lens, strict=True)))
+        answer_ids = torch.zeros((rows, answer), dtype=ids.dtype, device=device)
+        answer_mask = torch.zeros((rows, answer), dtype=mask.dtype, device=device)
+        for i, (t, n) in enumerate(zip(totals, lens, strict=True)):
+            answer_ids[i, : t - n] = ids[i, n:t]
+            answer_mask[i, : t - n] = 1
+        out = self.model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if out.past_key_values is None:
+            return None
+        index = torch.tensor(owner, device=device)
+        cache = out.past_key_values
+        cache.reorder_cache(
+            index
+        )  # each row gets its prompt's keys and values (index_select: differentiable)
+        first_logits = out.logits[:, -1].float()[index]  # the prompt's last position scores answer token 0
+        positions = torch.tensor(lens, device=device).unsqueeze(1) + torch.arange(answer, device=device)
+        rest = self.model(
+            input_ids=answer_ids,
+            attention_mask=torch.cat([prompt_mask[index], answer_mask], dim=1),
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=answer,
+            **{cache_kwarg(self.model): cache},
+        ).logits[:, :-1]
+        logits = torch.cat([first_logits.unsqueeze(1), rest.float()], dim=1)  # [B, answer, V]
+        if temperature != 1.0:
+            logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
+        target_mask = answer_mask.to(logits.dtype)
+        lse = torch.logsumexp(logits, dim=-1)
+        lp = (logits.gather(-1, answer_ids.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
+        ent = None
+        if with_entropy and entropy_grad and torch.is_grad_enabled():
+            ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
+        elif with_entropy:
+            ent = chunked_entropy(logits.detach(), lse.detach()) * target_mask
+        # Back to `_score`'s layout: answer token j of row i is column lens[i] - 1 + j of [B, L-1].
+        columns = torch.tensor(lens, device=device).unsqueeze(1) - 1 + torch.arange(answer, device=device)
+        columns = columns.clamp(max=full_len - 2)  # padding past the row's end is masked to 0 anyway
+        placed = torch.zeros((rows, full_len - 1), dtype=lp.dtype, device=device)
+        placed = placed.scatter_add(1, columns, lp)
+        if ent is not None:
+            ent = torch.zeros_like(placed).scatter_add(1, columns, ent)
+        return placed, ent
 
     def state_dict_for_sampler(self) -> dict[str, torch.Tensor]:
         """Plain HF-named weights a sampler can load: LoRA deltas merged in, adapter tensors dropped.

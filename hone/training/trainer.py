@@ -309,6 +309,7 @@ class RLTrainer:
                     with_entropy=with_entropy,
                     entropy_grad=bool(self.algo.entropy_coef),
                     from_column=first_response_column(mask),
+                    prompt_lens=batch.prompt_lens[rows] if self.cfg.shared_prompts else None,
                 )
             weights = None if token_weights is None else token_weights[rows]
             micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts, weights)
