@@ -253,3 +253,18 @@ def test_bf16_autocast_update_matches_fp32_within_bf16_rounding_and_keeps_fp32_w
     assert cosine > 0.99 and (update_bf16.norm() / update.norm() - 1).abs() < 0.05
     # fp32 recomputation equals the sampler's log-probs here; bf16's is off by bf16 rounding only
     assert full_metrics["mismatch/logprob_abs"] < 1e-5 < half_metrics["mismatch/logprob_abs"] < 0.05
+
+
+def test_recomputed_old_log_probs_use_the_updates_autocast(tmp_path: Path, micro_model_dir: Path) -> None:
+    """With `trainer.autocast: bfloat16` and `old_log_probs: recompute`, π_old is computed in the update's
+    precision: before the (single) optimizer step the ratio is exactly 1 (approx_kl 0), while the fp32
+    sampler's log-probs differ from it by bf16 rounding (the mismatch metric sees it)."""
+    import json
+
+    from tests.test_async import _run
+
+    settings = {"trainer.autocast": "bfloat16", "algorithm.old_log_probs": "recompute"}
+    run = _run(tmp_path, micro_model_dir, "autocast", **settings)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(rows) == 3
+    assert all(r["approx_kl"] == 0.0 and r["mismatch/logprob_abs"] > 0 for r in rows)

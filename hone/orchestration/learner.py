@@ -117,9 +117,12 @@ class Learner:
         if cfg.algorithm.old_log_probs == "recompute":
             batch.sampler_log_probs = batch.old_log_probs  # π_behav, for the off-policy corrections
             assert batch.sampler_log_probs is not None  # collate fills it
-            batch.old_log_probs = _log_probs(
-                self.policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
-            )
+            # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the
+            # first optimizer step, and the ratio measures the update, not the rounding.
+            with self.trainer.autocast():
+                batch.old_log_probs = _log_probs(
+                    self.policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
+                )
         if self.ref_policy is not None:
             batch.ref_log_probs = _log_probs(
                 self.ref_policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts

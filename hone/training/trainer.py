@@ -301,7 +301,7 @@ class RLTrainer:
         with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
         for rows in mini.split(micro_batch_rows(self.cfg, batch.input_ids.shape[1])):
             mask = batch.response_mask[rows]
-            with self._autocast():
+            with self.autocast():
                 log_probs, entropy = self.policy.token_log_probs(
                     batch.input_ids[rows],
                     batch.attention_mask[rows],
@@ -332,7 +332,7 @@ class RLTrainer:
                 mismatch[1] += n
             yield loss
 
-    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         """`trainer.autocast: bfloat16`: the forward's matmuls in bf16 (on CPUs with AMX/AVX-512 BF16 and on
         GPUs several times faster than fp32); `token_log_probs` takes the logits back to fp32 before the
         log-softmax, and the backward (run outside, as torch recommends) follows the recorded casts."""
