@@ -237,7 +237,8 @@ def test_a_request_the_cluster_cannot_place_is_one_line(
 
     before = _ray_pids()
     args = tiny_overrides(tmp_path, micro_model_dir, "nogpu", **TOKEN_REWARD)
-    extra = ["cluster.backend=ray", "cluster.samplers.num_gpus=1", "cluster.start_timeout_s=3"]
+    extra = ["cluster.backend=ray", "cluster.samplers.num_gpus=1", "cluster.start_timeout_s=15"]
+    # 15 s: the learner actor must start (import torch, build the run) within it on a loaded machine.
     assert main(["train", *args, *extra]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("hone: error: the Ray cluster cannot place 1 sampler actor(s) of {'CPU': 1")

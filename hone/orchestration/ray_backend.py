@@ -129,7 +129,13 @@ def place(
             ).remote(*args)
             for k in range(count)
         ]
-        ray.get([a.pid.remote() for a in actors], timeout=timeout)
+        try:
+            ray.get([a.pid.remote() for a in actors], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RayClusterError(
+                f"{count} {role}(s) were placed but did not start within {timeout:g} s "
+                "(cluster.start_timeout_s; a worker imports torch and builds the run's parts first)"
+            ) from None
     except BaseException:
         for actor in actors:
             with contextlib.suppress(Exception):
