@@ -10,8 +10,9 @@ one optimizer step per batch (no mini-batches, one PPO epoch, no recomputed old 
 token-mean loss over the batch (TRL's `dapo`), group-std advantages, grad-norm clip 1.0, AdamW
 (β 0.9/0.999, no weight decay), the same reward function (Hone's math verifier), 2 threads each; no
 dynamic filtering (Hone's `skip_zero_variance_groups` off: TRL trains on every group). `--dtype`
-picks fp32 for both or bf16 autocast for both (Hone `trainer.autocast: bfloat16`, TRL `bf16=True`);
-the weights and the optimizer stay fp32 either way.
+picks fp32 for both or each framework's bf16 mode (Hone: `trainer.autocast: bfloat16` and a bf16 copy
+of the weights for sampling, `rollout.dtype: bfloat16`; TRL: `bf16=True`, accelerate's autocast); the
+trained weights and the optimizer stay fp32 either way.
 
 Per framework: median/min/max step time after the warm-up steps, the generation share of the step,
 new tokens/s, peak RSS of its process, and the mean reward over the timed steps; then TRL/Hone ratios.
@@ -91,7 +92,8 @@ def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
         "optimizer steps per step": "trainer.mini_batches=1, ppo_epochs=1",
         "max new tokens": f"rollout.max_new_tokens={w.max_new_tokens}",
         "temperature": f"rollout.temperature={w.temperature}",
-        "dtype": f"model.dtype=float32, trainer.autocast={'bfloat16' if dtype == 'bf16' else 'none'}",
+        "dtype": f"model.dtype=float32, trainer.autocast={'bfloat16' if dtype == 'bf16' else 'none'}, "
+        f"rollout.dtype={'bfloat16' if dtype == 'bf16' else 'model'}",
         "KL": "algorithm.kl.coef=0 (no reference model)",
         "clip": "algorithm.policy_loss=ppo (0.2)",
         "aggregation": "token-mean over the batch",
@@ -150,6 +152,7 @@ def hone_config(w: Workload, run_dir: str, dtype: str) -> list[str]:
         "trainer.schedule": "constant",
         "trainer.grad_clip": 1.0,
         "trainer.autocast": "bfloat16" if dtype == "bf16" else "none",
+        "rollout.dtype": "bfloat16" if dtype == "bf16" else "model",
         "sft.enabled": False,
         "eval.n": 1,
         "eval.k": "[1]",

@@ -222,3 +222,28 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
             assert trained_versions == [(0, {0}), (1, {1}), (2, {2})]
     owned, shared = finals[False], finals[True]
     assert owned.keys() == shared.keys() and all(torch.equal(owned[k], shared[k]) for k in owned)
+
+
+def test_a_bf16_sampler_copy_gets_each_publish_cast_and_trains(tmp_path: Path, micro_model_dir: Path) -> None:
+    """`rollout.dtype: bfloat16`: the sampler's copy is bf16, a publish lands in it cast from the fp32
+    policy, and a run trains with log-probs that differ from the fp32 trainer's by bf16 rounding only."""
+    import json
+
+    from hone.orchestration.components import build_components
+    from tests.test_async import TOKEN_REWARD, _run
+
+    cfg = load_config(
+        None, tiny_overrides(tmp_path, micro_model_dir, "parts", **{"rollout.dtype": "bfloat16"})
+    )
+    parts = build_components(cfg)
+    sampler_params = dict(parts.sampler.model.named_parameters())  # type: ignore[attr-defined]
+    assert {p.dtype for p in sampler_params.values()} == {torch.bfloat16}
+    with torch.no_grad():
+        for p in parts.policy.model.parameters():
+            p.add_(0.01)
+    parts.weights.publish(1)
+    for name, p in parts.policy.model.named_parameters():
+        assert torch.equal(sampler_params[name], p.detach().to(torch.bfloat16))
+    run = _run(tmp_path, micro_model_dir, "bf16", **{"rollout.dtype": "bfloat16", **TOKEN_REWARD})
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(rows) == 3 and all(0 < r["mismatch/logprob_abs"] < 0.05 for r in rows)

@@ -312,7 +312,7 @@ def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
             timeout_s=cfg.rollout.vllm_timeout_s,
         )
     return HFSampler(
-        sampler_model(policy),
+        sampler_model(policy, cfg.rollout.dtype),
         policy.tokenizer,
         max_batch_size=cfg.rollout.max_batch_size,
         prefix_cache=cfg.rollout.prefix_cache,
@@ -348,14 +348,16 @@ def close_samplers(*parts: RunComponents) -> None:
             close()
 
 
-def sampler_model(policy: Policy) -> nn.Module:
+def sampler_model(policy: Policy, dtype: str = "model") -> nn.Module:
     """The sampler's own copy of the policy's model (LoRA wrapper included, so it computes exactly what
     the policy does). It costs one more copy of the weights (two in all: 2 x 4 bytes/parameter in fp32)
     and keeps a learner update from ever changing weights under a generation. Its parameters keep the
     policy's `requires_grad` flags although nothing backpropagates through them: with them off, CPU
     inference ran other kernels (log-probs differed in the last bit, measured on the tiny Qwen2), and a
-    synchronous run must sample exactly what it did when the sampler shared the policy's model."""
-    return copy.deepcopy(policy.model)
+    synchronous run must sample exactly what it did when the sampler shared the policy's model.
+    `rollout.dtype: bfloat16` casts the copy (each publish then casts as it copies: `copy_`)."""
+    model = copy.deepcopy(policy.model)
+    return model.to(torch.bfloat16) if dtype == "bfloat16" else model
 
 
 def sampler_tensors(policy: Policy) -> dict[str, torch.Tensor]:
