@@ -177,5 +177,5 @@ def test_override_below_a_null_section_fills_it(tmp_path: Path) -> None:
 
 def test_a_sampler_dtype_is_for_the_hf_engine_only() -> None:
     assert load_config(None, ["rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
-    with pytest.raises(ConfigError, match="rollout.dtype applies to the hf engine"):
+    with pytest.raises(ConfigError, match=r"rollout\.dtype applies to the hf engine"):
         load_config(None, ["rollout.dtype=bfloat16", "rollout.engine=vllm"])
