@@ -38,15 +38,18 @@ _calls = 0
 def token_id_reward_dying_once(rollout: Rollout, sample: Sample) -> float:
     """`token_id_reward`; but the 20th call in a Ray actor whose process title names `$HONE_TEST_DIE_IN`
     (e.g. `ray::RewardActor`) kills its own process (SIGKILL, mid-call), once per run: the first to die
-    leaves the file `$HONE_TEST_DIE_MARKER`, and its restarted incarnation lives."""
+    creates the file `$HONE_TEST_DIE_MARKER` (atomically), and its restarted incarnation lives."""
     global _calls
     _calls += 1
     role, marker = os.environ.get("HONE_TEST_DIE_IN"), os.environ.get("HONE_TEST_DIE_MARKER")
-    if role and marker and _calls == 20 and not os.path.exists(marker):
+    if role and marker and _calls == 20:
         with open("/proc/self/cmdline", "rb") as f:
             title = f.read().decode(errors="replace")
         if role in title:
-            open(marker, "w").close()
+            try:  # created atomically: of two actors reaching their 20th call together, one dies
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return token_id_reward(rollout, sample)
             os.kill(os.getpid(), signal.SIGKILL)
     return token_id_reward(rollout, sample)
 
