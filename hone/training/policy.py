@@ -106,6 +106,31 @@ def first_response_column(response_mask: torch.Tensor) -> int:
     return int(columns[0]) if columns.numel() else 0
 
 
+def _token_scores(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `targets` [B, T] under fp32 `logits` [B, T, V] / temperature (and entropies), zero where
+    `mask` is 0."""
+    if temperature != 1.0:  # in place when no graph needs the original: one [B, T, V] tensor less
+        logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
+    target_mask = mask.to(logits.dtype)
+    # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
+    ent = None
+    if with_entropy and entropy_grad and torch.is_grad_enabled():
+        # An entropy bonus needs the graph, which keeps the [B, T, V] softmax whatever we do.
+        ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
+    elif with_entropy:
+        ent = chunked_entropy(logits.detach(), lse.detach()) * target_mask
+    return lp, ent
+
+
 class Policy:
     """An HF causal LM and its tokenizer, with the scoring, export and save operations training needs."""
 
@@ -241,20 +266,9 @@ class Policy:
             use_cache=False,
             logits_to_keep=keep - first,
         ).logits[:, :-1]
-        logits = logits.float()
-        if temperature != 1.0:  # in place when no graph needs the original: one [B, T, V] tensor less
-            logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
-        targets = ids[:, first + 1 :]
-        target_mask = mask[:, first + 1 :].to(logits.dtype)
-        # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
-        lse = torch.logsumexp(logits, dim=-1)
-        lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
-        ent = None
-        if with_entropy and entropy_grad and torch.is_grad_enabled():
-            # An entropy bonus needs the graph, which keeps the [B, T, V] softmax whatever we do.
-            ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
-        elif with_entropy:
-            ent = chunked_entropy(logits.detach(), lse.detach()) * target_mask
+        lp, ent = _token_scores(
+            logits.float(), ids[:, first + 1 :], mask[:, first + 1 :], temperature, with_entropy, entropy_grad
+        )
         pad = (first, full_len - keep)
         if any(pad):
             lp = torch.nn.functional.pad(lp, pad)
@@ -275,14 +289,17 @@ class Policy:
         rows, full_len = ids.shape
         lens = [int(n) for n in prompt_lens]
         owner: list[int] = []  # row -> its prompt's index among the distinct ones
-        firsts: dict[tuple[int, bytes], int] = {}
+        heads: list[int] = []  # distinct prompt -> the first row that has it
+        seen: dict[tuple[int, bytes], int] = {}
         for i, n in enumerate(lens):
             key = (n, ids[i, :n].cpu().numpy().tobytes())
-            owner.append(firsts.setdefault(key, len(firsts)))
-        if len(firsts) == rows or checkpointing(self.model):
+            if key not in seen:
+                seen[key] = len(heads)
+                heads.append(i)
+            owner.append(seen[key])
+        if len(heads) == rows or checkpointing(self.model):
             return None
         device = ids.device
-        heads = [next(i for i, o in enumerate(owner) if o == g) for g in range(len(firsts))]
         width = max(lens)
         # Distinct prompts, left-padded so every one ends at the same column.
         prompt_ids = torch.zeros((len(heads), width), dtype=ids.dtype, device=device)
@@ -323,16 +340,7 @@ class Policy:
             **{cache_kwarg(self.model): cache},
         ).logits[:, :-1]
         logits = torch.cat([first_logits.unsqueeze(1), rest.float()], dim=1)  # [B, answer, V]
-        if temperature != 1.0:
-            logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
-        target_mask = answer_mask.to(logits.dtype)
-        lse = torch.logsumexp(logits, dim=-1)
-        lp = (logits.gather(-1, answer_ids.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
-        ent = None
-        if with_entropy and entropy_grad and torch.is_grad_enabled():
-            ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
-        elif with_entropy:
-            ent = chunked_entropy(logits.detach(), lse.detach()) * target_mask
+        lp, ent = _token_scores(logits, answer_ids, answer_mask, temperature, with_entropy, entropy_grad)
         # Back to `_score`'s layout: answer token j of row i is column lens[i] - 1 + j of [B, L-1].
         columns = torch.tensor(lens, device=device).unsqueeze(1) - 1 + torch.arange(answer, device=device)
         columns = columns.clamp(max=full_len - 2)  # padding past the row's end is masked to 0 anyway
