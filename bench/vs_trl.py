@@ -3,6 +3,7 @@
     .venv/bin/pip install -e ".[bench]"           # trl
     .venv/bin/python bench/vs_trl.py              # both workloads, 2 rounds (~25 minutes)
     .venv/bin/python bench/vs_trl.py --workloads tiny --rounds 3 --dtype bf16
+    python3 bench/vs_trl.py --device cuda --workloads qwen05b --dtype bf16   # on a GPU (bench/gpu_check.sh)
 
 Equal work: the same weights, tokenizer, prompts in the same order (Hone's `PromptStream` order, given
 to TRL unshuffled), group size, prompts per step, max new tokens, temperature, lr (constant), no KL,
@@ -15,8 +16,14 @@ of the weights for sampling, `rollout.dtype: bfloat16`; TRL: `bf16=True`, accele
 trained weights and the optimizer stay fp32 either way.
 
 Per framework: median/min/max step time after the warm-up steps, the generation share of the step,
-new tokens/s, peak RSS of its process, and the mean reward over the timed steps; then TRL/Hone ratios.
-Writes `bench/results/vs_trl.json`.
+new tokens/s, peak RSS of its process (and peak GPU memory), and the mean reward over the timed steps;
+then TRL/Hone ratios. Writes `bench/results/vs_trl_<dtype>[_cuda].json`.
+
+On a GPU (`--device cuda`) the `qwen05b` workload is a randomly initialised model of Qwen2.5-0.5B's
+widths with 32 layers and SmolLM2's tokenizer (0.52 B parameters): the GPU machine reaches no hub, and its
+64 MiB upload cannot carry real weights. Its rewards are all 0 (a random model never answers), so it
+measures speed only; both frameworks still run the full loss and backward. Both sample with Hugging Face
+code (Hone's HF sampler, TRL's `generate`): vLLM, each one's fastest sampler, is not installable there.
 """
 
 from __future__ import annotations
@@ -30,12 +37,29 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 THREADS = 2
 SEED = 0
+# `random:` models are built by `random_model_dir` (the GPU machine has no hub and no room for weights).
+RANDOM_MODELS: dict[str, dict[str, Any]] = {
+    # Qwen2.5-0.5B's widths (hidden 896, MLP 4864, 14 query / 2 KV heads), 32 layers instead of 24 and
+    # SmolLM2's 49k vocabulary instead of 152k, so the parameter count stays ~0.5 B with a tokenizer we ship.
+    "random:qwen2.5-0.5b-shape": {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    }
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,8 @@ class Workload:
     lr: float
     steps: int  # timed steps + warm-up
     warmup: int
+    # "math" (Hone's verifier, against the task's answer) or "crc" (`crc_reward`, for random models).
+    reward: str = "math"
 
 
 WORKLOADS = {
@@ -82,7 +108,79 @@ WORKLOADS = {
         steps=3,
         warmup=1,
     ),
+    # GPU only (`--device cuda`): see the module docstring.
+    "qwen05b": Workload(
+        model="random:qwen2.5-0.5b-shape",
+        task="word_problems",
+        task_args={},
+        chat_template=True,
+        prompts_per_step=16,
+        n=8,
+        max_new_tokens=128,
+        temperature=1.0,
+        lr=1e-6,
+        steps=6,
+        warmup=2,
+        reward="crc",
+    ),
 }
+
+
+def crc_reward(text: str) -> float:
+    """0 or 1 from a checksum of the text: a random model never answers a task, and all-zero rewards
+    leave no advantage, so nothing would reach the loss. This varies within groups, as real rewards do."""
+    return float(zlib.crc32(text.encode()) % 2)
+
+
+def hone_crc_reward(rollout: Any, sample: Any) -> float:
+    return crc_reward(rollout.response_text)
+
+
+def random_model_dir(name: str) -> Path:
+    """Build (once, cached in the temp dir) the random model `name` with SmolLM2's tokenizer.
+
+    The tokenizer comes from `HONE_BENCH_TOKENIZER` (a directory) or the `smollm2-135m-instruct` alias.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(tempfile.gettempdir()) / f"hone-bench-{name.partition(':')[2]}"
+    if (out / "config.json").exists():
+        return out
+    source = os.environ.get("HONE_BENCH_TOKENIZER")
+    if source is None:
+        from hone.models.resolve import resolve_model
+
+        source = resolve_model("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    fields = dict(RANDOM_MODELS[name])
+    config = AutoConfig.for_model(
+        fields.pop("model_type"),
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **fields,
+    )
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = out.with_suffix(".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)  # whole or absent: a killed build is not mistaken for a model
+    return out
+
+
+def model_path(w: Workload) -> str:
+    if w.model.startswith("random:"):
+        return str(random_model_dir(w.model))
+    from hone.models.resolve import resolve_model
+
+    return resolve_model(w.model)
+
+
+def on_gpu(device: str) -> bool:
+    return device.startswith("cuda")
 
 
 def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
@@ -122,17 +220,18 @@ def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
     return {"hone": hone, "trl": trl}
 
 
-def hone_config(w: Workload, run_dir: str, dtype: str) -> list[str]:
+def hone_config(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> list[str]:
     overrides: dict[str, Any] = {
         "run.dir": run_dir,
         "run.name": "hone",
         "run.seed": SEED,
         "run.steps": w.steps,
-        "run.threads": THREADS,
+        "run.threads": "null" if on_gpu(device) else THREADS,
         "run.time_limit_s": "null",
         "run.eval_every": 0,
         "run.save_every": 0,
-        "model.path": w.model,
+        "model.path": model_path(w),
+        "model.device": device,
         "model.dtype": "float32",
         "data.task": w.task,
         "data.task_args": json.dumps(w.task_args),
@@ -142,7 +241,7 @@ def hone_config(w: Workload, run_dir: str, dtype: str) -> list[str]:
         "rollout.n": w.n,
         "rollout.temperature": w.temperature,
         "rollout.max_new_tokens": w.max_new_tokens,
-        "reward.fn": "math",
+        "reward.fn": "math" if w.reward == "math" else "vs_trl:hone_crc_reward",
         "algorithm.advantage": "grpo",
         "algorithm.policy_loss": "ppo",
         "algorithm.old_log_probs": "sampler",
@@ -159,16 +258,18 @@ def hone_config(w: Workload, run_dir: str, dtype: str) -> list[str]:
         "logging.progress": False,
         "logging.tensorboard": False,
     }
+    if on_gpu(device):  # the step's whole batch in one forward, as TRL's per_device_train_batch_size does
+        overrides["trainer.micro_batch_tokens"] = 1 << 17
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
 
 
-def ordered_prompts(w: Workload, run_dir: str, dtype: str) -> list[dict[str, str]]:
+def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> list[dict[str, str]]:
     """The prompts Hone's run draws, in its order (its `PromptStream`), with their answers."""
     from hone.config import load_config
     from hone.orchestration.components import load_data
     from hone.orchestration.prompts import PromptStream
 
-    cfg = load_config(None, hone_config(w, run_dir, dtype))
+    cfg = load_config(None, hone_config(w, run_dir, dtype, device))
     task, train, _ = load_data(cfg)
     stream = PromptStream(train, w.prompts_per_step, SEED)
     require = bool(task.reward_args.get("require_evaluated", False)) if task is not None else False
@@ -179,14 +280,15 @@ def ordered_prompts(w: Workload, run_dir: str, dtype: str) -> list[dict[str, str
     ]
 
 
-def run_hone(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
+def run_hone(w: Workload, dtype: str, work: Path, device: str) -> dict[str, Any]:
     import torch
 
     from hone.config import load_config
     from hone.orchestration import loop
 
-    torch.set_num_threads(THREADS)
-    result = loop.train(load_config(None, hone_config(w, str(work), dtype)))
+    if not on_gpu(device):
+        torch.set_num_threads(THREADS)
+    result = loop.train(load_config(None, hone_config(w, str(work), dtype, device)))
     rows = [json.loads(x) for x in (Path(result.run_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/step_s" in r]
     return {
@@ -195,22 +297,24 @@ def run_hone(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
         "new_tokens": [r["throughput/tokens_per_s"] * r["time/step_s"] for r in steps],
         "reward": [r["reward/mean"] for r in steps],
         "mismatch": [r.get("mismatch/logprob_abs") for r in steps],
+        "train_s": [r["time/train_s"] for r in steps],
+        "response_tokens": [r["response_length/mean"] * w.prompts_per_step * w.n for r in steps],
     }
 
 
-def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
+def run_trl(w: Workload, dtype: str, work: Path, device: str) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hone.models.resolve import resolve_model
     from hone.verifiers.math import math_reward
 
-    torch.set_num_threads(THREADS)
+    if not on_gpu(device):
+        torch.set_num_threads(THREADS)
     torch.manual_seed(SEED)
     rows = json.loads((work / "prompts.json").read_text())
-    path = resolve_model(w.model)
+    path = model_path(w)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
@@ -222,6 +326,8 @@ def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
 
     def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        if w.reward == "crc":
+            return [crc_reward(t) for t in texts]
         return [math_reward(t, a, require_evaluated=require) for t, a in zip(texts, answer, strict=True)]
 
     args = GRPOConfig(
@@ -249,7 +355,7 @@ def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
         shuffle_dataset=False,
         seed=SEED,
         bf16=dtype == "bf16",
-        use_cpu=True,
+        use_cpu=not on_gpu(device),
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -259,11 +365,17 @@ def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
     times: dict[str, list[float]] = {"step_s": [], "generate_s": [], "new_tokens": [], "reward": []}
     began: list[float] = []
 
+    def sync() -> None:
+        if on_gpu(device):
+            torch.cuda.synchronize()
+
     class Timer(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
+            sync()
             began.append(time.perf_counter())
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
+            sync()  # the step's kernels, not the next step's, own their time
             times["step_s"].append(time.perf_counter() - began[-1])
 
         def on_log(
@@ -280,8 +392,10 @@ def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
     generate = trainer._generate
 
     def timed_generate(*a: Any, **k: Any) -> Any:
+        sync()
         t0 = time.perf_counter()
         out = generate(*a, **k)
+        sync()
         times["generate_s"].append(time.perf_counter() - t0)
         return out
 
@@ -290,10 +404,14 @@ def run_trl(w: Workload, dtype: str, work: Path) -> dict[str, Any]:
     return times
 
 
-def child(framework: str, workload: str, dtype: str, work: Path) -> None:
+def child(framework: str, workload: str, dtype: str, device: str, work: Path) -> None:
     w = WORKLOADS[workload]
-    result = (run_hone if framework == "hone" else run_trl)(w, dtype, work)
+    result = (run_hone if framework == "hone" else run_trl)(w, dtype, work, device)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if on_gpu(device):
+        import torch
+
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     (work / f"{framework}.json").write_text(json.dumps(result))
 
 
@@ -308,7 +426,61 @@ def summary(runs: list[dict[str, Any]], w: Workload) -> dict[str, float]:
         "generate_share": generate / sum(steps),
         "tokens_per_s": sum(r["new_tokens"][k] for r, k in timed) / sum(steps),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        "peak_gpu_mb": max(r.get("peak_gpu_mb", 0.0) for r in runs),
         "reward": statistics.fmean(r["reward"][k] for r, k in timed),
+    }
+
+
+def gpu_utilisation(w: Workload, hone_runs: list[dict[str, Any]], device: str = "cuda") -> dict[str, float]:
+    """Hone's training-step MFU on the GPU against a measured bf16 matmul peak and the datasheet's 989.
+
+    FLOPs as `limits.py` counts them: 6 N T for the blocks over every token of every row (prompt and
+    response) plus the LM head over response tokens, over `time/train_s` (forward, backward, optimizer).
+    """
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from limits import model_shapes
+
+    path = model_path(w)
+    config, tokenizer = AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    block = config.num_hidden_layers * sum(k * n * c for k, n, c in model_shapes(config).values())
+    head = config.hidden_size * config.vocab_size
+    prompts = json.loads(Path(tempfile.gettempdir(), "hone-bench-prompts.json").read_text())
+    messages = [[{"role": "user", "content": p["prompt"]}] for p in prompts]
+    prompt_len = statistics.fmean(  # rendered to text, then tokenized, as Hone's prompts are
+        len(
+            tokenizer(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False))[
+                "input_ids"
+            ]
+        )
+        for m in messages
+    )
+    flops, seconds = 0.0, 0.0
+    for run in hone_runs:
+        for k in range(w.warmup, len(run["train_s"])):
+            response = run["response_tokens"][k]
+            tokens = prompt_len * w.prompts_per_step * w.n + response
+            flops += 6 * block * tokens + 6 * head * response
+            seconds += run["train_s"][k]
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize(device)
+    peak = 2 * 8192**3 * 20 / (time.perf_counter() - t0)
+    achieved = flops / seconds
+    return {
+        "train_tflops": achieved / 1e12,
+        "peak_tflops_measured": peak / 1e12,
+        "mfu_measured": achieved / peak,
+        "mfu_datasheet": achieved / 989e12,
+        "params_b": (block + head) / 1e9,
+        "prompt_tokens_mean": prompt_len,
     }
 
 
@@ -319,15 +491,22 @@ def main() -> None:
     parser.add_argument("--workloads", default="tiny,smollm2")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU workload")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument(
-        "--child", nargs=4, metavar=("FRAMEWORK", "WORKLOAD", "DTYPE", "DIR"), help=argparse.SUPPRESS
+        "--child",
+        nargs=5,
+        metavar=("FRAMEWORK", "WORKLOAD", "DTYPE", "DEVICE", "DIR"),
+        help=argparse.SUPPRESS,
     )
     ns = parser.parse_args()
     if ns.child:
-        framework, workload, dtype, work = ns.child
-        child(framework, workload, dtype, Path(work))
+        framework, workload, dtype, device, work = ns.child
+        child(framework, workload, dtype, device, Path(work))
         return
     results: dict[str, Any] = {}
+    ns.out.mkdir(parents=True, exist_ok=True)
+    out = ns.out / f"vs_trl_{ns.dtype}{'_cuda' if on_gpu(ns.device) else ''}.json"
     for name in ns.workloads.split(","):
         w = WORKLOADS[name]
         print(
@@ -343,21 +522,32 @@ def main() -> None:
             for framework in order:
                 with tempfile.TemporaryDirectory() as tmp:
                     work = Path(tmp)
-                    (work / "prompts.json").write_text(json.dumps(ordered_prompts(w, tmp, ns.dtype)))
-                    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
-                    cmd = [sys.executable, __file__, "--child", framework, name, ns.dtype, tmp]
+                    prompts = json.dumps(ordered_prompts(w, tmp, ns.dtype, ns.device))
+                    (work / "prompts.json").write_text(prompts)
+                    Path(tempfile.gettempdir(), "hone-bench-prompts.json").write_text(prompts)
+                    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+                    if not on_gpu(ns.device):
+                        env["OMP_NUM_THREADS"] = str(THREADS)
+                    cmd = [sys.executable, __file__, "--child", framework, name, ns.dtype, ns.device, tmp]
                     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
                     runs[framework].append(json.loads((work / f"{framework}.json").read_text()))
                     last = runs[framework][-1]["step_s"][w.warmup :]
-                    print(f"  round {round_ + 1} {framework}: median step {statistics.median(last):.3f} s")
+                    print(
+                        f"  round {round_ + 1} {framework}: median step {statistics.median(last):.3f} s",
+                        flush=True,
+                    )
+                    results[name] = {
+                        "workload": asdict(w),
+                        "dtype": ns.dtype,
+                        "device": ns.device,
+                        "settings": side,
+                        "runs": runs,
+                    }
+                    out.write_text(json.dumps(results, indent=1))  # a run cut short keeps its rounds
         table = {fw: summary(r, w) for fw, r in runs.items()}
-        results[name] = {
-            "workload": asdict(w),
-            "dtype": ns.dtype,
-            "settings": side,
-            "summary": table,
-            "runs": runs,
-        }
+        results[name]["summary"] = table
+        if on_gpu(ns.device):
+            results[name]["gpu"] = gpu_utilisation(w, runs["hone"])
         print(
             f"  {'':>6} {'median s':>9} {'min':>7} {'max':>7} {'gen share':>9} {'tok/s':>8} {'RSS MB':>8} "
             f"{'reward':>7}"
@@ -373,8 +563,14 @@ def main() -> None:
             f"  TRL/Hone step time {t['median_s'] / h['median_s']:.2f}x; "
             f"RSS Hone/TRL {h['peak_rss_mb']:.0f}/{t['peak_rss_mb']:.0f} MB"
         )
-    out = Path(__file__).parent / "results" / f"vs_trl_{ns.dtype}.json"
-    out.write_text(json.dumps(results, indent=1))
+        if on_gpu(ns.device):
+            g = results[name]["gpu"]
+            print(
+                f"  peak GPU memory Hone/TRL {h['peak_gpu_mb']:.0f}/{t['peak_gpu_mb']:.0f} MB; Hone training "
+                f"{g['train_tflops']:.1f} TFLOP/s = MFU {g['mfu_measured']:.1%} of the measured bf16 matmul "
+                f"{g['peak_tflops_measured']:.0f} TFLOP/s ({g['mfu_datasheet']:.1%} of the datasheet's 989)"
+            )
+        out.write_text(json.dumps(results, indent=1))
     print(f"\nwrote {out}")
 
 
