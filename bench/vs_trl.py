@@ -144,7 +144,9 @@ def random_model_dir(name: str) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    out = Path(tempfile.gettempdir()) / f"hone-bench-{name.partition(':')[2]}"
+    fields = dict(RANDOM_MODELS[name])
+    digest = zlib.crc32(json.dumps(fields, sort_keys=True).encode())  # an edited shape is a new build
+    out = Path(tempfile.gettempdir()) / f"hone-bench-{name.partition(':')[2]}-{digest:08x}"
     if (out / "config.json").exists():
         return out
     source = os.environ.get("HONE_BENCH_TOKENIZER")
@@ -153,7 +155,6 @@ def random_model_dir(name: str) -> Path:
 
         source = resolve_model("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(source)
-    fields = dict(RANDOM_MODELS[name])
     config = AutoConfig.for_model(
         fields.pop("model_type"),
         vocab_size=len(tokenizer),
