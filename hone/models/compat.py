@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -13,6 +14,13 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     model a PEFT wrapper wraps: its forward takes **kwargs and passes them on)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward returned: transformers 5.2x renamed the output's `past_key_values` to `cache`
+    (the old name still answers, with a deprecation warning at every call)."""
+    fields = getattr(type(out), "__dataclass_fields__", {})
+    return out.cache if "cache" in fields else out.past_key_values
 
 
 def checkpointing(model: torch.nn.Module) -> bool:

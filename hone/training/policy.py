@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from hone.models.compat import cache_kwarg, checkpointing
+from hone.models.compat import cache_kwarg, checkpointing, output_cache
 
 DType = Literal["float32", "bfloat16", "auto"]
 Device = Literal["cpu", "cuda", "auto"]
@@ -322,10 +322,10 @@ class Policy:
             use_cache=True,
             logits_to_keep=1,
         )
-        if out.past_key_values is None:
+        cache = output_cache(out)
+        if cache is None:
             return None
         index = torch.tensor(owner, device=device)
-        cache = out.past_key_values
         cache.reorder_cache(
             index
         )  # each row gets its prompt's keys and values (index_select: differentiable)
