@@ -4,6 +4,7 @@ hone train [RECIPE] [section.key=value ...]     (no recipe: the embedded default
 hone train --resume runs/<name> [overrides]
 hone sft [RECIPE] [overrides]                  (SFT only; the model lands in runs/<name>/sft)
 hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k for pass@k)
+hone pairs [RECIPE] [overrides]                (preference pairs labelled by the recipe's reward)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ MAIN_KEYS = f"""main keys (override any as section.key=value):
   trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
   trainer.micro_batch_size trainer.grad_clip
   sft.enabled sft.data sft.stop_at_accuracy   eval.n eval.k eval.temperature
+  pairs.prompts pairs.per_prompt pairs.min_margin pairs.out
   logging.tensorboard logging.wandb"""
 
 
@@ -54,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"recipes: {', '.join(list_recipes())}\n\n{MAIN_KEYS}",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in [("train", "RL training"), ("sft", "supervised warm-start only"), ("eval", "evaluate")]:
+    for name, text in [
+        ("train", "RL training"),
+        ("sft", "supervised warm-start only"),
+        ("eval", "evaluate"),
+        ("pairs", "preference pairs sampled from the model, labelled by the recipe's reward"),
+    ]:
         sub = commands.add_parser(
             name,
             help=text,
@@ -149,6 +156,20 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     return 0
 
 
+def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.orchestration.pairs import make_pairs
+
+    try:
+        result = make_pairs(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    print(
+        f"{result.pairs} pairs from {result.groups_with_pair} of {result.prompts} prompts "
+        f"(mean reward {result.mean_reward:.3f}) written to {result.path}"
+    )
+    return 0
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """Options may sit between the recipe and its overrides (`hone eval RECIPE --model M k=v`): argparse
     stops filling a `*` positional at the first option, so the words after it are added back here."""
@@ -182,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     from hone.rewards.scoring import RewardOutageError
     from hone.training.trainer import NonFiniteGradientError
 
-    handlers = {"train": _train, "sft": _sft, "eval": _eval}
+    handlers = {"train": _train, "sft": _sft, "eval": _eval, "pairs": _pairs}
     with _signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)

@@ -407,6 +407,15 @@ class SFTConfig(Section):
     val_size: int = Field(500, ge=1)
 
 
+class PairsConfig(Section):
+    """`hone pairs`: preference pairs sampled from the recipe's model and labelled by its reward."""
+
+    prompts: int = Field(1000, ge=1, description="training prompts to sample (rollout.n responses each)")
+    per_prompt: int = Field(1, ge=1, description="pairs per prompt, at most (best with worst, then next)")
+    min_margin: float = Field(0.0, ge=0, description="a pair's rewards must differ by more than this")
+    out: str | None = Field(None, description="jsonl to write; null = runs/<run.name>/pairs.jsonl")
+
+
 class EvalConfig(Section):
     size: int | None = Field(None, ge=1, description="defaults to data.eval_size")
     temperature: float = Field(0.0, ge=0, description="0 = greedy accuracy")
@@ -475,6 +484,7 @@ class HoneConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    pairs: PairsConfig = Field(default_factory=PairsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
