@@ -2,6 +2,7 @@
 
 from hone.data.datasets import load_samples
 from hone.data.errors import HoneDataError
+from hone.data.preferences import PreferencePair, load_preferences
 from hone.data.tasks import TASKS, Arithmetic, Countdown, Task, WordProblems, get_task, register_task
 
 __all__ = [
@@ -9,9 +10,11 @@ __all__ = [
     "Arithmetic",
     "Countdown",
     "HoneDataError",
+    "PreferencePair",
     "Task",
     "WordProblems",
     "get_task",
+    "load_preferences",
     "load_samples",
     "register_task",
 ]

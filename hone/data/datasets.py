@@ -39,13 +39,7 @@ def load_samples(
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    path = Path(source).expanduser()
-    if path.exists():
-        name, rows = path.name, _read_local(path, split)
-    elif path.suffix in _FILE_SUFFIXES or source.startswith(("/", ".", "~")):
-        raise HoneDataError(f"{source}: file not found")
-    else:
-        name, rows = source, _read_hub(source, subset, split)
+    name, rows = read_rows(source, split=split, subset=subset)
     fields = _Fields(prompt_field, answer_field, messages_field, id_field, require_answer)
     samples: list[Sample] = []
     seen_ids: dict[str, str] = {}
@@ -62,6 +56,19 @@ def load_samples(
     if not samples and limit != 0:
         raise HoneDataError(f"{source}: no rows")
     return samples
+
+
+def read_rows(
+    source: str, *, split: str = "train", subset: str | None = None
+) -> tuple[str, Iterator[tuple[str, Any]]]:
+    """The raw rows of `source` (a file, a `save_to_disk` directory or a hub dataset name) as `(where, row)`,
+    `where` naming the file and row for error messages; and the source's short name (for default ids)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path.name, _read_local(path, split)
+    if path.suffix in _FILE_SUFFIXES or source.startswith(("/", ".", "~")):
+        raise HoneDataError(f"{source}: file not found")
+    return source, _read_hub(source, subset, split)
 
 
 class _Fields:
@@ -82,7 +89,7 @@ class _Fields:
         value = row[prompt_key]
         prompt, messages = None, None
         if self.messages or isinstance(value, list):
-            messages = _check_messages(value, where, prompt_key)
+            messages = check_messages(value, where, prompt_key)
         elif isinstance(value, str):
             prompt = value
         else:
@@ -116,7 +123,7 @@ class _Fields:
         return str(value)
 
 
-def _check_messages(value: Any, where: str, field: str) -> list[dict[str, Any]]:
+def check_messages(value: Any, where: str, field: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise HoneDataError(f"{where}: field {field!r} must be a non-empty list of messages")
     for i, message in enumerate(value):
