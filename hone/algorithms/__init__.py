@@ -15,6 +15,14 @@ from hone.algorithms.kl import KL_ESTIMATORS, register_kl
 from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
 from hone.algorithms.metrics import pass_at_k
 from hone.algorithms.offpolicy import OFF_POLICY_CORRECTIONS, Correction, register_off_policy
+from hone.algorithms.preference import (
+    DEFAULT_BETA,
+    PREFERENCE_LOSSES,
+    REFERENCE_FREE,
+    PreferenceLoss,
+    bradley_terry_loss,
+    register_preference_loss,
+)
 from hone.algorithms.utils import (
     masked_mean,
     masked_sum,
@@ -27,11 +35,16 @@ from hone.algorithms.utils import (
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
+    "DEFAULT_BETA",
     "KL_ESTIMATORS",
     "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "REFERENCE_FREE",
     "Correction",
+    "PreferenceLoss",
     "aggregate_loss",
+    "bradley_terry_loss",
     "discounted_returns",
     "group_stats",
     "masked_mean",
@@ -42,6 +55,7 @@ __all__ = [
     "register_kl",
     "register_off_policy",
     "register_policy_loss",
+    "register_preference_loss",
     "scores_to_token_rewards",
     "sequence_scores",
     "turn_sums",
