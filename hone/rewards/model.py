@@ -93,6 +93,26 @@ def pad(
     return input_ids, attention_mask
 
 
+def scored_text(tokenizer: PreTrainedTokenizerBase, sample: Sample, response: str) -> tuple[str, bool]:
+    """The string a reward model scores for `response` to `sample`, and whether it is chat-templated (and so
+    already has its special tokens). Reward-model training encodes its pairs with this too."""
+    if sample.messages is not None and tokenizer.chat_template:
+        turn = {"role": "assistant", "content": response}
+        return tokenizer.apply_chat_template([*sample.messages, turn], tokenize=False), True
+    prompt = sample.prompt if sample.prompt is not None else render_messages(sample.messages or [])
+    return prompt + response, False
+
+
+def encode_scored_text(
+    tokenizer: PreTrainedTokenizerBase, text: str, templated: bool, max_length: int | None
+) -> list[int]:
+    """Token ids of a `scored_text`: special tokens added unless templated, the end kept under `max_length`
+    (with the tokenizer's `truncation_side` "left", as `reward_model` sets it)."""
+    return tokenizer(
+        text, add_special_tokens=not templated, truncation=max_length is not None, max_length=max_length
+    )["input_ids"]
+
+
 class RewardModel:
     """Scores `(rollout, sample)` pairs with a sequence-classification model, `batch_size` at a time."""
 
@@ -109,13 +129,7 @@ class RewardModel:
         self.batch_size, self.max_length, self.label_index = batch_size, max_length, label_index
 
     def text(self, rollout: Rollout, sample: Sample) -> tuple[str, bool]:
-        """The string to score and whether it is chat-templated (and so already has its special tokens)."""
-        if sample.messages is not None and self.tokenizer.chat_template:
-            turn = {"role": "assistant", "content": rollout.response_text}
-            text = self.tokenizer.apply_chat_template([*sample.messages, turn], tokenize=False)
-            return text, True
-        prompt = sample.prompt if sample.prompt is not None else render_messages(sample.messages or [])
-        return prompt + rollout.response_text, False
+        return scored_text(self.tokenizer, sample, rollout.response_text)
 
     def score_batch(self, rollouts: Sequence[Rollout], samples: Sequence[Sample]) -> list[float]:
         if len(rollouts) != len(samples):
@@ -135,15 +149,9 @@ class RewardModel:
         # Templated and plain texts differ in whether the tokenizer should add bos/eos, so encode each
         # with its own flag and pad them together.
         encoded = [
-            self.tokenizer(
-                text,
-                add_special_tokens=not templated,
-                truncation=self.max_length is not None,
-                max_length=self.max_length,
-            )
-            for text, templated in texts
+            encode_scored_text(self.tokenizer, text, templated, self.max_length) for text, templated in texts
         ]
-        input_ids, attention_mask = pad([e["input_ids"] for e in encoded], self.tokenizer)
+        input_ids, attention_mask = pad(encoded, self.tokenizer)
         device = next(self.model.parameters()).device
         logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
         return logits[:, self.label_index].float().tolist()
@@ -170,7 +178,16 @@ def reward_model(
     resolved = resolve_path(path, "reward model")
     tokenizer = load_tokenizer(resolved, padding_side="right")
     tokenizer.truncation_side = "left"
-    model = AutoModelForSequenceClassification.from_pretrained(resolved, dtype=resolve_dtype(dtype))
+    model, loading = AutoModelForSequenceClassification.from_pretrained(
+        resolved, dtype=resolve_dtype(dtype), output_loading_info=True
+    )
+    if loading["missing_keys"]:
+        # transformers would fill the missing head with random weights and score noise without a word.
+        missing = ", ".join(sorted(loading["missing_keys"])[:3])
+        raise ValueError(
+            f"reward model at {resolved!r} has no trained score head (missing {missing}): it looks like a "
+            "causal LM checkpoint; train a reward model on it with `hone rm`, or point at one"
+        )
     index = _label_index(model.config.num_labels, label_index, resolved)
     # transformers finds the scoring token by `config.pad_token_id`; it must be the id we pad with.
     model.config.pad_token_id = tokenizer.pad_token_id
