@@ -1,10 +1,12 @@
-"""`hone` command line: train, sft, eval.
+"""`hone` command line: train, sft, eval, dpo, rm.
 
 hone train [RECIPE] [section.key=value ...]     (no recipe: the embedded default)
 hone train --resume runs/<name> [overrides]
 hone sft [RECIPE] [overrides]                  (SFT only; the model lands in runs/<name>/sft)
 hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k for pass@k)
 hone pairs [RECIPE] [overrides]                (preference pairs labelled by the recipe's reward)
+hone dpo [RECIPE] [overrides]                  (DPO on dpo.data; the model lands in runs/<name>/model)
+hone rm [RECIPE] [overrides]                   (reward model on rm.data; runs/<name>/model)
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES
 from hone.config import ConfigError, HoneConfig, list_recipes, load_config
 
 if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
+    from hone.orchestration.preference import PreferenceRunResult
 
 MAIN_KEYS = f"""main keys (override any as section.key=value):
   run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every run.plugins
@@ -45,6 +48,9 @@ MAIN_KEYS = f"""main keys (override any as section.key=value):
   trainer.micro_batch_size trainer.grad_clip
   sft.enabled sft.data sft.stop_at_accuracy   eval.n eval.k eval.temperature
   pairs.prompts pairs.per_prompt pairs.min_margin pairs.out
+  dpo.data dpo.loss ({" ".join(sorted(PREFERENCE_LOSSES))}) dpo.beta dpo.label_smoothing dpo.simpo_gamma
+  dpo.cache_reference dpo.eval dpo.lr dpo.batch_size dpo.steps dpo.prompt_field/chosen_field/rejected_field
+  rm.data rm.eval_data rm.val_fraction rm.center_rewards_coef rm.lr rm.batch_size rm.steps rm.eval_every
   logging.tensorboard logging.wandb"""
 
 
@@ -61,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         ("sft", "supervised warm-start only"),
         ("eval", "evaluate"),
         ("pairs", "preference pairs sampled from the model, labelled by the recipe's reward"),
+        ("dpo", "direct preference optimisation on preference pairs"),
+        ("rm", "train a reward model on preference pairs"),
     ]:
         sub = commands.add_parser(
             name,
@@ -170,6 +178,42 @@ def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     return 0
 
 
+def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.orchestration.preference import MODEL_DIR, run_dpo_recipe
+
+    result = run_dpo_recipe(cfg)
+    print(_preference_summary(result, MODEL_DIR))
+    if "rewards/margins" in result.metrics:  # absent when run.time_limit_s ran out before the first step
+        accuracy, margin = result.metrics["rewards/accuracies"], result.metrics["rewards/margins"]
+        print(f"last step       rewards/accuracies {accuracy:.3f}  rewards/margins {margin:.4f}")
+    before, after = result.start_eval.get("eval/accuracy"), result.final_eval.get("eval/accuracy")
+    if before is not None and after is not None:
+        print(f"held-out accuracy before DPO  {100 * before:5.1f}%")
+        print(f"held-out accuracy after DPO   {100 * after:5.1f}%   ({100 * (after - before):+.1f} points)")
+    return 0
+
+
+def _rm(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.orchestration.preference import MODEL_DIR, run_rm_recipe
+
+    result = run_rm_recipe(cfg)
+    print(_preference_summary(result, MODEL_DIR))
+    print(f"held-out pair accuracy  {100 * result.metrics['eval/pair_accuracy']:5.1f}%")
+    print(f"use it: reward.fn=reward_model reward.args.path={result.run_dir / MODEL_DIR}")
+    return 0
+
+
+def _preference_summary(result: PreferenceRunResult, model_dir: str) -> str:
+    return "\n".join(
+        [
+            "",
+            f"run directory   {result.run_dir}",
+            f"steps           {result.steps}",
+            f"model saved to  {result.run_dir / model_dir}",
+        ]
+    )
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """Options may sit between the recipe and its overrides (`hone eval RECIPE --model M k=v`): argparse
     stops filling a `*` positional at the first option, so the words after it are added back here."""
@@ -203,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     from hone.rewards.scoring import RewardOutageError
     from hone.training.trainer import NonFiniteGradientError
 
-    handlers = {"train": _train, "sft": _sft, "eval": _eval, "pairs": _pairs}
+    handlers = {"train": _train, "sft": _sft, "eval": _eval, "pairs": _pairs, "dpo": _dpo, "rm": _rm}
     with _signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)

@@ -21,6 +21,7 @@ from hone.algorithms import (
     KL_ESTIMATORS,
     OFF_POLICY_CORRECTIONS,
     POLICY_LOSSES,
+    PREFERENCE_LOSSES,
 )
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
@@ -416,6 +417,70 @@ class PairsConfig(Section):
     out: str | None = Field(None, description="jsonl to write; null = runs/<run.name>/pairs.jsonl")
 
 
+class PreferenceDataConfig(Section):
+    """What `hone dpo` and `hone rm` share: the preference file (TRL's formats) and the optimisation."""
+
+    data: str | None = Field(
+        None, description="preference pairs: jsonl/parquet file, save_to_disk dir or HF dataset name"
+    )
+    split: str = "train"
+    subset: str | None = Field(None, description="HF dataset configuration name")
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    lr: float = Field(1e-6, gt=0)
+    schedule: Literal["constant", "cosine", "linear"] = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = 0.0
+    batch_size: int = Field(8, ge=1, description="pairs per optimizer step")
+    micro_batch_size: int | None = Field(None, ge=1, description="pairs per forward/backward; null = all")
+    steps: int = Field(100, ge=1, description="optimizer steps")
+
+
+class DPOConfig(PreferenceDataConfig):
+    loss: str = Field("sigmoid", description="sigmoid (DPO) | cdpo | ipo | simpo")
+    beta: float | None = Field(None, gt=0, description="null = the loss's own (0.1; simpo 2.0)")
+    label_smoothing: float | None = Field(
+        None, gt=0, lt=0.5, description="cdpo: ε, the assumed share of flipped labels; null = 0.1"
+    )
+    simpo_gamma: float | None = Field(None, ge=0, description="simpo: target margin γ; null = 0.5")
+    cache_reference: bool = Field(
+        True, description="score each pair under the reference once, before training, and keep the numbers"
+    )
+    eval: bool = Field(
+        False, description="held-out task accuracy (data.task / data.eval_source) before and after DPO"
+    )
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, v: str) -> str:
+        return _check_registered(v, PREFERENCE_LOSSES, "preference loss")
+
+    @model_validator(mode="after")
+    def _keys_that_apply(self) -> DPOConfig:
+        # A hyper-parameter the chosen loss ignores is refused rather than silently not applied.
+        if self.label_smoothing is not None and self.loss != "cdpo":
+            raise ValueError(f"label_smoothing applies to loss cdpo only, not {self.loss!r}")
+        if self.simpo_gamma is not None and self.loss != "simpo":
+            raise ValueError(f"simpo_gamma applies to loss simpo only, not {self.loss!r}")
+        return self
+
+
+class RMConfig(PreferenceDataConfig):
+    lr: float = Field(1e-5, gt=0)
+    eval_data: str | None = Field(None, description="held-out pairs; null = hold out val_fraction of rm.data")
+    val_fraction: float = Field(0.1, gt=0, lt=1, description="share of rm.data held out when no eval_data")
+    eval_every: int = Field(
+        25, ge=1, description="held-out pair accuracy every this many steps, and at the end"
+    )
+    center_rewards_coef: float = Field(
+        0.0, ge=0, description="coef of the (r_chosen + r_rejected)² penalty (TRL center_rewards_coefficient)"
+    )
+    max_length: int | None = Field(
+        None, ge=1, description="keep the last this many tokens of each text (as the reward_model reward)"
+    )
+
+
 class EvalConfig(Section):
     size: int | None = Field(None, ge=1, description="defaults to data.eval_size")
     temperature: float = Field(0.0, ge=0, description="0 = greedy accuracy")
@@ -485,6 +550,8 @@ class HoneConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     pairs: PairsConfig = Field(default_factory=PairsConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+    rm: RMConfig = Field(default_factory=RMConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)

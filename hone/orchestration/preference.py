@@ -1,0 +1,267 @@
+"""`hone dpo` and `hone rm`: preference training runs, set up and logged as RL runs are.
+
+Everything that can fail on bad input (the preference file and its rows, the model path, a loss's
+hyper-parameters) is checked before any model trains, with one line naming the file, row or key. A run
+writes `runs/<name>/config.yaml`, `metrics.jsonl` (and TensorBoard) and the trained model in
+`runs/<name>/model`, a plain HF directory: DPO's is a causal LM (`model.path=runs/<name>/model` to go on
+with RL), the reward model's is what `reward.fn: reward_model` with `reward.args.path` loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hone.algorithms import DEFAULT_BETA, REFERENCE_FREE
+from hone.config import HoneConfig, PreferenceDataConfig
+from hone.data import HoneDataError, PreferencePair, load_preferences
+from hone.logging import METRICS_FILE, MetricsLogger, Progress
+from hone.models import resolve_model
+from hone.orchestration.components import check_tokenizer, load_policy, load_reference
+from hone.orchestration.loop import SetupError, run_eval, setup_components, write_run_config
+from hone.orchestration.prompts import render_prompt
+from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
+from hone.training.dpo import DPOSettings, encode_preference, run_dpo
+from hone.training.policy import disable_dropout
+from hone.training.reward_model import EncodedComparison, RMSettings, load_score_model, run_reward_model
+
+log = logging.getLogger("hone")
+
+MODEL_DIR = "model"
+CDPO_LABEL_SMOOTHING = 0.1  # Mitchell 2023's examples and TRL's docs use ε = 0.1
+SIMPO_GAMMA = 0.5  # TRL CPOConfig's simpo_gamma default
+
+
+@dataclass
+class PreferenceRunResult:
+    run_dir: Path
+    steps: int
+    metrics: dict[str, Any]  # the last step's (and, for `hone rm`, the last held-out figures)
+    start_eval: dict[str, float] = field(default_factory=dict)  # DPO with dpo.eval: task accuracy before
+    final_eval: dict[str, float] = field(default_factory=dict)  # ... and after
+
+
+def load_pairs(section: PreferenceDataConfig, source: str | None, key: str) -> list[PreferencePair]:
+    """The section's preference pairs from `source`; a missing setting or a bad row is a `SetupError`."""
+    if source is None:
+        raise SetupError(f"{key}: set the preference data, e.g. {key}=runs/pairs/pairs.jsonl")
+    try:
+        return load_preferences(
+            source,
+            prompt_field=section.prompt_field,
+            chosen_field=section.chosen_field,
+            rejected_field=section.rejected_field,
+            split=section.split,
+            subset=section.subset,
+        )
+    except HoneDataError as e:
+        raise SetupError(str(e)) from e
+
+
+def dpo_settings(cfg: HoneConfig) -> DPOSettings:
+    d = cfg.dpo
+    return DPOSettings(
+        loss=d.loss,
+        beta=d.beta if d.beta is not None else DEFAULT_BETA[d.loss],
+        label_smoothing=d.label_smoothing or (CDPO_LABEL_SMOOTHING if d.loss == "cdpo" else 0.0),
+        gamma=d.simpo_gamma if d.simpo_gamma is not None else SIMPO_GAMMA,
+        cache_reference=d.cache_reference,
+        batch_size=d.batch_size,
+        micro_batch_size=d.micro_batch_size,
+        lr=d.lr,
+        weight_decay=d.weight_decay,
+        warmup_steps=d.warmup_steps,
+        schedule=d.schedule,
+        grad_clip=cfg.trainer.grad_clip,
+        steps=d.steps,
+        seed=cfg.run.seed,
+        max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
+    )
+
+
+def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
+    """`hone dpo`: DPO (or a variant) of `model.path` on `dpo.data`; with `dpo.eval`, held-out task
+    accuracy (the RL eval: `data.task` or `data.eval_source`, `reward`) before and after."""
+    started = _start(cfg)
+    run_dir = _new_run_dir(cfg)
+    pairs = load_pairs(cfg.dpo, cfg.dpo.data, "dpo.data")
+    settings = dpo_settings(cfg)
+    parts = setup_components(cfg) if cfg.dpo.eval else None
+    try:
+        model_path = resolve_model(cfg.model.path) if parts is None else parts.model_path
+        policy = load_policy(cfg, model_path) if parts is None else parts.policy
+        check_tokenizer(policy, model_path)
+        tokenizer = policy.tokenizer
+        encoded = [
+            encode_preference(
+                tokenizer, render_prompt(p.sample, tokenizer, cfg.data.chat_template), p.chosen, p.rejected
+            )
+            for p in pairs
+        ]
+    except (ValueError, OSError) as e:
+        raise SetupError(str(e)) from e
+    if cfg.trainer.disable_dropout:  # as TRL's DPO: the policy's and reference's log-probs are comparable
+        disable_dropout(policy.model)
+
+    with _metrics_log(cfg, run_dir) as metrics_log:
+        start_eval: dict[str, float] = {}
+        final_eval: dict[str, float] = {}
+        if parts is not None:
+            start_eval = run_eval(parts, cfg)
+            metrics_log.log(0, start_eval)
+            log.info("eval before DPO: accuracy %.3f", start_eval["eval/accuracy"])
+        with Progress(total=settings.steps, description="dpo", enabled=cfg.logging.progress) as progress:
+            # The reference is passed on without a name here, so a frozen copy that `run_dpo` scores once
+            # up front (cache_reference) is freed before training starts.
+            result = run_dpo(
+                policy,
+                encoded,
+                settings,
+                reference=None
+                if settings.loss in REFERENCE_FREE
+                else load_reference(cfg, policy, model_path, warm_started=False)[0],
+                log=_logger(metrics_log, progress),
+                deadline=_deadline(cfg, started),
+            )
+        if parts is not None:
+            parts.weights.publish(1)  # the sampler evaluates the trained weights
+            final_eval = run_eval(parts, cfg)
+            metrics_log.log(result["steps"], final_eval)
+            log.info("eval after DPO: accuracy %.3f", final_eval["eval/accuracy"])
+    if result["out_of_time"]:
+        log.warning("DPO stopped at run.time_limit_s after %d steps", result["steps"])
+    policy.save_pretrained(run_dir / MODEL_DIR)
+    return PreferenceRunResult(run_dir, result["steps"], result, start_eval, final_eval)
+
+
+def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
+    """`hone rm`: a one-logit reward model from `model.path` fitted to `rm.data`, checked on held-out pairs
+    (`rm.eval_data`, or `rm.val_fraction` of `rm.data` set aside with `run.seed`)."""
+    started = _start(cfg)
+    run_dir = _new_run_dir(cfg)
+    if cfg.model.lora is not None:
+        raise SetupError(
+            "model.lora: hone rm trains the whole model (and its new score head); unset model.lora"
+        )
+    pairs = load_pairs(cfg.rm, cfg.rm.data, "rm.data")
+    if cfg.rm.eval_data is not None:
+        train, held_out = pairs, load_pairs(cfg.rm, cfg.rm.eval_data, "rm.eval_data")
+    else:
+        train, held_out = _split(pairs, cfg.rm.val_fraction, cfg.run.seed)
+    try:
+        model_path = resolve_model(cfg.model.path)
+        tokenizer = load_tokenizer(model_path, padding_side="right")
+        tokenizer.truncation_side = "left"  # the score is read at the end: keep the end, as scoring does
+        model = load_score_model(
+            model_path, dtype=resolve_dtype(cfg.model.dtype), pad_token_id=tokenizer.pad_token_id
+        )
+        model.to(resolve_device(cfg.model.device))
+
+        def encode(pair: PreferencePair) -> EncodedComparison:
+            chosen, rejected = (
+                encode_scored_text(
+                    tokenizer, *scored_text(tokenizer, pair.sample, response), cfg.rm.max_length
+                )
+                for response in (pair.chosen, pair.rejected)
+            )
+            return EncodedComparison(chosen, rejected, pair.margin)
+
+        train_encoded, held_out_encoded = [encode(p) for p in train], [encode(p) for p in held_out]
+    except (ValueError, OSError) as e:
+        raise SetupError(str(e)) from e
+    if cfg.trainer.disable_dropout:  # TRL's RewardTrainer default too: both texts of a pair see one network
+        disable_dropout(model)
+    r = cfg.rm
+    settings = RMSettings(
+        batch_size=r.batch_size,
+        micro_batch_size=r.micro_batch_size,
+        lr=r.lr,
+        weight_decay=r.weight_decay,
+        warmup_steps=r.warmup_steps,
+        schedule=r.schedule,
+        grad_clip=cfg.trainer.grad_clip,
+        steps=r.steps,
+        eval_every=r.eval_every,
+        center_coef=r.center_rewards_coef,
+        seed=cfg.run.seed,
+        max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
+    )
+    log.info("reward model: %d training pairs, %d held out", len(train_encoded), len(held_out_encoded))
+    with (
+        _metrics_log(cfg, run_dir) as metrics_log,
+        Progress(total=settings.steps, description="rm", enabled=cfg.logging.progress) as progress,
+    ):
+        result = run_reward_model(
+            model,
+            tokenizer,
+            train_encoded,
+            held_out_encoded,
+            settings,
+            log=_logger(metrics_log, progress),
+            deadline=_deadline(cfg, started),
+        )
+    log.info("held-out pair accuracy %.3f", result["eval/pair_accuracy"])
+    model.save_pretrained(run_dir / MODEL_DIR)
+    tokenizer.save_pretrained(run_dir / MODEL_DIR)
+    return PreferenceRunResult(run_dir, result["steps"], result)
+
+
+def _start(cfg: HoneConfig) -> float:
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+    return time.perf_counter()
+
+
+def _new_run_dir(cfg: HoneConfig) -> Path:
+    run_dir = Path(cfg.run.dir) / cfg.run.name
+    if (run_dir / METRICS_FILE).exists():
+        raise SetupError(f"{run_dir} already holds a run; choose another run.name")
+    return run_dir
+
+
+def _metrics_log(cfg: HoneConfig, run_dir: Path) -> MetricsLogger:
+    """metrics.jsonl (+ TensorBoard, W&B) and config.yaml, written only once set-up has passed."""
+    wandb = {"project": cfg.logging.wandb_project, "name": cfg.run.name} if cfg.logging.wandb else None
+    try:
+        metrics_log = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=wandb)
+    except ImportError as e:
+        raise SetupError(str(e)) from e
+    write_run_config(run_dir, cfg)
+    return metrics_log
+
+
+def _logger(metrics_log: MetricsLogger, progress: Progress) -> Callable[[dict[str, float]], None]:
+    def record(row: dict[str, float]) -> None:
+        step = int(row["step"])
+        metrics = {k: v for k, v in row.items() if k != "step"}
+        metrics_log.log(step, metrics)
+        progress.update(step, metrics)
+
+    return record
+
+
+def _deadline(cfg: HoneConfig, started: float) -> float | None:
+    return None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s
+
+
+def _split(
+    pairs: list[PreferencePair], fraction: float, seed: int
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(training, held-out) pairs: `fraction` of them (at least one) drawn at random with `seed`."""
+    if len(pairs) < 2:
+        raise SetupError(
+            f"rm.data has {len(pairs)} pair; need at least 2 to hold one out (or set rm.eval_data)"
+        )
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    n_held_out = max(1, round(fraction * len(pairs)))
+    held_out = set(order[:n_held_out])
+    return [p for i, p in enumerate(pairs) if i not in held_out], [pairs[i] for i in sorted(held_out)]

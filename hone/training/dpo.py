@@ -1,0 +1,217 @@
+"""Direct preference optimisation (DPO and its variants) of a policy on (prompt, chosen, rejected) pairs.
+
+The loop is SFT's (`hone.training.sft`): seeded epochs of batches, micro-batched gradient accumulation,
+RL's optimizer step and LR schedule, a wall-clock deadline. A pair is encoded as SFT encodes a
+demonstration (prompt with the tokenizer's special tokens, response + eos), so DPO raises or lowers the
+probability of exactly the tokens the sampler would emit. Chosen and rejected rows of a micro-batch go
+through one forward (TRL's "concatenated forward"). The loss is any `PREFERENCE_LOSSES` entry.
+
+The reference is scored without a graph: once for every pair before training (`cache_reference`, the
+default; the reference can then be dropped) or per batch. The metrics are TRL's, so runs compare.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE
+from hone.training.optim import OptimizerStepper
+from hone.training.policy import Policy, first_response_column
+from hone.training.sft import collate_sft, encode_pair
+from hone.training.trainer import build_scheduler
+
+Encoded = tuple[list[int], int]  # token ids and prompt length, as `encode_pair` returns
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    chosen: Encoded
+    rejected: Encoded
+
+
+@dataclass(frozen=True)
+class DPOSettings:
+    loss: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0  # cdpo's ε
+    gamma: float = 0.5  # simpo's target margin
+    cache_reference: bool = True
+    batch_size: int = 8
+    micro_batch_size: int | None = None
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "linear"
+    grad_clip: float | None = 1.0
+    steps: int = 100
+    seed: int = 0
+    max_nonfinite_steps: int = 3
+
+
+def encode_preference(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, chosen: str, rejected: str
+) -> EncodedPair:
+    return EncodedPair(encode_pair(tokenizer, prompt, chosen), encode_pair(tokenizer, prompt, rejected))
+
+
+def sequence_log_probs(
+    policy: Policy, examples: Sequence[Encoded], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's summed response log-prob (differentiable under grad) and its response length `[N]`."""
+    input_ids, attention_mask, loss_mask = collate_sft(examples, pad_id)
+    token_log_probs, _ = policy.token_log_probs(
+        input_ids, attention_mask, from_column=first_response_column(loss_mask)
+    )
+    loss_mask = loss_mask.to(token_log_probs.device)
+    return (token_log_probs * loss_mask).sum(-1), loss_mask.sum(-1)
+
+
+@torch.no_grad()
+def reference_log_probs(
+    reference: Policy, pairs: Sequence[EncodedPair], pad_id: int, micro_batch_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's summed log-probs of every pair's chosen and rejected response, `[N]` each."""
+    chunk = micro_batch_size or len(pairs)
+    chosen, rejected = [], []
+    for start in range(0, len(pairs), chunk):
+        part = pairs[start : start + chunk]
+        logps, _ = sequence_log_probs(
+            reference, [p.chosen for p in part] + [p.rejected for p in part], pad_id
+        )
+        chosen.append(logps[: len(part)])
+        rejected.append(logps[len(part) :])
+    return torch.cat(chosen), torch.cat(rejected)
+
+
+def run_dpo(
+    policy: Policy,
+    pairs: Sequence[EncodedPair],
+    settings: DPOSettings,
+    *,
+    reference: Policy | None = None,
+    log: Callable[[dict[str, float]], None] | None = None,
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """Train `policy` in place on `pairs` for `settings.steps` optimizer steps (or until `deadline`, a
+    `time.perf_counter()` value checked before each step). `reference` is needed unless the loss is
+    reference-free; with `cache_reference` it is scored once up front and not kept.
+
+    `log` receives, per step, TRL's metrics averaged over the batch: `loss`, `rewards/chosen`,
+    `rewards/rejected`, `rewards/accuracies` (share of pairs whose chosen reward is higher),
+    `rewards/margins`, `logps/chosen`, `logps/rejected` (summed response log-probs of the policy), and
+    `learning_rate`, `grad_norm`. Returns `{"steps", "out_of_time"}` and the last step's metrics.
+    """
+    if not pairs:
+        raise ValueError("run_dpo needs at least one preference pair")
+    if policy.tokenizer is None:
+        raise ValueError("run_dpo needs a policy with a tokenizer")
+    loss_fn = PREFERENCE_LOSSES[settings.loss]
+    needs_reference = settings.loss not in REFERENCE_FREE
+    if needs_reference and reference is None:
+        raise ValueError(f"preference loss {settings.loss!r} needs a reference policy")
+    tokenizer = policy.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    cached = None
+    if needs_reference and settings.cache_reference:
+        assert reference is not None
+        cached = reference_log_probs(reference, pairs, pad_id, settings.micro_batch_size)
+        reference = None  # the caller passed it in: this was the last reference to a frozen model copy
+
+    params = policy.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    stepper = OptimizerStepper(
+        optimizer,
+        params,
+        grad_clip=settings.grad_clip,
+        max_nonfinite_steps=settings.max_nonfinite_steps,
+        limit_key="trainer.max_nonfinite_steps",
+        advice="look for NaN/inf in the preference data, or lower dpo.lr",
+    )
+    scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
+    rng = random.Random(settings.seed)
+    order: list[int] = []
+    result: dict[str, Any] = {"steps": 0, "out_of_time": False}
+    was_training = policy.model.training
+    policy.model.train()
+    try:
+        for step in range(1, settings.steps + 1):
+            if deadline is not None and time.perf_counter() > deadline:
+                result["out_of_time"] = True
+                break
+            while len(order) < settings.batch_size:
+                epoch = list(range(len(pairs)))
+                rng.shuffle(epoch)
+                order += epoch
+            batch, order = order[: settings.batch_size], order[settings.batch_size :]
+            lr = scheduler.get_last_lr()[0]
+            stats: list[dict[str, torch.Tensor]] = []
+            losses = _batch_losses(policy, pairs, batch, settings, loss_fn, pad_id, reference, cached, stats)
+            grad_norm = stepper.step(losses, where=f"DPO step {step}")
+            scheduler.step()
+            metrics = {key: torch.cat([s[key] for s in stats]).mean().item() for key in stats[0]}
+            metrics |= {"learning_rate": lr, "grad_norm": grad_norm}
+            result.update(steps=step, **metrics)
+            if log is not None:
+                log({"step": step, **metrics})
+    finally:
+        policy.model.train(was_training)
+    return result
+
+
+def _batch_losses(
+    policy: Policy,
+    pairs: Sequence[EncodedPair],
+    batch: list[int],
+    settings: DPOSettings,
+    loss_fn: Callable[..., Any],
+    pad_id: int,
+    reference: Policy | None,
+    cached: tuple[torch.Tensor, torch.Tensor] | None,
+    stats: list[dict[str, torch.Tensor]],
+) -> Any:
+    """Each micro-batch's summed pair losses over the batch size (so they add up to the batch mean), one
+    forward of its chosen and rejected rows at a time; each micro-batch's per-pair metrics go to `stats`."""
+    chunk = settings.micro_batch_size or len(batch)
+    for start in range(0, len(batch), chunk):
+        indices = batch[start : start + chunk]
+        part = [pairs[i] for i in indices]
+        examples = [p.chosen for p in part] + [p.rejected for p in part]
+        logps, lengths = sequence_log_probs(policy, examples, pad_id)
+        n = len(part)
+        ref_chosen = ref_rejected = None
+        if cached is not None:
+            ref_chosen, ref_rejected = (c[indices].to(logps.device) for c in cached)
+        elif reference is not None:
+            with torch.no_grad():
+                ref_logps, _ = sequence_log_probs(reference, examples, pad_id)
+            ref_chosen, ref_rejected = ref_logps[:n].to(logps.device), ref_logps[n:].to(logps.device)
+        out = loss_fn(
+            policy_chosen=logps[:n],
+            policy_rejected=logps[n:],
+            ref_chosen=ref_chosen,
+            ref_rejected=ref_rejected,
+            chosen_lengths=lengths[:n],
+            rejected_lengths=lengths[n:],
+            beta=settings.beta,
+            label_smoothing=settings.label_smoothing,
+            gamma=settings.gamma,
+        )
+        stats.append(
+            {
+                "loss": out.losses.detach(),
+                "rewards/chosen": out.chosen_rewards,
+                "rewards/rejected": out.rejected_rewards,
+                "rewards/accuracies": (out.chosen_rewards > out.rejected_rewards).float(),
+                "rewards/margins": out.chosen_rewards - out.rejected_rewards,
+                "logps/chosen": logps[:n].detach(),
+                "logps/rejected": logps[n:].detach(),
+            }
+        )
+        yield out.losses.sum() / len(batch)

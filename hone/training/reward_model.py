@@ -1,0 +1,209 @@
+"""Reward-model training: a one-logit sequence classifier fitted to preference pairs with the
+Bradley–Terry loss, as TRL's `RewardTrainer`.
+
+The model is `AutoModelForSequenceClassification` with one label loaded from a causal LM's directory:
+the body is the LM's, the `score` head is new. transformers reads the logit at the last non-pad token
+(by `config.pad_token_id`), which is how the `reward_model` reward scores, so the saved directory is a
+reward model as it stands. The loop is SFT's (seeded epochs, micro-batches, RL's optimizer step and LR
+schedule); held-out pair accuracy (the share of pairs whose chosen text scores higher) is measured every
+`eval_every` steps and after the last.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
+
+from hone.algorithms.preference import bradley_terry_loss
+from hone.training.optim import OptimizerStepper
+from hone.training.trainer import build_scheduler
+
+
+@dataclass(frozen=True)
+class EncodedComparison:
+    """Token ids of the whole chosen and rejected texts (prompt + response), and the pair's margin."""
+
+    chosen: list[int]
+    rejected: list[int]
+    margin: float | None = None
+
+
+@dataclass(frozen=True)
+class RMSettings:
+    batch_size: int = 8
+    micro_batch_size: int | None = None
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "linear"
+    grad_clip: float | None = 1.0
+    steps: int = 100
+    eval_every: int = 25
+    center_coef: float = 0.0
+    seed: int = 0
+    max_nonfinite_steps: int = 3
+
+
+def load_score_model(path: str | Path, *, dtype: torch.dtype | str, pad_token_id: int) -> PreTrainedModel:
+    """A one-label sequence classifier from `path` (a causal LM: its `score` head starts random). The
+    config's pad id is the tokenizer's, so the logit is read at the last real token."""
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=dtype)
+    model.config.pad_token_id = pad_token_id
+    model.config.get_text_config().pad_token_id = pad_token_id
+    return model
+
+
+def sequence_rewards(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sequences: Sequence[list[int]]
+) -> torch.Tensor:
+    """The model's scalar score of each token sequence `[N]` (padded by the tokenizer's own `pad`)."""
+    batch = tokenizer.pad({"input_ids": list(sequences)}, return_tensors="pt")
+    device = next(model.parameters()).device
+    logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    return logits.logits[:, 0].float()
+
+
+@torch.no_grad()
+def pair_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[EncodedComparison],
+    micro_batch_size: int | None = None,
+    center_coef: float = 0.0,
+) -> dict[str, float]:
+    """`accuracy` (share of pairs scored chosen > rejected) and the mean BT `loss` over `pairs`."""
+    was_training = model.training
+    model.eval()
+    try:
+        chunk = micro_batch_size or len(pairs)
+        correct, total_loss = 0.0, 0.0
+        for start in range(0, len(pairs), chunk):
+            chosen, rejected, losses = _pair_losses(
+                model, tokenizer, pairs[start : start + chunk], center_coef
+            )
+            correct += float((chosen > rejected).sum())
+            total_loss += float(losses.sum())
+    finally:
+        model.train(was_training)
+    return {"accuracy": correct / len(pairs), "loss": total_loss / len(pairs)}
+
+
+def run_reward_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train_pairs: Sequence[EncodedComparison],
+    val_pairs: Sequence[EncodedComparison],
+    settings: RMSettings,
+    *,
+    log: Callable[[dict[str, float]], None] | None = None,
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """Fit `model` in place for `settings.steps` optimizer steps (or until `deadline`, a
+    `time.perf_counter()` value checked before each step).
+
+    `log` receives per step `loss`, `accuracy` and `margin` (mean chosen − rejected score) over the batch,
+    `rewards/chosen`, `rewards/rejected`, `learning_rate`, `grad_norm`; and, every `eval_every` steps and
+    after the last, `eval/pair_accuracy` and `eval/loss` on `val_pairs`. Returns `{"steps", "out_of_time",
+    "eval/pair_accuracy", "eval/loss"}` (the last held-out figures).
+    """
+    if not train_pairs or not val_pairs:
+        raise ValueError("reward-model training needs training pairs and held-out pairs")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    stepper = OptimizerStepper(
+        optimizer,
+        params,
+        grad_clip=settings.grad_clip,
+        max_nonfinite_steps=settings.max_nonfinite_steps,
+        limit_key="trainer.max_nonfinite_steps",
+        advice="look for NaN/inf in the preference data, or lower rm.lr",
+    )
+    scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
+    rng = random.Random(settings.seed)
+    order: list[int] = []
+    result: dict[str, Any] = {"steps": 0, "out_of_time": False}
+    was_training = model.training
+    model.train()
+    try:
+        for step in range(1, settings.steps + 1):
+            if deadline is not None and time.perf_counter() > deadline:
+                result["out_of_time"] = True
+                break
+            while len(order) < settings.batch_size:
+                epoch = list(range(len(train_pairs)))
+                rng.shuffle(epoch)
+                order += epoch
+            batch, order = (
+                [train_pairs[i] for i in order[: settings.batch_size]],
+                order[settings.batch_size :],
+            )
+            lr = scheduler.get_last_lr()[0]
+            stats: list[dict[str, torch.Tensor]] = []
+            grad_norm = stepper.step(
+                _batch_losses(model, tokenizer, batch, settings, stats), where=f"reward-model step {step}"
+            )
+            scheduler.step()
+            metrics = {key: torch.cat([s[key] for s in stats]).mean().item() for key in stats[0]}
+            metrics |= {"learning_rate": lr, "grad_norm": grad_norm}
+            if step % settings.eval_every == 0 or step == settings.steps:
+                held_out = pair_accuracy(
+                    model, tokenizer, val_pairs, settings.micro_batch_size, settings.center_coef
+                )
+                metrics |= {"eval/pair_accuracy": held_out["accuracy"], "eval/loss": held_out["loss"]}
+            result.update(steps=step, **metrics)
+            if log is not None:
+                log({"step": step, **metrics})
+    finally:
+        model.train(was_training)
+    if "eval/pair_accuracy" not in result:  # stopped by the deadline before any held-out measurement
+        held_out = pair_accuracy(model, tokenizer, val_pairs, settings.micro_batch_size, settings.center_coef)
+        result |= {"eval/pair_accuracy": held_out["accuracy"], "eval/loss": held_out["loss"]}
+    return result
+
+
+def _pair_losses(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[EncodedComparison],
+    center_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chosen and rejected scores `[B]` from one forward of both, and the per-pair BT losses."""
+    scores = sequence_rewards(model, tokenizer, [p.chosen for p in pairs] + [p.rejected for p in pairs])
+    chosen, rejected = scores[: len(pairs)], scores[len(pairs) :]
+    margins = [p.margin for p in pairs]
+    margin = None
+    if any(m is not None for m in margins):
+        margin = torch.tensor([m or 0.0 for m in margins], device=scores.device)
+    return chosen, rejected, bradley_terry_loss(chosen, rejected, margin=margin, center_coef=center_coef)
+
+
+def _batch_losses(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: list[EncodedComparison],
+    settings: RMSettings,
+    stats: list[dict[str, torch.Tensor]],
+) -> Iterator[torch.Tensor]:
+    """Each micro-batch's summed pair losses over the batch size (adding up to the batch mean), lazily."""
+    chunk = settings.micro_batch_size or len(batch)
+    for start in range(0, len(batch), chunk):
+        chosen, rejected, losses = _pair_losses(
+            model, tokenizer, batch[start : start + chunk], settings.center_coef
+        )
+        stats.append(
+            {
+                "loss": losses.detach(),
+                "accuracy": (chosen > rejected).float().detach(),
+                "margin": (chosen - rejected).detach(),
+                "rewards/chosen": chosen.detach(),
+                "rewards/rejected": rejected.detach(),
+            }
+        )
+        yield losses.sum() / len(batch)
