@@ -147,3 +147,12 @@ def test_load_tokenizer_without_pad_or_eos_is_an_error(tmp_path: Path) -> None:
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="neither a pad nor an eos token"):
         load_tokenizer(str(tmp_path), padding_side="right")
+
+
+def test_a_causal_lm_without_a_score_head_is_refused_naming_the_path(micro_model_dir: Path) -> None:
+    # transformers would load it with a randomly initialised `score` head and score noise.
+    with pytest.raises(
+        ValueError,
+        match=rf"reward model at '{micro_model_dir}' has no trained score head \(missing score.weight\)",
+    ):
+        reward_model(str(micro_model_dir))
