@@ -196,3 +196,23 @@ def test_hone_dpo_key_for_another_loss_is_refused(tmp_path: Path, capsys: pytest
     code = main(["dpo", "dpo", f"run.dir={tmp_path}", "dpo.loss=ipo", "dpo.simpo_gamma=1.0"])
     assert code == 2
     assert "dpo: simpo_gamma applies to loss simpo only, not 'ipo'" in capsys.readouterr().err
+
+
+def test_hone_dpo_trains_on_conversational_pairs(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{c}="}],
+            "chosen": [{"role": "assistant", "content": LETTERS[i + 1] * 2}],
+            "rejected": [{"role": "assistant", "content": "zz"}],
+        }
+        for i, c in enumerate(LETTERS[:6])
+    ]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = dpo_args(tmp_path, micro_model_dir, "chat", "dpo.eval=false", "dpo.loss=ipo")
+    assert main([*args, f"dpo.data={chat}"]) == 0
+    steps = read_metrics(tmp_path / "chat" / "metrics.jsonl")
+    assert len(steps) == 6 and steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]
+    assert "held-out accuracy" not in capsys.readouterr().out  # dpo.eval off: no task evaluation

@@ -34,6 +34,12 @@ def write_pairs(path: Path, rows: list[dict[str, str]] = ROWS) -> Path:
     return path
 
 
+def conversational(row: dict[str, str]) -> dict[str, list[dict[str, str]]]:
+    """The same pair in TRL's implicit-prompt conversational format."""
+    user = {"role": "user", "content": row["prompt"]}
+    return {key: [user, {"role": "assistant", "content": row[key]}] for key in ("chosen", "rejected")}
+
+
 def rm_args(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[str]:
     return [
         "rm",
@@ -55,10 +61,14 @@ def rm_args(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[str
     ]
 
 
+@pytest.mark.parametrize("chat", [False, True])
 def test_hone_rm_logs_held_out_accuracy_and_its_model_loads_as_the_reward(
-    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str], chat: bool
 ) -> None:
-    assert main(rm_args(tmp_path, micro_model_dir, "rm")) == 0
+    args = rm_args(tmp_path, micro_model_dir, "rm")
+    if chat:  # scored through the tokenizer's chat template, in training as by the reward
+        args.append(f"rm.data={write_pairs(tmp_path / 'chat.jsonl', [conversational(r) for r in ROWS])}")
+    assert main(args) == 0
     run_dir = tmp_path / "rm"
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [row["step"] for row in rows] == list(range(1, 31))
@@ -72,7 +82,12 @@ def test_hone_rm_logs_held_out_accuracy_and_its_model_loads_as_the_reward(
     assert "held-out pair accuracy" in out and f"reward.args.path={run_dir / 'model'}" in out
     # The round trip: the reward RL would use scores every training pair's chosen response higher.
     scorer = reward_model(str(run_dir / "model"))
-    samples = [Sample(f"s{i}", prompt=row["prompt"]) for i, row in enumerate(ROWS)]
+    samples = [
+        Sample(f"s{i}", messages=[{"role": "user", "content": row["prompt"]}])
+        if chat
+        else Sample(f"s{i}", prompt=row["prompt"])
+        for i, row in enumerate(ROWS)
+    ]
 
     def scores(key: str) -> list[float]:
         rollouts = [
