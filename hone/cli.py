@@ -5,8 +5,8 @@ hone train --resume runs/<name> [overrides]
 hone sft [RECIPE] [overrides]                  (SFT only; the model lands in runs/<name>/sft)
 hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k for pass@k)
 hone pairs [RECIPE] [overrides]                (preference pairs labelled by the recipe's reward)
-hone dpo [RECIPE] [overrides]                  (DPO on dpo.data; the model lands in runs/<name>/model)
-hone rm [RECIPE] [overrides]                   (reward model on rm.data; runs/<name>/model)
+hone dpo [RECIPE] [overrides]                  (no recipe: dpo; DPO on dpo.data, model in runs/<name>/model)
+hone rm [RECIPE] [overrides]                   (no recipe: rm; reward model on rm.data, runs/<name>/model)
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
         run_dir = Path(ns.resume)
         overrides = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", *overrides]
         return load_config(saved, overrides)
+    if recipe is None and ns.command in ("dpo", "rm"):  # the default recipe trains no preferences
+        recipe = ns.command
     return load_config(recipe, overrides)
 
 

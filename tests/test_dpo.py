@@ -216,3 +216,14 @@ def test_hone_dpo_trains_on_conversational_pairs(
     steps = read_metrics(tmp_path / "chat" / "metrics.jsonl")
     assert len(steps) == 6 and steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]
     assert "held-out accuracy" not in capsys.readouterr().out  # dpo.eval off: no task evaluation
+
+
+@pytest.mark.parametrize("command", ["dpo", "rm"])
+def test_without_a_recipe_dpo_and_rm_read_the_pairs_hone_pairs_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no runs/pairs/pairs.jsonl here
+    assert main([command, "logging.progress=false"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hone: error: runs/pairs/pairs.jsonl: file not found"]
+    assert not (tmp_path / "runs").exists()
