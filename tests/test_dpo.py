@@ -101,7 +101,10 @@ def test_cached_reference_trains_as_the_per_batch_one(policy: Policy) -> None:
         assert cached["rewards/margins"] == pytest.approx(live["rewards/margins"], abs=1e-5)
 
 
-def test_lora_reference_is_the_base_with_the_adapter_disabled(micro_model_dir: Path) -> None:
+@pytest.mark.parametrize("cache_reference", [True, False])
+def test_lora_reference_is_the_base_with_the_adapter_disabled(
+    micro_model_dir: Path, cache_reference: bool
+) -> None:
     policy = Policy.from_pretrained(micro_model_dir, lora=LoraSettings(r=4, alpha=8))
     assert policy.tokenizer is not None
     pairs = [encode_preference(policy.tokenizer, p, c, r) for p, c, r in PAIRS]
@@ -111,7 +114,7 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled(micro_model_dir: P
     run_dpo(
         policy,
         pairs,
-        DPOSettings(batch_size=6, lr=1e-2, steps=4, cache_reference=False),
+        DPOSettings(batch_size=6, lr=1e-2, steps=4, cache_reference=cache_reference),
         reference=reference,
         log=rows.append,
     )

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE
+from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
 from hone.training.optim import OptimizerStepper
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
@@ -170,12 +170,12 @@ def _batch_losses(
     pairs: Sequence[EncodedPair],
     batch: list[int],
     settings: DPOSettings,
-    loss_fn: Callable[..., Any],
+    loss_fn: PreferenceLossFn,
     pad_id: int,
     reference: Policy | None,
     cached: tuple[torch.Tensor, torch.Tensor] | None,
     stats: list[dict[str, torch.Tensor]],
-) -> Any:
+) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed pair losses over the batch size (so they add up to the batch mean), one
     forward of its chosen and rejected rows at a time; each micro-batch's per-pair metrics go to `stats`."""
     chunk = settings.micro_batch_size or len(batch)
