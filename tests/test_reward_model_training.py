@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from hone.cli import main
+from hone.data import load_preferences
 from hone.logging import read_metrics
 from hone.models import build_byte_tokenizer
+from hone.orchestration.preference import split_held_out
 from hone.rewards.model import reward_model
 from hone.training.reward_model import (
     EncodedComparison,
@@ -146,3 +148,12 @@ def test_hone_rm_bad_row_names_file_row_and_field(
     assert err == [
         f"hone: error: {bad} line 4: fields 'chosen' and 'rejected' are identical; a pair must differ"
     ]
+
+
+def test_held_out_split_is_seeded_disjoint_and_at_least_one(tmp_path: Path) -> None:
+    pairs = load_preferences(str(write_pairs(tmp_path / "p.jsonl")))
+    train, held_out = split_held_out(pairs, 0.2, seed=3)
+    assert len(held_out) == 2 and len(train) == 8
+    assert {p.sample.id for p in train}.isdisjoint(p.sample.id for p in held_out)
+    assert split_held_out(pairs, 0.2, seed=3) == (train, held_out)
+    assert len(split_held_out(pairs, 0.01, seed=3)[1]) == 1

@@ -154,7 +154,7 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     if cfg.rm.eval_data is not None:
         train, held_out = pairs, load_pairs(cfg.rm, cfg.rm.eval_data, "rm.eval_data")
     else:
-        train, held_out = _split(pairs, cfg.rm.val_fraction, cfg.run.seed)
+        train, held_out = split_held_out(pairs, cfg.rm.val_fraction, cfg.run.seed)
     try:
         model_path = resolve_model(cfg.model.path)
         tokenizer = load_tokenizer(model_path, padding_side="right")
@@ -252,7 +252,7 @@ def _deadline(cfg: HoneConfig, started: float) -> float | None:
     return None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s
 
 
-def _split(
+def split_held_out(
     pairs: list[PreferencePair], fraction: float, seed: int
 ) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """(training, held-out) pairs: `fraction` of them (at least one) drawn at random with `seed`."""
