@@ -1,4 +1,4 @@
-"""`hone` command line: train, sft, eval, dpo, rm.
+"""`hone` command line: train, sft, eval, pairs, dpo, rm.
 
 hone train [RECIPE] [section.key=value ...]     (no recipe: the embedded default)
 hone train --resume runs/<name> [overrides]

@@ -15,6 +15,7 @@ from hone.logging import read_metrics
 from hone.training.dpo import DPOSettings, encode_preference, reference_log_probs, run_dpo, sequence_log_probs
 from hone.training.policy import AdapterReference, LoraSettings, Policy
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
+from tests.test_orchestration import tiny_overrides
 
 # "a=" prefers "bb" (the next letter) to "zz".
 PAIRS = [(f"{c}=", LETTERS[i + 1] * 2, "zz") for i, c in enumerate(LETTERS[:6])]
@@ -230,3 +231,29 @@ def test_without_a_recipe_dpo_and_rm_read_the_pairs_hone_pairs_writes(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["hone: error: runs/pairs/pairs.jsonl: file not found"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_pairs_hone_pairs_writes_train_with_dpo_and_rm(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "pairs.jsonl"
+    sampled = [
+        "pairs",
+        *tiny_overrides(tmp_path, micro_model_dir, "pairs"),
+        "reward.fn=tests.rewards_for_tests:token_id_reward",  # varies within almost every group
+        "pairs.prompts=8",
+        f"pairs.out={out}",
+    ]
+    assert main(sampled) == 0
+    common = [
+        f"run.dir={tmp_path}",
+        "run.threads=1",
+        "run.time_limit_s=null",
+        f"model.path={micro_model_dir}",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
+    assert main(["dpo", *common, "run.name=dpo", f"dpo.data={out}", "dpo.steps=2", "dpo.eval=false"]) == 0
+    assert main(["rm", *common, "run.name=rm", f"rm.data={out}", "rm.steps=2"]) == 0
+    assert len(read_metrics(tmp_path / "dpo" / "metrics.jsonl")) == 2
+    assert "eval/pair_accuracy" in read_metrics(tmp_path / "rm" / "metrics.jsonl")[-1]
