@@ -156,3 +156,16 @@ def test_a_causal_lm_without_a_score_head_is_refused_naming_the_path(micro_model
         match=rf"reward model at '{micro_model_dir}' has no trained score head \(missing score.weight\)",
     ):
         reward_model(str(micro_model_dir))
+
+
+def test_a_checkpoint_missing_body_weights_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    directory = save_reward_model(tmp_path / "rm")
+    weights = load_file(directory / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError, match=r"lacks 1 weight tensors \(e.g. model.norm.weight\): a damaged checkpoint"
+    ):
+        reward_model(str(directory))

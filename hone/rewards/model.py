@@ -181,19 +181,30 @@ def reward_model(
     model, loading = AutoModelForSequenceClassification.from_pretrained(
         resolved, dtype=resolve_dtype(dtype), output_loading_info=True
     )
-    if loading["missing_keys"]:
-        # transformers would fill the missing head with random weights and score noise without a word.
-        missing = ", ".join(sorted(loading["missing_keys"])[:3])
-        raise ValueError(
-            f"reward model at {resolved!r} has no trained score head (missing {missing}): it looks like a "
-            "causal LM checkpoint; train a reward model on it with `hone rm`, or point at one"
-        )
+    _check_complete(model, sorted(loading["missing_keys"]), resolved)
     index = _label_index(model.config.num_labels, label_index, resolved)
     # transformers finds the scoring token by `config.pad_token_id`; it must be the id we pad with.
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     model.to(resolve_device(device)).eval()
     return RewardModel(model, tokenizer, batch_size=batch_size, max_length=max_length, label_index=index)
+
+
+def _check_complete(model: PreTrainedModel, missing: list[str], path: str) -> None:
+    """Refuse a checkpoint that lacks weights: transformers would fill them with random values and the
+    reward would be noise, without a word. Missing head weights (outside the base model) mean a causal LM."""
+    body = f"{model.base_model_prefix}."
+    head = [key for key in missing if not key.startswith(body)]
+    if head:
+        raise ValueError(
+            f"reward model at {path!r} has no trained score head (missing {', '.join(head[:3])}): it looks "
+            "like a causal LM checkpoint; train a reward model on it with `hone rm`, or point at one"
+        )
+    if missing:
+        raise ValueError(
+            f"reward model at {path!r} lacks {len(missing)} weight tensors (e.g. {missing[0]}): "
+            "a damaged checkpoint"
+        )
 
 
 def _label_index(num_labels: int, label_index: int | None, path: str | Path) -> int:
