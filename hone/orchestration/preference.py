@@ -29,7 +29,7 @@ from hone.orchestration.loop import SetupError, run_eval, setup_components, writ
 from hone.orchestration.prompts import render_prompt
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
-from hone.training.policy import disable_dropout
+from hone.training.policy import disable_dropout, enable_checkpointing
 from hone.training.reward_model import EncodedComparison, RMSettings, load_score_model, run_reward_model
 
 log = logging.getLogger("hone")
@@ -163,6 +163,8 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
             model_path, dtype=resolve_dtype(cfg.model.dtype), pad_token_id=tokenizer.pad_token_id
         )
         model.to(resolve_device(cfg.model.device))
+        if cfg.model.gradient_checkpointing:
+            enable_checkpointing(model)
 
         def encode(pair: PreferencePair) -> EncodedComparison:
             chosen, rejected = (

@@ -44,7 +44,7 @@ def _resolve_device(device: Device) -> torch.device:
     return torch.device(device)
 
 
-def _enable_checkpointing(model: PreTrainedModel) -> None:
+def enable_checkpointing(model: PreTrainedModel) -> None:
     # Non-reentrant checkpointing works with frozen inputs (LoRA) without `enable_input_require_grads`.
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
@@ -153,7 +153,7 @@ class Policy:
         model.to(_resolve_device(device))
         model.config.use_cache = False  # training never reuses a KV cache; it only costs memory
         if gradient_checkpointing:
-            _enable_checkpointing(model)
+            enable_checkpointing(model)
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
