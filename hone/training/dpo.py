@@ -122,7 +122,7 @@ def run_dpo(
     if needs_reference and settings.cache_reference:
         assert reference is not None
         cached = reference_log_probs(reference, pairs, pad_id, settings.micro_batch_size)
-        reference = None  # the caller passed it in: this was the last reference to a frozen model copy
+        reference = None  # dropped: a frozen copy the caller did not keep is freed before training
 
     params = policy.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
