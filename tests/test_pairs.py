@@ -45,6 +45,7 @@ def test_no_pair_within_the_margin_nor_between_equal_texts() -> None:
     assert [(c.response_text, r.response_text) for c, r in pairs_from_group(group, 1, 0.0)] == [("a", "b")]
     assert pairs_from_group(group, 1, min_margin=0.5) == []
     assert pairs_from_group([_rollout("x", 0.0), _rollout("y", 0.0)], 1, 0.0) == []  # equally wrong
+    assert pairs_from_group([_rollout("x", 1.0), _rollout(" ", 0.0)], 1, 0.0) == []  # an empty response
 
 
 def test_rows_are_trl_preference_format() -> None:

@@ -10,7 +10,8 @@ labels came from the verifier.
 Decisions:
 - Pairing: a group's distinct responses sorted by reward; the k-th best goes with the k-th worst, each
   response used at most once, up to `pairs.per_prompt` pairs, a pair only when the rewards differ by more
-  than `min_margin` (so two equally wrong answers never make a pair) and the texts differ.
+  than `min_margin` (so two equally wrong answers never make a pair) and the texts differ; an empty
+  response (eos at once) takes no part.
 - Rows are TRL's preference format: `prompt`/`chosen`/`rejected`, conversational (`[{role, content}]`)
   when the recipe renders prompts through the chat template, plain strings otherwise, plus `answer` and
   the two rewards for inspection. `hone dpo` and `hone rm` read them as they are.
@@ -54,7 +55,8 @@ def pairs_from_group(
     distinct response with the k-th worst, while their rewards differ by more than `min_margin`."""
     distinct: dict[str, Rollout] = {}
     for r in sorted(rollouts, key=lambda r: -r.reward):  # the best-scored copy of each text
-        distinct.setdefault(r.response_text, r)
+        if r.response_text.strip():  # an empty response is no preference row (`hone dpo` refuses it)
+            distinct.setdefault(r.response_text, r)
     ranked = list(distinct.values())
     pairs = []
     for k in range(min(per_prompt, len(ranked) // 2)):
