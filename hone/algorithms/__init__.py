@@ -23,6 +23,7 @@ from hone.algorithms.utils import (
     sequence_scores,
     turn_sums,
 )
+from hone.algorithms.value import explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -33,6 +34,7 @@ __all__ = [
     "Correction",
     "aggregate_loss",
     "discounted_returns",
+    "explained_variance",
     "group_stats",
     "masked_mean",
     "masked_sum",
@@ -45,4 +47,5 @@ __all__ = [
     "scores_to_token_rewards",
     "sequence_scores",
     "turn_sums",
+    "value_loss",
 ]
