@@ -46,6 +46,8 @@ MAIN_KEYS = f"""main keys (override any as section.key=value):
   algorithm.kl.placement (loss | reward) algorithm.dual_clip algorithm.skip_zero_variance_groups
   trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
   trainer.micro_batch_size trainer.grad_clip
+  critic.path critic.lr critic.schedule critic.warmup_steps critic.value_clip critic.value_coef
+  critic.micro_batch_size critic.grad_clip (a critic section goes with algorithm.advantage gae)
   sft.enabled sft.data sft.stop_at_accuracy   eval.n eval.k eval.temperature
   pairs.prompts pairs.per_prompt pairs.min_margin pairs.out
   dpo.data dpo.loss ({" ".join(sorted(PREFERENCE_LOSSES))}) dpo.beta dpo.label_smoothing dpo.simpo_gamma

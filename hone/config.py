@@ -308,8 +308,6 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _usable(self) -> AlgorithmConfig:
-        if self.advantage == "gae":
-            raise ValueError("advantage 'gae' needs a critic (value model), which Hone does not train yet")
         if self.dual_clip is not None and self.policy_loss != "ppo":
             raise ValueError(f"dual_clip applies to the 'ppo' loss only, not {self.policy_loss!r}")
         if self.off_policy.name != "none" and self.old_log_probs != "recompute":
@@ -325,6 +323,36 @@ class AlgorithmConfig(Section):
         if v is not None and v not in AGGREGATION_MODES:
             raise ValueError(f"unknown loss aggregation {v!r}; choose one of {', '.join(AGGREGATION_MODES)}")
         return v
+
+
+class CriticConfig(Section):
+    """PPO's value model (`algorithm.advantage: gae`); see README "PPO with a critic"."""
+
+    path: str | None = Field(
+        None,
+        description="a model dir or hub name for the critic's trunk (a saved critic keeps its value head); "
+        "null = the policy's start (the SFT result after a warm start), with a new value head",
+    )
+    lr: float = Field(1e-4, gt=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    weight_decay: float = 0.0
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="first RL steps that train only the critic: the policy neither moves nor publishes",
+    )
+    value_clip: float | None = Field(
+        None, gt=0, description="ε_v: PPO2's value clipping around the values the batch was sampled with"
+    )
+    value_coef: float = Field(
+        1.0,
+        gt=0,
+        description="scales the value loss; the critic is its own model, so it acts as an LR factor",
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per critic forward/backward; null = trainer.micro_batch_size"
+    )
+    grad_clip: float | None = Field(1.0, gt=0)
 
 
 class TrainerConfig(Section):
@@ -555,6 +583,18 @@ class HoneConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    critic: CriticConfig | None = Field(None, description="a value model; set with algorithm.advantage: gae")
+
+    @model_validator(mode="after")
+    def _critic_with_gae(self) -> HoneConfig:
+        # GAE's advantages are the critic's TD errors, and only GAE reads the critic's values.
+        if (self.algorithm.advantage == "gae") != (self.critic is not None):
+            raise ValueError(
+                "algorithm.advantage: gae needs a critic section (critic: {} for its defaults)"
+                if self.critic is None
+                else f"critic: set only with algorithm.advantage: gae, not {self.algorithm.advantage!r}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _has_prompts(self) -> HoneConfig:
@@ -645,7 +685,10 @@ def _read_recipe(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: empty recipe; start from a packaged one ({', '.join(list_recipes())})")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+    optional = {name for name, field in HoneConfig.model_fields.items() if field.default is None}
     for section, body in tree.items():
+        if body is None and section in optional:  # `critic: null` (as config.yaml saves it): off
+            continue
         if body is None:  # `trainer:` with every key commented out: the section's defaults
             tree[section] = {}
         elif not isinstance(body, dict):

@@ -106,6 +106,7 @@ class Batch:
     ref_log_probs: torch.Tensor | None = None  # [B, T]
     advantages: torch.Tensor | None = None  # [B, T]
     returns: torch.Tensor | None = None  # [B, T]
+    values: torch.Tensor | None = None  # [B, T] the critic's V(s_t) before its update (gae only)
     group_ids: torch.Tensor | None = None  # [B]
     # [B, T] the sampler's own log-probs (π_behav), kept when `old_log_probs` is replaced by the trainer's
     # recomputation (π_anchor), for the off-policy correction (algorithm.off_policy)

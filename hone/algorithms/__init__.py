@@ -31,6 +31,7 @@ from hone.algorithms.utils import (
     sequence_scores,
     turn_sums,
 )
+from hone.algorithms.value import explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -46,6 +47,7 @@ __all__ = [
     "aggregate_loss",
     "bradley_terry_loss",
     "discounted_returns",
+    "explained_variance",
     "group_stats",
     "masked_mean",
     "masked_sum",
@@ -59,4 +61,5 @@ __all__ = [
     "scores_to_token_rewards",
     "sequence_scores",
     "turn_sums",
+    "value_loss",
 ]

@@ -30,6 +30,7 @@ from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, 
 from hone.rewards.registry import TEXT_REWARDS
 from hone.rollout import HFSampler, Sampler, eos_token_ids
 from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.training.critic import ValueModel
 from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
 from hone.types import Rollout, Sample
 from hone.verifiers.sandbox import set_max_concurrency as set_sandbox_concurrency
@@ -268,6 +269,15 @@ def load_reference(
         ref.model.eval().requires_grad_(False)
         tensors = ref.model.state_dict()
     return ref, {"path": str(start_dir), "sha256": weights_digest(tensors)}
+
+
+def load_critic(cfg: HoneConfig, policy: Policy, start_dir: str) -> ValueModel:
+    """PPO's value model: the trunk of `critic.path` (a saved critic keeps its head), or by default of the
+    policy where RL starts (`start_dir`: the SFT result after a warm start), with a new value head. A LoRA
+    policy's start directory holds merged weights, so the critic is always a full model."""
+    assert cfg.critic is not None
+    path = resolve_model(cfg.critic.path) if cfg.critic.path is not None else start_dir
+    return ValueModel.from_pretrained(path, dtype=cfg.model.dtype, device=policy.device)
 
 
 def build_components(cfg: HoneConfig) -> RunComponents:

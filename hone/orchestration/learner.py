@@ -11,10 +11,18 @@ from collections.abc import Callable
 
 import torch
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards, turn_sums
+from hone.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    explained_variance,
+    masked_mean,
+    scores_to_token_rewards,
+    turn_sums,
+)
 from hone.config import HoneConfig
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
+from hone.training.critic import CriticTrainer
 from hone.training.policy import Policy, first_response_column
 from hone.training.trainer import RLTrainer, micro_batch_rows
 from hone.types import Batch, Rollout
@@ -60,7 +68,15 @@ def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -
         norm_by_std=algo.norm_by_std,
         gamma=algo.gamma,
         lam=algo.lam,
+        values=batch.values,
     )
+    if batch.values is not None:  # the critic before its update, against the targets it is fitted to
+        assert batch.returns is not None
+        metrics["value/explained_variance"] = explained_variance(
+            batch.values, batch.returns, batch.response_mask
+        )
+        metrics["value/mean"] = float(masked_mean(batch.values, batch.response_mask))
+        metrics["returns/mean"] = float(masked_mean(batch.returns, batch.response_mask))
     return metrics
 
 
@@ -70,7 +86,13 @@ class Learner:
     `version` counts publishes (one per step that updated the weights), not steps: a step whose groups
     were all filtered out publishes nothing, and staleness, the versions a rollout lags the learner,
     must count only the updates in between. A resumed run starts it from its checkpoint's `version`
-    (AReaL #1388: a counter restarting at 0 let staleness grow without bound)."""
+    (AReaL #1388: a counter restarting at 0 let staleness grow without bound).
+
+    With a `critic` (PPO, `algorithm.advantage: gae`) each step also computes the critic's values for
+    GAE and regresses the critic on the returns after the policy's update. During the first
+    `critic.warmup_steps` RL steps only the critic trains: the policy's weights stay as they are, so
+    nothing is published and the sampler keeps its version (a publish of unchanged weights would cost
+    a copy and count a version that changed nothing, inflating staleness)."""
 
     def __init__(
         self,
@@ -82,6 +104,7 @@ class Learner:
         pad_id: int,
         publish: Callable[[int], None],
         version: int = 0,
+        critic: CriticTrainer | None = None,
     ) -> None:
         self.policy = policy
         self.ref_policy = ref_policy
@@ -90,27 +113,35 @@ class Learner:
         self.pad_id = pad_id
         self.publish = publish
         self.version = version
+        self.critic = critic
 
     def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
         """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish the next version.
         A step whose groups were all filtered out trains nothing and publishes nothing (the weights,
-        and so the sampler's version, stay as they were)."""
+        and so the sampler's version, stay as they were); so does a critic warm-up step, which trains
+        the critic only."""
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         if groups.rollouts:
             batch = self.batch(groups.rollouts)
             metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
-            metrics |= self.trainer.update(batch, step)
-            published = time.perf_counter()
-            self.publish(self.version + 1)
-            self.version += 1  # after the publish: one that timed out leaves the count as the sampler's
-            metrics["time/publish_s"] = time.perf_counter() - published
+            policy_moves = self.critic is None or step >= self.critic.cfg.warmup_steps
+            if policy_moves:
+                metrics |= self.trainer.update(batch, step)
+            if self.critic is not None:
+                metrics |= self.critic.update(batch, step)
+            if policy_moves:
+                published = time.perf_counter()
+                self.publish(self.version + 1)
+                self.version += 1  # after the publish: one that timed out leaves the count as the sampler's
+                metrics["time/publish_s"] = time.perf_counter() - published
         metrics["time/train_s"] = time.perf_counter() - t0
         return metrics
 
     def batch(self, rollouts: list[Rollout]) -> Batch:
         """Collated `rollouts` with the behaviour (old) and reference log-probs the config asks for (the
-        trainer measures `mismatch/logprob_abs` from them: sampler vs recomputation)."""
+        trainer measures `mismatch/logprob_abs` from them: sampler vs recomputation), and the critic's
+        values when there is one."""
         cfg = self.cfg
         batch = collate(rollouts, pad_id=self.pad_id).to(self.policy.device)
         micro = micro_batch_rows(cfg.trainer, batch.input_ids.shape[1])
@@ -127,4 +158,6 @@ class Learner:
             batch.ref_log_probs = _log_probs(
                 self.ref_policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
             )
+        if self.critic is not None:
+            batch.values = self.critic.values(batch)
         return batch

@@ -29,6 +29,7 @@ from hone.orchestration.components import (
     RunComponents,
     build_components,
     close_samplers,
+    load_critic,
     load_reference,
     producer_replica,
 )
@@ -41,6 +42,7 @@ from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.rollout.multiturn import Episodes
 from hone.training.checkpoint import Checkpointer
+from hone.training.critic import CriticTrainer
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import SamplingParams
@@ -251,13 +253,25 @@ def rl_trainer(cfg: HoneConfig, parts: RunComponents) -> RLTrainer:
     )
 
 
+def rl_start_dir(parts: RunComponents, run_dir: Path) -> tuple[str, bool]:
+    """Where RL starts from, and whether that is a warm start: the SFT result, else the model."""
+    sft_dir = run_dir / "sft"
+    return (str(sft_dir), True) if sft_dir.is_dir() else (parts.model_path, False)
+
+
+def critic_trainer(cfg: HoneConfig, parts: RunComponents, run_dir: Path) -> CriticTrainer | None:
+    """PPO's critic and its trainer (`algorithm.advantage: gae`), initialised where the policy starts RL."""
+    if cfg.critic is None:
+        return None
+    model = load_critic(cfg, parts.policy, rl_start_dir(parts, run_dir)[0])
+    return CriticTrainer(model, cfg.critic, cfg.trainer, total_rl_steps=cfg.run.steps, seed=cfg.run.seed)
+
+
 def _reference(cfg: HoneConfig, parts: RunComponents, run_dir: Path) -> dict[str, str] | None:
     """Load the KL reference into `parts` (the SFT result after a warm start); its checkpoint record."""
     if cfg.algorithm.kl.coef <= 0:
         return None
-    sft_dir = run_dir / "sft"
-    warm = sft_dir.is_dir()
-    start = str(sft_dir) if warm else parts.model_path
+    start, warm = rl_start_dir(parts, run_dir)
     parts.ref_policy, reference = load_reference(cfg, parts.policy, start, warm_started=warm)
     return reference
 
@@ -272,6 +286,7 @@ class _RLStart:
     step: int
     start_eval: dict[str, float]
     version: int = 0
+    critic: CriticTrainer | None = None
 
 
 def _resume(
@@ -280,15 +295,18 @@ def _resume(
     """Reference, trainer and checkpoint `latest` loaded into memory; nothing written."""
     reference = _reference(cfg, parts, run_dir)
     trainer = rl_trainer(cfg, parts)
-    state = _restore(checkpointer, latest, parts.policy, trainer)
+    critic = critic_trainer(cfg, parts, run_dir)
+    state = _restore(checkpointer, latest, parts.policy, trainer, critic)
     check_reference(state.get("reference"), reference, latest)
     step = int(state["step"])
     # A checkpoint written before versions were counted apart from steps: every step published then.
     version = int(state.get("version", step))
-    return _RLStart(trainer, reference, step, dict(state.get("start_eval", {})), version)
+    return _RLStart(trainer, reference, step, dict(state.get("start_eval", {})), version, critic)
 
 
-def _restore(checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer) -> dict[str, Any]:
+def _restore(
+    checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RLTrainer, critic: CriticTrainer | None
+) -> dict[str, Any]:
     """Load checkpoint `path` into the policy and trainer; one-line `SetupError` when it does not fit
     (an override changed the model, LoRA or optimizer) or is damaged past what `damage` catches."""
     if (path / "scheduler.pt").exists():
@@ -300,8 +318,11 @@ def _restore(checkpointer: Checkpointer, path: Path, policy: Policy, trainer: RL
             "scheduler.pt to resume with the new schedule"
         )
     try:
-        state = checkpointer.load(path, policy, trainer.optimizer)  # the LR schedule is trainer state
+        # the LR schedules are trainer state
+        state = checkpointer.load(path, policy, trainer.optimizer, critic=critic)
         trainer.load_state_dict(state["trainer"])
+        if critic is not None:
+            critic.load_state_dict(state["critic"])
     except Exception as e:
         detail = " ".join(str(e).split())[:300]  # state-dict mismatches list every tensor
         raise SetupError(f"cannot resume from {path}: {type(e).__name__}: {detail}") from e
@@ -341,10 +362,11 @@ def _start(
         )
     reference = _reference(cfg, parts, run_dir)
     trainer = rl_trainer(cfg, parts)
+    critic = critic_trainer(cfg, parts, run_dir)
     start_eval = run_eval(parts, cfg)
     metrics_log.log(0, start_eval)
     log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
-    return _RLStart(trainer, reference, 0, start_eval)
+    return _RLStart(trainer, reference, 0, start_eval, critic=critic)
 
 
 def _train(
@@ -374,6 +396,7 @@ def _train(
         pad_id=parts.pad_id,
         publish=rollouts.publish,
         version=begin.version,
+        critic=begin.critic,
     )
 
     def save(step: int) -> None:
@@ -390,13 +413,18 @@ def _train(
                 "trainer": trainer.state_dict(),
                 "start_eval": start_eval,
             }
-            | ({"reference": begin.reference} if begin.reference else {}),
+            | ({"reference": begin.reference} if begin.reference else {})
+            | ({"critic": begin.critic.state_dict()} if begin.critic else {}),
+            critic=begin.critic,
         )
 
     step = begin.step
     final_eval: dict[str, float] = {}
     if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
-        trainer.schedule.start_clock(cfg.run.time_limit_s - (time.perf_counter() - started))
+        left = cfg.run.time_limit_s - (time.perf_counter() - started)
+        trainer.schedule.start_clock(left)
+        if begin.critic is not None:
+            begin.critic.schedule.start_clock(left)
     # Admission: step s is submitted once the learner has finished s - η steps (η = 0 when synchronous).
     ahead = cfg.trainer.max_staleness if cfg.trainer.mode == "async" else 0
     submitted = step

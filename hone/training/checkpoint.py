@@ -21,12 +21,15 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from hone.training.critic import CriticTrainer
 from hone.training.policy import Policy
 
 log = logging.getLogger("hone")
 
 CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
+CRITIC_DIR = "critic"  # PPO's value model (trunk + value head), beside the policy's `model/`
+CRITIC_OPTIMIZER = "critic_optimizer.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TEMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
@@ -83,6 +86,7 @@ def damage(path: Path) -> str | None:
     weights = sorted((path / MODEL_DIR).rglob("*.safetensors"))
     if not weights:
         return f"no *.safetensors under {MODEL_DIR}/"
+    weights += sorted((path / CRITIC_DIR).rglob("*.safetensors"))
     for file in weights:
         try:
             with safe_open(file, framework="pt"):
@@ -103,7 +107,8 @@ class Checkpointer:
 
     Layout: `model/` (an HF directory from `Policy.save_pretrained`), `optimizer.pt`, `rng.pt` (python,
     numpy, torch CPU and CUDA generators) and `state.json` (`step` + `extra_state`, where the trainer keeps
-    its LR-schedule progress). One writer per run directory is assumed.
+    its LR-schedule progress); with a critic (PPO) also `critic/` (`ValueModel.save_pretrained`) and
+    `critic_optimizer.pt`. One writer per run directory is assumed.
     """
 
     def __init__(self, run_dir: str | Path, *, keep_last: int | None = None) -> None:
@@ -147,6 +152,8 @@ class Checkpointer:
         policy: Policy,
         optimizer: torch.optim.Optimizer | None,
         extra_state: dict[str, Any] | None = None,
+        *,
+        critic: CriticTrainer | None = None,
     ) -> Path:
         """Write checkpoint `step` atomically and return its path. `extra_state` must be JSON-serialisable."""
         extra_state = dict(extra_state or {})
@@ -162,6 +169,9 @@ class Checkpointer:
         policy.save_pretrained(tmp / MODEL_DIR)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if critic is not None:
+            critic.model.save_pretrained(tmp / CRITIC_DIR)
+            torch.save(critic.optimizer.state_dict(), tmp / CRITIC_OPTIMIZER)
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(state_json)
         _fsync_tree(tmp)
@@ -178,12 +188,20 @@ class Checkpointer:
         path: str | Path,
         policy: Policy,
         optimizer: torch.optim.Optimizer | None,
+        *,
+        critic: CriticTrainer | None = None,
     ) -> dict[str, Any]:
-        """Restore weights, optimizer and RNG from `path`; return `extra_state` plus `step`."""
+        """Restore weights, optimizer, the critic's (when given) and RNG from `path`; return `extra_state`
+        plus `step`."""
         path = Path(path)
         policy.load_weights(path / MODEL_DIR)
         if optimizer is not None:
             optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        if critic is not None:
+            if not (path / CRITIC_DIR).is_dir():
+                raise ValueError(f"{path} holds no critic (it was saved by a run without one)")
+            critic.model.load_weights(path / CRITIC_DIR)
+            critic.optimizer.load_state_dict(torch.load(path / CRITIC_OPTIMIZER, weights_only=True))
         _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
         return json.loads((path / "state.json").read_text())
 
