@@ -226,7 +226,9 @@ def _killed_and_resumed(tmp_path: Path, model_dir: Path, **extra: object) -> tup
         "run.steps": 8,
         "run.save_every": 4,
         "run.eval_every": 0,
-        "reward.fn": "tests.rewards_for_tests:token_id_reward",  # a gradient at every step
+        # A gradient at every step, and steps of >= 0.2 s, so the 10 ms poll below kills between
+        # checkpoints 4 and 8 even on a loaded machine (a PPO run under the full suite once ran past 8).
+        "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
         **extra,
     }
     straight = _run_cli(tiny_overrides(tmp_path, model_dir, "straight", **common), tmp_path)
