@@ -179,3 +179,9 @@ def test_a_sampler_dtype_is_for_the_hf_engine_only() -> None:
     assert load_config(None, ["rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
     with pytest.raises(ConfigError, match=r"rollout\.dtype applies to the hf engine"):
         load_config(None, ["rollout.dtype=bfloat16", "rollout.engine=vllm"])
+
+
+@pytest.mark.parametrize("name", list_recipes())
+def test_every_packaged_recipe_validates(name: str) -> None:
+    cfg = load_config(name, [])
+    assert cfg.run.name  # a recipe names its runs
