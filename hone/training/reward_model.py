@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
 from hone.training.optim import OptimizerStepper
@@ -54,7 +55,21 @@ class RMSettings:
 def load_score_model(path: str | Path, *, dtype: torch.dtype | str, pad_token_id: int) -> PreTrainedModel:
     """A one-label sequence classifier from `path` (a causal LM: its `score` head starts random). The
     config's pad id is the tokenizer's, so the logit is read at the last real token."""
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=dtype)
+    # The new head is expected: transformers' load report (a table calling `score.weight` MISSING) would
+    # read as a fault, so it is silenced and the report checked here instead.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            str(path), num_labels=1, dtype=dtype, output_loading_info=True
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    body_missing = [k for k in info["missing_keys"] if not k.startswith("score.")]
+    if body_missing:
+        raise ValueError(
+            f"{path}: the checkpoint lacks {len(body_missing)} weights of the model, e.g. {body_missing[0]}"
+        )
     model.config.pad_token_id = pad_token_id
     model.config.get_text_config().pad_token_id = pad_token_id
     return model
