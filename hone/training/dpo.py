@@ -12,7 +12,6 @@ default; the reference can then be dropped) or per batch. The metrics are TRL's,
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
-from hone.training.optim import OptimizerStepper
+from hone.training.optim import OptimizerStepper, epoch_batches
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
 from hone.training.trainer import build_scheduler
@@ -135,8 +134,7 @@ def run_dpo(
         advice="look for NaN/inf in the preference data, or lower dpo.lr",
     )
     scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
-    rng = random.Random(settings.seed)
-    order: list[int] = []
+    batches = epoch_batches(len(pairs), settings.batch_size, settings.seed)
     result: dict[str, Any] = {"steps": 0, "out_of_time": False}
     was_training = policy.model.training
     policy.model.train()
@@ -145,11 +143,7 @@ def run_dpo(
             if deadline is not None and time.perf_counter() > deadline:
                 result["out_of_time"] = True
                 break
-            while len(order) < settings.batch_size:
-                epoch = list(range(len(pairs)))
-                rng.shuffle(epoch)
-                order += epoch
-            batch, order = order[: settings.batch_size], order[settings.batch_size :]
+            batch = next(batches)
             lr = scheduler.get_last_lr()[0]
             stats: list[dict[str, torch.Tensor]] = []
             losses = _batch_losses(policy, pairs, batch, settings, loss_fn, pad_id, reference, cached, stats)

@@ -1,4 +1,4 @@
-"""One optimizer step over accumulated gradients, shared by RL, SFT and the DPO/RM training to come.
+"""One optimizer step over accumulated gradients, shared by RL, SFT, DPO and reward-model training.
 
 A step zeroes the gradients, runs `backward()` on each micro-batch loss it is given (each already
 divided by its whole step's count, so the sum is the step's loss), clips the global gradient norm and
@@ -11,9 +11,24 @@ steps (while sampling or evaluating).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Iterator
 
 import torch
+
+
+def epoch_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Indices into `n` examples, `batch_size` a step, reshuffled every epoch with `seed`; a batch at an
+    epoch's end runs on into the next epoch's order (no short batch, every example once per epoch)."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        while len(order) < batch_size:
+            epoch = list(range(n))
+            rng.shuffle(epoch)
+            order += epoch
+        batch, order = order[:batch_size], order[batch_size:]
+        yield batch
 
 
 class NonFiniteGradientError(RuntimeError):

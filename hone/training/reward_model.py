@@ -11,7 +11,6 @@ schedule); held-out pair accuracy (the share of pairs whose chosen text scores h
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
-from hone.training.optim import OptimizerStepper
+from hone.training.optim import OptimizerStepper, epoch_batches
 from hone.training.trainer import build_scheduler
 
 
@@ -141,8 +140,7 @@ def run_reward_model(
         advice="look for NaN/inf in the preference data, or lower rm.lr",
     )
     scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
-    rng = random.Random(settings.seed)
-    order: list[int] = []
+    batches = epoch_batches(len(train_pairs), settings.batch_size, settings.seed)
     result: dict[str, Any] = {"steps": 0, "out_of_time": False}
     was_training = model.training
     model.train()
@@ -151,14 +149,7 @@ def run_reward_model(
             if deadline is not None and time.perf_counter() > deadline:
                 result["out_of_time"] = True
                 break
-            while len(order) < settings.batch_size:
-                epoch = list(range(len(train_pairs)))
-                rng.shuffle(epoch)
-                order += epoch
-            batch, order = (
-                [train_pairs[i] for i in order[: settings.batch_size]],
-                order[settings.batch_size :],
-            )
+            batch = [train_pairs[i] for i in next(batches)]
             lr = scheduler.get_last_lr()[0]
             stats: list[dict[str, torch.Tensor]] = []
             grad_norm = stepper.step(

@@ -7,7 +7,6 @@ exactly where the prompt ends, as at sampling time when the sampler continues th
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hone.training.optim import OptimizerStepper
+from hone.training.optim import OptimizerStepper, epoch_batches
 from hone.training.policy import Policy
 from hone.training.trainer import build_scheduler
 
@@ -129,8 +128,7 @@ def run_sft(
         advice="look for NaN/inf in the demonstrations, or lower sft.lr",
     )
     scheduler = build_scheduler(optimizer, schedule, warmup_steps, max_steps)
-    rng = random.Random(seed)
-    order: list[int] = []
+    batches = epoch_batches(len(encoded), batch_size, seed)
     was_training = policy.model.training
     result: dict[str, Any] = {
         "steps": 0,
@@ -149,11 +147,7 @@ def run_sft(
             if out_of_time():
                 result["out_of_time"] = True
                 break
-            while len(order) < batch_size:
-                epoch = list(range(len(encoded)))
-                rng.shuffle(epoch)
-                order += epoch
-            batch, order = [encoded[i] for i in order[:batch_size]], order[batch_size:]
+            batch = [encoded[i] for i in next(batches)]
             lr_now = scheduler.get_last_lr()[0]
             nlls: list[float] = []
             losses = _batch_losses(policy, batch, pad_id, micro_batch_size, nlls)
