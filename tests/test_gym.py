@@ -65,6 +65,8 @@ def test_tasks_load_offline_and_score_right_and_wrong_answers(
 def test_the_same_seed_gives_the_same_problems_and_eval_uses_another_stream() -> None:
     a, b = ReasoningGymTask("chain_sum", {}), ReasoningGymTask("chain_sum", {})
     assert [s.prompt for s in a.train_samples(30, seed=0)] == [s.prompt for s in b.train_samples(30, seed=0)]
+    from_a = a.train_samples(3, seed=5)[2]  # scored by an instance that never drew from that seed
+    assert b.reward(from_a.answer or "", from_a) == 1.0 and b.reward(off_by_one(from_a.answer), from_a) == 0.0
     # run.seed 0 and EVAL_SEED 0 are different reasoning-gym seeds
     assert {s.prompt for s in a.eval_samples(30, seed=0)} != {s.prompt for s in a.train_samples(30, seed=0)}
 

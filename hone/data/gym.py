@@ -26,7 +26,7 @@ log = logging.getLogger("hone")
 
 PREFIX = "reasoning_gym:"
 _RESERVED = ("size", "seed")  # set from data.train_size/eval_size and run.seed
-_CANDIDATES_PER_SAMPLE = 2  # pool drawn per wanted problem: room to replace the other split's questions
+_CANDIDATES_PER_SAMPLE = 4  # pool drawn per wanted problem: room to replace the other split's questions
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 
 
@@ -153,9 +153,11 @@ class ReasoningGymTask(Task):
         """reasoning-gym's `score_answer` on the extracted answer (some tasks give partial credit)."""
         entry = {"question": sample.prompt, "answer": sample.answer, "metadata": sample.meta["metadata"]}
         seed = sample.meta["gym_seed"]
-        # scoring needs the config, not the size: a sample from another instance gets a small stand-in
-        dataset = self._datasets.get(seed) or self._make_dataset(seed, size=1)
-        return float(dataset.score_answer(extract_answer(response_text), entry))
+        if (
+            seed not in self._datasets
+        ):  # a sample from another instance: scoring needs the config, not the size
+            self._make_dataset(seed, size=1)
+        return float(self._datasets[seed].score_answer(extract_answer(response_text), entry))
 
     def demonstration(self, sample: Sample) -> str:
         return sample.answer or ""
