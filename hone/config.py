@@ -82,14 +82,21 @@ class ModelConfig(Section):
 class DataConfig(Section):
     task: str | None = Field("arithmetic", description="built-in generated task; null when source is set")
     task_args: dict[str, Any] = Field(default_factory=dict)
-    source: str | None = Field(None, description="jsonl/parquet file or HF dataset name (instead of task)")
+    source: str | None = Field(
+        None,
+        description="jsonl/parquet file, HF dataset name, or reasoning_gym:<name> (instead of task)",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="with source reasoning_gym:<name>: that dataset's config (its difficulty settings)",
+    )
     eval_source: str | None = None
     subset: str | None = Field(None, description="HF dataset configuration name (e.g. gsm8k's 'main')")
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     messages_field: str | None = None
     chat_template: bool = Field(False, description="render prompts through the tokenizer's chat template")
-    train_size: int = Field(100_000, ge=1, description="generated training problems (task only)")
+    train_size: int = Field(100_000, ge=1, description="generated training problems (task, reasoning_gym)")
     eval_size: int = Field(1000, ge=1, description="held-out problems for eval/accuracy")
     prompts_per_step: int = Field(32, ge=1)
 
@@ -97,6 +104,12 @@ class DataConfig(Section):
     def _one_source(self) -> DataConfig:
         if self.task is not None and self.source is not None:
             raise ValueError("set only one of data.task (built-in) or data.source (dataset)")
+        # A separate key from task_args, so a built-in task's options left over from a base recipe
+        # never reach a reasoning-gym config (and args never silently miss a file source).
+        if self.args and not (self.source or "").startswith("reasoning_gym:"):
+            raise ValueError(
+                "data.args is the config of data.source reasoning_gym:<name>; use data.task_args"
+            )
         return self
 
 

@@ -22,6 +22,8 @@ from torch import nn
 
 from hone.config import HoneConfig
 from hone.data import Task, get_task, load_samples
+from hone.data.gym import PREFIX as GYM_PREFIX
+from hone.data.gym import ReasoningGymTask
 from hone.envs import Environment
 from hone.envs import make_env as _make_env
 from hone.models import resolve_model
@@ -69,6 +71,10 @@ def load_data(
         train = task.train_samples(data.train_size, seed=cfg.run.seed)
         return task, train, held_out_samples(cfg, task, env, eval_size)
     assert data.source is not None
+    if data.source.startswith(GYM_PREFIX):
+        task = ReasoningGymTask(data.source.removeprefix(GYM_PREFIX), data.args)
+        train = task.train_samples(data.train_size, seed=cfg.run.seed)
+        return task, train, held_out_samples(cfg, task, env, eval_size)
     train = load_samples(data.source, split="train", **_dataset_fields(cfg))
     return None, train, held_out_samples(cfg, None, env, eval_size)
 
@@ -174,7 +180,8 @@ def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) ->
     if spec == "task":
         if task is None:
             raise ValueError(
-                f"{where} needs data.task; for a dataset choose a built-in reward or 'pkg.mod:fn'"
+                f"{where} needs data.task or data.source reasoning_gym:<name>; "
+                "for a dataset choose a built-in reward or 'pkg.mod:fn'"
             )
         if args:
             raise ValueError(f"{where} takes no args")
