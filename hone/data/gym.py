@@ -162,9 +162,6 @@ class ReasoningGymTask(Task):
     def demonstration(self, sample: Sample) -> str:
         return sample.answer or ""
 
-    def _make(self, rng: Any) -> Sample:
-        raise NotImplementedError("reasoning-gym draws by seed and index; see _draw")
-
 
 def _derived_seed(split: str, seed: int) -> int:
     """Distinct reasoning-gym seeds per split, so run.seed 0 trains on other problems than EVAL_SEED 0."""

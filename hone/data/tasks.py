@@ -49,7 +49,8 @@ def first_line(text: str) -> str:
 
 
 class Task(ABC):
-    """A problem generator with a verifier. Subclasses implement `_make`, `reward` and `demonstration`."""
+    """A problem generator with a verifier. Subclasses implement `_make` (or `_draw`), `reward` and
+    `demonstration`."""
 
     name: ClassVar[str]
     eval_fraction: ClassVar[float] = 0.1  # share of the problem space reserved for evaluation
@@ -60,9 +61,10 @@ class Task(ABC):
     # `reward.args` win. A task knows what its answers must look like (e.g. computed, not left undone).
     reward_args: ClassVar[dict[str, dict[str, Any]]] = {}
 
-    @abstractmethod
     def _make(self, rng: random.Random) -> Sample:
-        """One random problem; its `id` is overwritten by the caller."""
+        """One random problem; its `id` is overwritten by the caller. A task that draws its problems
+        another way (reasoning-gym's, by seed and index) overrides `_draw` instead."""
+        raise NotImplementedError(f"task {self.name!r} implements neither _make nor _draw")
 
     @abstractmethod
     def reward(self, response_text: str, sample: Sample) -> float:
