@@ -233,3 +233,27 @@ def test_difficulty_run_killed_and_resumed_equals_an_unbroken_one(
             },
         )
     )
+
+
+def test_async_difficulty_run_sees_results_late_but_still_turns_to_intermediate_prompts(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With η = 2 a step is drawn before the two steps ahead of it are observed: the curriculum reacts
+    later, and still ends on the intermediate prompts."""
+    produced = _recorded_run(
+        tmp_path,
+        micro_model_dir,
+        monkeypatch,
+        "a",
+        **{
+            "run.steps": 12,
+            "data.train_size": 24,
+            "reward.fn": "tests.rewards_for_tests:prompt_class_reward",
+            "data.scheduler": "difficulty",
+            "trainer.mode": "async",
+            "trainer.max_staleness": 2,
+        },
+    )
+    assert len(produced) == 12  # one producer: the steps in order
+    late = [i for ids in produced[8:] for i in ids]
+    assert sum(kind(i) == 2 for i in late) / len(late) >= 0.75
