@@ -8,6 +8,7 @@ that prefers prompts of intermediate estimated pass rate; a user scheduler is an
 from __future__ import annotations
 
 import importlib
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -134,13 +135,15 @@ class DifficultyScheduler:
     PACED-RL likewise steers sampling toward intermediate difficulty. PCL predicts with a value model;
     this uses the tracked per-prompt pass rates (`PassRates`).
 
-    Each step's candidates are `pool × batch_size` fresh prompts from the uniform order, so the whole set
-    keeps being measured, plus every prompt already tracked, so a known intermediate prompt is drawn again
-    rather than once an epoch; prompts on cool-down are not candidates. The batch is the candidates
-    nearest the target: a tracked prompt by |p − target|, an unseen one by |prior − target| when its
-    sample carries a prior (`meta_prior`) and otherwise by E|U − target| for U uniform on [0, 1] (0.25 at
-    a target of 0.5), so a tracked prompt within that distance beats an unknown one. Ties are broken by a
-    draw seeded by (seed, step).
+    Each step draws `pool × batch_size` fresh candidates from the uniform order, and takes the `fresh`
+    share of its batch from them (as PCL does with its whole batch), so the set keeps being measured; the
+    rest of the batch is the best of all candidates, fresh or tracked, so a known intermediate prompt is
+    drawn again rather than once an epoch (without the fresh share, a few dozen tracked prompts near the
+    target would be drawn forever and nothing new measured). Prompts on cool-down are not candidates.
+    "Best" is nearest the target: a tracked prompt by |p − target|, an unseen one by |prior − target|
+    when its sample carries a prior (`meta_prior`) and otherwise by E|U − target| for U uniform on
+    [0, 1] (0.25 at a target of 0.5), so a tracked prompt within that distance beats an unknown one.
+    Ties are broken by a draw seeded by (seed, step).
 
     The target is lowered (the difficulty aimed at raised) as the policy improves: estimates lag the
     policy, so the pass rate the chosen batches actually get (an EMA over steps, weight `ema`) runs above
@@ -154,6 +157,7 @@ class DifficultyScheduler:
         *,
         target: float = 0.5,
         pool: int = 4,
+        fresh: float = 0.5,
         adapt: float = 0.5,
         target_min: float = 0.2,
         ema: float = 0.2,
@@ -162,6 +166,9 @@ class DifficultyScheduler:
             raise ValueError(f"need 0 <= target_min <= target <= 1, got {target_min}, {target}")
         if pool < 1:
             raise ValueError(f"pool must be >= 1, got {pool}")
+        if not 0.0 <= fresh <= 1.0:
+            raise ValueError(f"fresh must be in [0, 1], got {fresh}")
+        self.fresh = fresh
         self.ctx, self.walk = ctx, _Walk(ctx)
         self.base, self.pool, self.adapt, self.target_min, self.ema = target, pool, adapt, target_min, ema
         self.batch_pass: float | None = None  # EMA of the pass rate the chosen batches got
@@ -179,14 +186,19 @@ class DifficultyScheduler:
         return (target**2 + (1.0 - target) ** 2) / 2.0
 
     def next_batch(self, step: int) -> list[Sample]:
-        cooldown = self.ctx.cooldown
-        candidates = {s.id: s for s in self.walk.take(self.pool * self.ctx.batch_size, step)}
+        cooldown, size = self.ctx.cooldown, self.ctx.batch_size
+        fresh = {s.id: s for s in self.walk.take(self.pool * size, step)}
+        candidates = dict(fresh)
         for sample_id in self.ctx.rates.rates:
             if not (cooldown and cooldown.skipped(sample_id, step)):
                 candidates.setdefault(sample_id, self._by_id[sample_id])
         target, rng = self.target(), random.Random(f"{self.ctx.seed}/difficulty/{step}")
-        ranked = sorted(candidates.values(), key=lambda s: (self._distance(s, target), rng.random()))
-        return ranked[: self.ctx.batch_size]
+        keys = {i: (self._distance(s, target), rng.random()) for i, s in candidates.items()}
+        batch = sorted(fresh, key=keys.__getitem__)[: math.ceil(self.fresh * size)]
+        rest = sorted(set(candidates) - set(batch), key=keys.__getitem__)
+        ranked = batch + rest[: size - len(batch)]
+        # Fewer distinct candidates than the batch (a data set smaller than a step): repeat, as epochs do.
+        return [candidates[ranked[k % len(ranked)]] for k in range(size)]
 
     def observe(self, step: int, outcomes: Mapping[str, Outcome]) -> None:
         scored = [(k, n) for k, n in outcomes.values() if n]
