@@ -37,6 +37,8 @@ MAIN_KEYS = f"""main keys (override any as section.key=value):
   model.path (tiny | smollm2-135m-instruct | local dir | hub name) model.dtype model.lora.r
   data.task data.task_args data.source (file | hub | reasoning_gym:<name>) data.args data.eval_source
   data.prompts_per_step data.chat_template
+  data.scheduler (uniform difficulty | pkg.mod:Class) data.scheduler_args data.pass_rate_ema
+  data.difficulty_filter.lo/hi/cooldown_steps
   rollout.n rollout.temperature rollout.top_p rollout.max_new_tokens rollout.stop
   reward.fn (task math code format overlong length reward_model judge env | pkg.mod:fn) reward.args
   reward.components.<name>.fn/weight/args reward.timeout_s reward.max_concurrency

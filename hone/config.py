@@ -79,6 +79,20 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = False
 
 
+class DifficultyFilterConfig(Section):
+    """ROLL's difficulty mask (0.1-0.95) as a cool-down: see `hone.data.passrates.CoolDown`."""
+
+    lo: float = Field(0.1, ge=0, le=1, description="prompts tracked below this pass rate are skipped")
+    hi: float = Field(0.95, ge=0, le=1, description="prompts tracked above this pass rate are skipped")
+    cooldown_steps: int = Field(10, ge=1, description="steps a prompt out of [lo, hi] is skipped for")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DifficultyFilterConfig:
+        if self.lo > self.hi:
+            raise ValueError(f"data.difficulty_filter: lo ({self.lo}) must be <= hi ({self.hi})")
+        return self
+
+
 class DataConfig(Section):
     task: str | None = Field("arithmetic", description="built-in generated task; null when source is set")
     task_args: dict[str, Any] = Field(default_factory=dict)
@@ -99,6 +113,18 @@ class DataConfig(Section):
     train_size: int = Field(100_000, ge=1, description="generated training problems (task, reasoning_gym)")
     eval_size: int = Field(1000, ge=1, description="held-out problems for eval/accuracy")
     prompts_per_step: int = Field(32, ge=1)
+    scheduler: str = Field(
+        "uniform",
+        description="which prompts each step draws: uniform (seeded epoch shuffle), difficulty (pass rate "
+        "near a target), or a dotted path 'pkg.mod:Class' (hone.data.schedulers.PromptScheduler)",
+    )
+    scheduler_args: dict[str, Any] = Field(default_factory=dict, description="the scheduler's keyword args")
+    pass_rate_ema: float = Field(
+        0.5, gt=0, le=1, description="weight of a new group in a prompt's tracked pass rate (an EMA)"
+    )
+    difficulty_filter: DifficultyFilterConfig | None = Field(
+        None, description="skip prompts whose tracked pass rate is outside [lo, hi] for cooldown_steps"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

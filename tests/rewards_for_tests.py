@@ -60,3 +60,10 @@ def token_id_reward_recorded(rollout: Rollout, sample: Sample) -> float:
     with open(os.environ["HONE_TEST_REWARD_LOG"], "a") as f:
         f.write(f"{os.getpid()} {rollout.sample_id}\n")
     return token_id_reward(rollout, sample)
+
+
+def prompt_class_reward(rollout: Rollout, sample: Sample) -> float:
+    """By the prompt's index (the last number of its id) mod 3: always right (0), always wrong (1), or right
+    for about half its responses (2: the parity of their token ids): easy, hard and intermediate prompts."""
+    kind = int(sample.id.rsplit("-", 1)[1]) % 3
+    return 1.0 if kind == 0 else 0.0 if kind == 1 else float(sum(rollout.response_ids) % 2)

@@ -168,3 +168,17 @@ def test_plot_writes_a_png_when_matplotlib_is_available(tmp_path: Path) -> None:
         tmp_path / "metrics.jsonl", tmp_path / "plots" / "curves.png", ["loss", "reward/mean", "x"]
     )
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_histograms_go_to_tensorboard_and_not_to_metrics_jsonl(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(1, {"prompts/pass_rate_p50": 0.5})
+        logger.histogram(1, "prompts/pass_rate", [0.0, 0.5, 0.5, 1.0])
+        logger.histogram(2, "prompts/pass_rate", [])  # nothing tracked yet: nothing written
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    (hist,) = events.Histograms("prompts/pass_rate")
+    assert hist.step == 1 and hist.histogram_value.num == 4 and hist.histogram_value.sum == 2.0
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "prompts/pass_rate_p50": 0.5}]

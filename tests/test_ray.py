@@ -131,15 +131,21 @@ def test_shares_merge_into_one_step_in_prompt_order() -> None:
             rollouts=[rollout(0), rollout(2)],
             metrics={"reward/mean": 0.5, "time/sample_s": 2.0},
             new_tokens=5,
+            outcomes={"a": (1, 2), "b": (0, 2)},
         ),
         ScoredGroups(
-            step=4, rollouts=[rollout(0)], metrics={"reward/mean": 1.0, "time/sample_s": 3.0}, new_tokens=2
+            step=4,
+            rollouts=[rollout(0)],
+            metrics={"reward/mean": 1.0, "time/sample_s": 3.0},
+            new_tokens=2,
+            outcomes={"a": (2, 2)},  # a prompt drawn twice in the step, once in each share
         ),
     ]
     merged = ray_backend.merge_shares(shares, results)
     assert [r.group_id for r in merged.rollouts] == [0, 2, 3]
     assert merged.metrics == {"reward/mean": 0.625, "time/sample_s": 3.0}
     assert merged.new_tokens == 7
+    assert merged.outcomes == {"a": (3, 4), "b": (0, 2)}
 
 
 def _pids_titled(title: str) -> list[int]:

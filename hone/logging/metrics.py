@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -98,6 +98,19 @@ class MetricsLogger:
                 self._tb.add_scalar(key, value, step)
         if self._wandb is not None:
             self._wandb.log(finite, step=step)
+
+    def histogram(self, step: int, key: str, values: Sequence[float]) -> None:
+        """A distribution (TensorBoard and W&B only: metrics.jsonl holds scalars, e.g. its percentiles)."""
+        if not values:
+            return
+        if self._tb is not None:
+            import torch  # as TensorBoard's own import above: only when it is on
+
+            self._tb.add_histogram(key, torch.tensor(values, dtype=torch.float64), step)
+        if self._wandb is not None:
+            import wandb as wandb_lib
+
+            self._wandb.log({key: wandb_lib.Histogram(list(values))}, step=step)
 
     def close(self) -> None:
         self._file.close()

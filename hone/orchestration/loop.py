@@ -4,7 +4,8 @@ This is the only module that knows the order of the stages, at the level of prod
 (`orchestration.producer`: prompts → sample → score → filter) and learner (`orchestration.learner`:
 collate → old/ref log-probs → advantages → update → publish weights), which talk through a
 `RolloutSource` (`orchestration.rollouts`). Each step is a pure function of
-(seed, step, weights, optimizer state, LR): prompts come from `PromptStream.batch(step)` and sampling is
+(seed, step, weights, optimizer state, LR): prompts come from the curriculum (`data.scheduler`; its state
+is checkpointed, and `uniform` is `PromptStream.batch(step)`, a function of the step) and sampling is
 seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped
 whenever the LR is a function of the step too: no `run.time_limit_s`, or a constant schedule. Under a
 time limit a cosine/linear LR also follows the wall clock (`RLSchedule`), and resume is not bit-exact.
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from hone.config import HoneConfig
+from hone.data.curriculum import Curriculum, build_curriculum
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
 from hone.orchestration.components import (
     RunComponents,
@@ -33,10 +35,10 @@ from hone.orchestration.components import (
     load_reference,
     producer_replica,
 )
+from hone.orchestration.curriculum import CurriculumRollouts
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.learner import Learner
 from hone.orchestration.producer import Producer, PromptBatch
-from hone.orchestration.prompts import PromptStream
 from hone.orchestration.rollouts import AsyncRollouts, RolloutSource, SyncRollouts
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
@@ -197,16 +199,22 @@ def run_learner(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
             sft_data = make_sft_data(cfg, parts) if warm else None
         except (ValueError, OSError) as e:
             raise SetupError(str(e)) from e
+        try:
+            curriculum = build_curriculum(cfg.data, parts.train_samples, cfg.run.seed)
+        except ValueError as e:
+            raise SetupError(str(e)) from e
         created = not run_dir.exists()
         # A resume loads its checkpoint (and checks its reference) before the run directory is touched:
         # opening the logger drops metrics rows and TensorBoard events after the checkpoint, so a checkpoint
         # that does not fit the overrides must fail first.
-        resumed = None if latest is None else _resume(cfg, parts, run_dir, checkpointer, latest)
+        resumed = None if latest is None else _resume(cfg, parts, run_dir, checkpointer, latest, curriculum)
         metrics_log = _open_metrics_log(cfg, run_dir, None if resumed is None else resumed.step, created)
         write_run_config(run_dir, cfg)  # only now: a start that failed set-up changed nothing
         with metrics_log:
             try:
-                result = _train(cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started)
+                result = _train(
+                    cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started, curriculum
+                )
             except KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
         if cfg.logging.plot:
@@ -290,14 +298,24 @@ class _RLStart:
 
 
 def _resume(
-    cfg: HoneConfig, parts: RunComponents, run_dir: Path, checkpointer: Checkpointer, latest: Path
+    cfg: HoneConfig,
+    parts: RunComponents,
+    run_dir: Path,
+    checkpointer: Checkpointer,
+    latest: Path,
+    curriculum: Curriculum,
 ) -> _RLStart:
-    """Reference, trainer and checkpoint `latest` loaded into memory; nothing written."""
+    """Reference, trainer, curriculum and checkpoint `latest` loaded into memory; nothing written."""
     reference = _reference(cfg, parts, run_dir)
     trainer = rl_trainer(cfg, parts)
     critic = critic_trainer(cfg, parts, run_dir)
     state = _restore(checkpointer, latest, parts.policy, trainer, critic)
     check_reference(state.get("reference"), reference, latest)
+    if "curriculum" in state:  # absent from checkpoints written before the curriculum: uniform needs none
+        try:
+            curriculum.load_state_dict(state["curriculum"])
+        except (KeyError, TypeError, ValueError) as e:  # e.g. data.difficulty_filter or the scheduler changed
+            raise SetupError(f"cannot resume from {latest}: its curriculum state does not fit: {e!r}") from e
     step = int(state["step"])
     # A checkpoint written before versions were counted apart from steps: every step published then.
     version = int(state.get("version", step))
@@ -378,6 +396,7 @@ def _train(
     sft_data: SFTData | None,
     metrics_log: MetricsLogger,
     started: float,
+    curriculum: Curriculum,
 ) -> RunResult:
     if resumed is None:
         begin = _start(cfg, parts, run_dir, sft_data, metrics_log, started)
@@ -386,8 +405,7 @@ def _train(
         parts.weights.publish(begin.version)  # the checkpoint's weights, as the version they were
         log.info("resumed %s at step %d (weight version %d)", run_dir, begin.step, begin.version)
     trainer, start_eval = begin.trainer, begin.start_eval
-    stream = PromptStream(parts.train_samples, cfg.data.prompts_per_step, cfg.run.seed)
-    rollouts = rollout_source(cfg, parts)
+    rollouts = CurriculumRollouts(rollout_source(cfg, parts), curriculum)
     learner = Learner(
         policy=parts.policy,
         ref_policy=parts.ref_policy,
@@ -412,6 +430,7 @@ def _train(
                 "version": learner.version,
                 "trainer": trainer.state_dict(),
                 "start_eval": start_eval,
+                "curriculum": curriculum.state_dict(),
             }
             | ({"reference": begin.reference} if begin.reference else {})
             | ({"critic": begin.critic.state_dict()} if begin.critic else {}),
@@ -434,7 +453,7 @@ def _train(
     ):
         while step < cfg.run.steps:
             for s in range(submitted, min(step + ahead + 1, cfg.run.steps)):
-                rollouts.submit(PromptBatch(step=s, samples=stream.batch(s)))
+                rollouts.submit(PromptBatch(step=s, samples=curriculum.batch(s)))
             submitted = max(submitted, min(step + ahead + 1, cfg.run.steps))
             metrics = rl_step(step, rollouts, learner)
             step += 1
@@ -447,6 +466,7 @@ def _train(
                     final_eval = run_eval(parts, cfg)
                 metrics.update(final_eval)
             metrics_log.log(step, metrics)
+            metrics_log.histogram(step, "prompts/pass_rate", curriculum.pass_rates())
             progress.update(step, metrics)
             if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 save(step)

@@ -9,10 +9,11 @@ again (a resumed run) samples the same rollouts from the same weights.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents
+from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.prompts import generation_requests
 from hone.rewards import reward_failed, score_rollouts, top_answer_share
 from hone.rollout.multiturn import run_episodes
@@ -35,12 +36,14 @@ class PromptBatch:
 class ScoredGroups:
     """One step's scored rollouts after the filters, grouped (a group's members are adjacent and share
     `group_id`), each stamped with its `policy_version`; the producer's metrics; and `new_tokens`, every
-    token sampled for them, filtered-out rollouts included (throughput)."""
+    token sampled for them, filtered-out rollouts included (throughput); `outcomes`, each prompt's
+    (correct, scored) rollouts before the filters (the curriculum's pass rates)."""
 
     step: int
     rollouts: list[Rollout]
     metrics: dict[str, float]
     new_tokens: int
+    outcomes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def drop_failed_rewards(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
@@ -116,7 +119,13 @@ class Producer:
         metrics["time/sample_s"] = t_sample - t0
         metrics["time/reward_s"] = t_reward - t_sample
         new_tokens = sum(r.response_len for r in rollouts)
-        return ScoredGroups(step=prompts.step, rollouts=kept, metrics=metrics, new_tokens=new_tokens)
+        return ScoredGroups(
+            step=prompts.step,
+            rollouts=kept,
+            metrics=metrics,
+            new_tokens=new_tokens,
+            outcomes=prompt_outcomes(rollouts),
+        )
 
     def filter(self, step: int, rollouts: list[Rollout]) -> tuple[list[Rollout], dict[str, float]]:
         """Drop what must not be trained on: failed rewards, void turns (if set), uniform groups (if set)."""

@@ -1,12 +1,12 @@
-"""Prompt tokenisation and the deterministic order in which training prompts are drawn."""
+"""Prompt tokenisation (the order prompts are drawn in is `hone.data.schedulers`)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from hone.data.schedulers import PromptStream as PromptStream  # re-exported: moved to hone.data
 from hone.rollout import GenerationRequest
 from hone.types import Sample
 
@@ -44,31 +44,3 @@ def generation_requests(
     return [
         GenerationRequest(s.id, i, encode_prompt(s, tokenizer, chat_template)) for i, s in enumerate(samples)
     ]
-
-
-class PromptStream:
-    """Epochs over the training samples, each in a seeded shuffled order.
-
-    `batch(step)` is a pure function of (seed, step): a resumed run draws exactly the prompts an
-    uninterrupted run would, with no iterator state to save.
-    """
-
-    def __init__(self, samples: Sequence[Sample], batch_size: int, seed: int) -> None:
-        if not samples:
-            raise ValueError("no training samples")
-        self.samples = list(samples)
-        self.batch_size = batch_size
-        self.seed = seed
-        self._orders: dict[int, list[int]] = {}
-
-    def _order(self, epoch: int) -> list[int]:
-        if epoch not in self._orders:
-            order = list(range(len(self.samples)))
-            random.Random(f"{self.seed}/{epoch}").shuffle(order)
-            self._orders = {epoch: order}  # only the current epoch is ever needed again
-        return self._orders[epoch]
-
-    def batch(self, step: int) -> list[Sample]:
-        n = len(self.samples)
-        start = step * self.batch_size
-        return [self.samples[self._order(i // n)[i % n]] for i in range(start, start + self.batch_size)]

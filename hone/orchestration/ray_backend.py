@@ -539,14 +539,19 @@ class RayRollouts:
 def merge_shares(shares: list[PromptBatch], results: list[ScoredGroups]) -> ScoredGroups:
     """One step's `ScoredGroups` from its shares, in prompt order: group ids (positions within a share)
     shifted by the groups before the share; metrics averaged over the shares weighted by their prompts,
-    times the slowest share's, fault counts summed."""
+    times the slowest share's, fault counts summed; per-prompt outcomes summed (a prompt drawn twice in
+    a step may fall in two shares)."""
     rollouts, metrics, offset = [], {}, 0
+    outcomes: dict[str, tuple[int, int]] = {}
     total = sum(len(s.samples) for s in shares)
     for share, result in zip(shares, results, strict=True):
         for r in result.rollouts:
             r.group_id += offset
             rollouts.append(r)
         offset += len(share.samples)
+        for sample_id, (correct, scored) in result.outcomes.items():
+            before = outcomes.get(sample_id, (0, 0))
+            outcomes[sample_id] = (before[0] + correct, before[1] + scored)
         for key, value in result.metrics.items():
             if key.startswith("time/"):
                 metrics[key] = max(metrics.get(key, 0.0), value)
@@ -559,4 +564,5 @@ def merge_shares(shares: list[PromptBatch], results: list[ScoredGroups]) -> Scor
         rollouts=rollouts,
         metrics=metrics,
         new_tokens=sum(r.new_tokens for r in results),
+        outcomes=outcomes,
     )
