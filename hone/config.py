@@ -272,6 +272,16 @@ class OffPolicyConfig(Section):
         return self
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling (Yu et al. 2025, §3.2): sample further prompts until the step has
+    `data.prompts_per_step` groups whose rewards differ; see README "Dynamic sampling"."""
+
+    enabled: bool = False
+    max_rounds: int = Field(
+        4, ge=0, description="extra sampling rounds a step may take; past them it trains on what it has"
+    )
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     policy_loss: str = "ppo"
@@ -292,7 +302,15 @@ class AlgorithmConfig(Section):
         "engine whose numerics differ)",
     )
     skip_zero_variance_groups: bool = Field(
-        False, description="drop groups whose rewards are all equal (no learning signal; DAPO)"
+        False,
+        description="drop groups whose rewards are all equal (no learning signal; DAPO) without refilling "
+        "the step; dynamic_sampling.enabled drops them and refills",
+    )
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    mask_truncated: bool = Field(
+        False,
+        description="leave responses cut at max_new_tokens (finish_reason length) out of the loss (DAPO's "
+        "overlong filtering); they still count in the group baseline and the metrics",
     )
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
 

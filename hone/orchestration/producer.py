@@ -8,8 +8,11 @@ again (a resumed run) samples the same rollouts from the same weights.
 
 from __future__ import annotations
 
+import logging
+import math
+import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents
@@ -18,6 +21,8 @@ from hone.rewards import reward_failed, score_rollouts, top_answer_share
 from hone.rollout.multiturn import run_episodes
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
+
+log = logging.getLogger("hone")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,11 +58,8 @@ def drop_failed_rewards(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
 
 
 def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
-    """Keep only groups whose rewards differ (DAPO's dynamic sampling filter, without resampling)."""
-    by_group: dict[int, list[Rollout]] = {}
-    for r in rollouts:
-        by_group.setdefault(r.group_id, []).append(r)
-    kept = [r for group in by_group.values() if len({x.reward for x in group}) > 1 for r in group]
+    """Keep only groups whose rewards differ (DAPO's dynamic sampling filter; `Producer.refill` refills)."""
+    kept = [r for group in grouped(rollouts) if len({x.reward for x in group}) > 1 for r in group]
     return kept, 1.0 - len(kept) / max(1, len(rollouts))
 
 
@@ -104,34 +106,112 @@ class Producer:
         self.cfg = cfg
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
-        t0 = time.perf_counter()
         params = sampling_params(self.cfg, prompts.step, prompts.part)
-        rollouts = collect_rollouts(self.parts, self.cfg, prompts.samples, params)
-        t_sample = time.perf_counter()
-        metrics = score_rollouts(rollouts, {s.id: s for s in prompts.samples}, self.parts.reward)
-        t_reward = time.perf_counter()
+        timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
+        rollouts, metrics = self._sample_and_score(prompts.samples, params, timing)
         metrics |= rollout_metrics(rollouts)
         kept, filtered = self.filter(prompts.step, rollouts)
         metrics |= filtered
-        metrics["time/sample_s"] = t_sample - t0
-        metrics["time/reward_s"] = t_reward - t_sample
         new_tokens = sum(r.response_len for r in rollouts)
+        if self.cfg.algorithm.dynamic_sampling.enabled:
+            kept, refilled, refill_tokens = self.refill(prompts, params.seed, kept, timing)
+            metrics |= refilled
+            new_tokens += refill_tokens
+        metrics |= timing
         return ScoredGroups(step=prompts.step, rollouts=kept, metrics=metrics, new_tokens=new_tokens)
 
-    def filter(self, step: int, rollouts: list[Rollout]) -> tuple[list[Rollout], dict[str, float]]:
-        """Drop what must not be trained on: failed rewards, void turns (if set), uniform groups (if set)."""
+    def _sample_and_score(
+        self, samples: list[Sample], params: SamplingParams, timing: dict[str, float]
+    ) -> tuple[list[Rollout], dict[str, float]]:
+        """Sample `samples` with `params` and score them; the times add to `timing`."""
+        t0 = time.perf_counter()
+        rollouts = collect_rollouts(self.parts, self.cfg, samples, params)
+        t_sample = time.perf_counter()
+        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward)
+        timing["time/sample_s"] += t_sample - t0
+        timing["time/reward_s"] += time.perf_counter() - t_sample
+        return rollouts, metrics
+
+    def refill(
+        self, prompts: PromptBatch, seed: int, kept: list[Rollout], timing: dict[str, float]
+    ) -> tuple[list[Rollout], dict[str, float], int]:
+        """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step has fewer groups with differing
+        rewards than it has prompts, sample another round of prompts, at most `max_rounds` times; keep
+        the first groups that fill it, numbered 0.. in the order sampled. Returns them, the `groups/*`
+        metrics and the tokens the extra rounds sampled.
+
+        A round's prompts and sampling seed are functions of the step's seed `seed` (run seed, step,
+        part) and the round, drawn from the training set apart from the `PromptStream`: the stream's
+        later steps stay as they were, and a resumed run refills a step exactly as an unbroken one
+        (same prompts, same seeds, same weights: all rounds run in the producer's one weight hold).
+        A round draws as many prompts as the keep rate so far says will fill the step (at least the
+        missing count, at most a step's worth), so a step whose groups mostly survive costs one small
+        round, not a whole extra batch."""
+        target, rounds = len(prompts.samples), self.cfg.algorithm.dynamic_sampling.max_rounds
+        groups = grouped(kept)
+        sampled, extra, new_tokens, pool = target, 0, 0, self.parts.train_samples
+        while len(groups) < target and extra < rounds:
+            extra += 1
+            missing = target - len(groups)
+            draw = min(target, math.ceil(missing * sampled / len(groups))) if groups else target
+            picks = random.Random(derive_seed(seed, "refill-prompts", extra)).sample(
+                range(len(pool)), min(draw, len(pool))
+            )
+            params = replace(
+                sampling_params(self.cfg, prompts.step, prompts.part),
+                seed=derive_seed(seed, "refill-sampling", extra),
+            )
+            rollouts, _ = self._sample_and_score([pool[i] for i in picks], params, timing)
+            sampled += len(picks)
+            new_tokens += sum(r.response_len for r in rollouts)
+            groups += grouped(self.filter(prompts.step, rollouts, observe=False)[0])
+        groups = groups[:target]
+        for i, group in enumerate(groups):
+            for r in group:
+                r.group_id = i
+        short = target - len(groups)
+        if short and extra:
+            log.warning(
+                "RL step %d: %d of %d groups have uniform rewards after %d extra sampling rounds "
+                "(algorithm.dynamic_sampling.max_rounds); training on %d",
+                prompts.step + 1,
+                short,
+                target,
+                extra,
+                len(groups),
+            )
+        metrics = {"groups/resampled": float(sampled - target), "groups/attempts": float(1 + extra)}
+        return [r for group in groups for r in group], metrics | {"groups/short": float(short)}, new_tokens
+
+    def filter(
+        self, step: int, rollouts: list[Rollout], *, observe: bool = True
+    ) -> tuple[list[Rollout], dict[str, float]]:
+        """Drop what must not be trained on: failed rewards, void turns (if set), uniform groups (if set).
+        `observe`: count the step toward the reward-outage streak (once a step: not its refill rounds)."""
         cfg = self.cfg
         metrics: dict[str, float] = {}
         rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
-        # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
-        self.parts.reward.outage.observe(step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps)
+        if (
+            observe
+        ):  # every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
+            self.parts.reward.outage.observe(
+                step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps
+            )
         if self.parts.episodes is not None and cfg.env.drop_void_turns:
             kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
             metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))
             rollouts = kept
-        if cfg.algorithm.skip_zero_variance_groups:
+        if cfg.algorithm.skip_zero_variance_groups or cfg.algorithm.dynamic_sampling.enabled:
             rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
         return rollouts, metrics
+
+
+def grouped(rollouts: list[Rollout]) -> list[list[Rollout]]:
+    """`rollouts` split into their groups, in order of first appearance."""
+    by_group: dict[int, list[Rollout]] = {}
+    for r in rollouts:
+        by_group.setdefault(r.group_id, []).append(r)
+    return list(by_group.values())
 
 
 def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
