@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents
 from hone.orchestration.prompts import generation_requests
+from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.rewards import reward_failed, score_rollouts, top_answer_share
 from hone.rollout.multiturn import run_episodes
 from hone.seeding import derive_seed
@@ -101,15 +102,19 @@ def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
 class Producer:
     """Turns a `PromptBatch` into `ScoredGroups` with the run's sampler, reward and environment."""
 
-    def __init__(self, parts: RunComponents, cfg: HoneConfig) -> None:
+    def __init__(self, parts: RunComponents, cfg: HoneConfig, replay: ReplayBuffer | None = None) -> None:
         self.parts = parts
         self.cfg = cfg
+        self.replay = replay  # `algorithm.replay`: past successes mixed into groups before the filters
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
         params = sampling_params(self.cfg, prompts.step, prompts.part)
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
+        if self.replay is not None:
+            self.replay.begin(prompts.step)
         rollouts, metrics = self._sample_and_score(prompts.samples, params, timing)
-        metrics |= rollout_metrics(rollouts)
+        metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not
+        self._mix(rollouts)
         kept, filtered = self.filter(prompts.step, rollouts)
         metrics |= filtered
         new_tokens = sum(r.response_len for r in rollouts)
@@ -117,6 +122,8 @@ class Producer:
             kept, refilled, refill_tokens = self.refill(prompts, params.seed, kept, timing)
             metrics |= refilled
             new_tokens += refill_tokens
+        if self.replay is not None:
+            metrics["replay/frac"] = sum(map(is_replayed, kept)) / max(1, len(kept))
         metrics |= timing
         return ScoredGroups(step=prompts.step, rollouts=kept, metrics=metrics, new_tokens=new_tokens)
 
@@ -131,6 +138,12 @@ class Producer:
         timing["time/sample_s"] += t_sample - t0
         timing["time/reward_s"] += time.perf_counter() - t_sample
         return rollouts, metrics
+
+    def _mix(self, rollouts: list[Rollout]) -> None:
+        """Replay stored successes into their prompts' groups (before the filters: a group of fresh
+        failures plus a replayed success has a gradient)."""
+        if self.replay is not None:
+            self.replay.mix(rollouts)
 
     def refill(
         self, prompts: PromptBatch, seed: int, kept: list[Rollout], timing: dict[str, float]
@@ -164,6 +177,7 @@ class Producer:
             rollouts, _ = self._sample_and_score([pool[i] for i in picks], params, timing)
             sampled += len(picks)
             new_tokens += sum(r.response_len for r in rollouts)
+            self._mix(rollouts)
             groups += grouped(self.filter(prompts.step, rollouts, observe=False)[0])
         groups = groups[:target]
         for i, group in enumerate(groups):
