@@ -119,7 +119,7 @@ class Producer:
         metrics |= filtered
         new_tokens = sum(r.response_len for r in rollouts)
         if self.cfg.algorithm.dynamic_sampling.enabled:
-            kept, refilled, refill_tokens = self.refill(prompts, params.seed, kept, timing)
+            kept, refilled, refill_tokens = self.refill(prompts, params, kept, timing)
             metrics |= refilled
             new_tokens += refill_tokens
         if self.replay is not None:
@@ -146,17 +146,17 @@ class Producer:
             self.replay.mix(rollouts)
 
     def refill(
-        self, prompts: PromptBatch, seed: int, kept: list[Rollout], timing: dict[str, float]
+        self, prompts: PromptBatch, params: SamplingParams, kept: list[Rollout], timing: dict[str, float]
     ) -> tuple[list[Rollout], dict[str, float], int]:
         """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step has fewer groups with differing
         rewards than it has prompts, sample another round of prompts, at most `max_rounds` times; keep
         the first groups that fill it, numbered 0.. in the order sampled. Returns them, the `groups/*`
         metrics and the tokens the extra rounds sampled.
 
-        A round's prompts and sampling seed are functions of the step's seed `seed` (run seed, step,
-        part) and the round, drawn from the training set apart from the `PromptStream`: the stream's
-        later steps stay as they were, and a resumed run refills a step exactly as an unbroken one
-        (same prompts, same seeds, same weights: all rounds run in the producer's one weight hold).
+        A round's prompts and sampling seed are functions of the step's sampling seed (`params.seed`:
+        run seed, step, part) and the round, drawn from the training set apart from the `PromptStream`:
+        the stream's later steps stay as they were, and a resumed run refills a step exactly as an
+        unbroken one (same prompts, seeds and weights: all rounds run in the producer's one weight hold).
         A round draws as many prompts as the keep rate so far says will fill the step (at least the
         missing count, at most a step's worth), so a step whose groups mostly survive costs one small
         round, not a whole extra batch."""
@@ -167,14 +167,11 @@ class Producer:
             extra += 1
             missing = target - len(groups)
             draw = min(target, math.ceil(missing * sampled / len(groups))) if groups else target
-            picks = random.Random(derive_seed(seed, "refill-prompts", extra)).sample(
+            picks = random.Random(derive_seed(params.seed, "refill-prompts", extra)).sample(
                 range(len(pool)), min(draw, len(pool))
             )
-            params = replace(
-                sampling_params(self.cfg, prompts.step, prompts.part),
-                seed=derive_seed(seed, "refill-sampling", extra),
-            )
-            rollouts, _ = self._sample_and_score([pool[i] for i in picks], params, timing)
+            round_params = replace(params, seed=derive_seed(params.seed, "refill-sampling", extra))
+            rollouts, _ = self._sample_and_score([pool[i] for i in picks], round_params, timing)
             sampled += len(picks)
             new_tokens += sum(r.response_len for r in rollouts)
             self._mix(rollouts)
@@ -205,9 +202,8 @@ class Producer:
         cfg = self.cfg
         metrics: dict[str, float] = {}
         rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
-        if (
-            observe
-        ):  # every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
+        # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
+        if observe:
             self.parts.reward.outage.observe(
                 step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps
             )
