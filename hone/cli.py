@@ -47,6 +47,8 @@ MAIN_KEYS = f"""main keys (override any as section.key=value):
   algorithm.policy_loss ({" ".join(sorted(POLICY_LOSSES))}) algorithm.loss_agg algorithm.clip_low/clip_high
   algorithm.kl.coef algorithm.kl.estimator ({" ".join(sorted(KL_ESTIMATORS))})
   algorithm.kl.placement (loss | reward) algorithm.dual_clip algorithm.skip_zero_variance_groups
+  algorithm.dynamic_sampling.enabled algorithm.dynamic_sampling.max_rounds algorithm.mask_truncated
+  algorithm.replay.enabled algorithm.replay.min_reward algorithm.replay.max_pass_rate
   trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
   trainer.micro_batch_size trainer.grad_clip
   critic.path critic.lr critic.schedule critic.warmup_steps critic.value_clip critic.value_coef

@@ -311,6 +311,30 @@ class OffPolicyConfig(Section):
         return self
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling (Yu et al. 2025, §3.2): sample further prompts until the step has
+    `data.prompts_per_step` groups whose rewards differ; see README "Dynamic sampling"."""
+
+    enabled: bool = False
+    max_rounds: int = Field(
+        4, ge=0, description="extra sampling rounds a step may take; past them it trains on what it has"
+    )
+
+
+class ReplayConfig(Section):
+    """RLEP's experience replay (Zhang et al. 2025): past successes of prompts not yet solved are mixed
+    into their later groups; see README "Experience replay"."""
+
+    enabled: bool = False
+    min_reward: float = Field(1.0, description="a rollout whose reward reaches this is a success to keep")
+    max_pass_rate: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="a prompt whose group's share of successes is below this gets (and stores) replays",
+    )
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     policy_loss: str = "ppo"
@@ -331,7 +355,16 @@ class AlgorithmConfig(Section):
         "engine whose numerics differ)",
     )
     skip_zero_variance_groups: bool = Field(
-        False, description="drop groups whose rewards are all equal (no learning signal; DAPO)"
+        False,
+        description="drop groups whose rewards are all equal (no learning signal; DAPO) without refilling "
+        "the step; dynamic_sampling.enabled drops them and refills",
+    )
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    mask_truncated: bool = Field(
+        False,
+        description="leave responses cut at max_new_tokens (finish_reason length) out of the loss (DAPO's "
+        "overlong filtering); they still count in the group baseline and the metrics",
     )
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
 
@@ -632,6 +665,16 @@ class HoneConfig(Section):
                 "algorithm.advantage: gae needs a critic section (critic: {} for its defaults)"
                 if self.critic is None
                 else f"critic: set only with algorithm.advantage: gae, not {self.algorithm.advantage!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replay_with_one_producer(self) -> HoneConfig:
+        # The buffer lives in the one producer that samples every step in order; producers side by side
+        # (threads or Ray actors) would each see a different, timing-dependent history.
+        if self.algorithm.replay.enabled and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
+            raise ValueError(
+                "algorithm.replay needs one local producer (trainer.producers: 1, cluster.backend: local)"
             )
         return self
 

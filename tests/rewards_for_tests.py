@@ -26,6 +26,20 @@ def slow_token_id_reward(rollout: Rollout, sample: Sample) -> float:
     return token_id_reward(rollout, sample)
 
 
+def half_uniform_reward(rollout: Rollout, sample: Sample) -> float:
+    """0 for every response to about half the prompts (by their text), so those groups have uniform
+    rewards; `token_id_reward` for the rest."""
+    if sum(map(ord, sample.prompt or "")) % 2 == 0:
+        return 0.0
+    return token_id_reward(rollout, sample)
+
+
+def slow_half_uniform_reward(rollout: Rollout, sample: Sample) -> float:
+    """`half_uniform_reward` after 0.2 s (for the kill-and-resume helper)."""
+    time.sleep(0.2)
+    return half_uniform_reward(rollout, sample)
+
+
 def digit_share_reward(rollout: Rollout, sample: Sample) -> float:
     """The share of digits in the response: ~4% for a random tiny model, and GRPO raises it in a few steps."""
     text = rollout.response_text

@@ -80,6 +80,19 @@ def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -
     return metrics
 
 
+def mask_truncated(batch: Batch, rollouts: list[Rollout]) -> float:
+    """DAPO's overlong filtering (Yu et al. 2025, §3.4; TRL's `mask_truncated_completions`): a response
+    cut at `max_new_tokens` is not known to be wrong, only unfinished, so its tokens leave the loss
+    (response mask 0). It is done after the advantages: the truncated rollout still counts in its
+    group's baseline (its reward is what the policy earned), and in the reward and length metrics.
+    Returns the share of rollouts masked."""
+    truncated = torch.tensor(
+        [r.finish_reason == "length" for r in rollouts], device=batch.response_mask.device
+    )
+    batch.response_mask[truncated] = 0.0
+    return float(truncated.float().mean())
+
+
 class Learner:
     """Trains the policy on `ScoredGroups` and publishes each new version of its weights.
 
@@ -125,6 +138,8 @@ class Learner:
         if groups.rollouts:
             batch = self.batch(groups.rollouts)
             metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
+            if self.cfg.algorithm.mask_truncated:
+                metrics["loss/truncated_masked_frac"] = mask_truncated(batch, groups.rollouts)
             policy_moves = self.critic is None or step >= self.critic.cfg.warmup_steps
             if policy_moves:
                 metrics |= self.trainer.update(batch, step)

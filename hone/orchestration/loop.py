@@ -39,6 +39,7 @@ from hone.orchestration.curriculum import CurriculumRollouts
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.learner import Learner
 from hone.orchestration.producer import Producer, PromptBatch
+from hone.orchestration.replay import ReplayBuffer
 from hone.orchestration.rollouts import AsyncRollouts, RolloutSource, SyncRollouts
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
@@ -93,9 +94,12 @@ def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, f
     return groups.metrics | learned | timing
 
 
-def rollout_source(cfg: HoneConfig, parts: RunComponents) -> RolloutSource:
-    """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own."""
-    producer, retries = Producer(parts, cfg), cfg.trainer.producer_retries
+def rollout_source(
+    cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None
+) -> RolloutSource:
+    """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own.
+    `replay` goes to the first producer (the config allows it only when that is the one)."""
+    producer, retries = Producer(parts, cfg, replay), cfg.trainer.producer_retries
     if cfg.cluster.backend == "ray":
         from hone.orchestration.ray_backend import RayRollouts
 
@@ -295,6 +299,7 @@ class _RLStart:
     start_eval: dict[str, float]
     version: int = 0
     critic: CriticTrainer | None = None
+    replay: list[dict[str, Any]] | None = None  # the replay buffer's checkpointed entries
 
 
 def _resume(
@@ -319,7 +324,8 @@ def _resume(
     step = int(state["step"])
     # A checkpoint written before versions were counted apart from steps: every step published then.
     version = int(state.get("version", step))
-    return _RLStart(trainer, reference, step, dict(state.get("start_eval", {})), version, critic)
+    start_eval = dict(state.get("start_eval", {}))
+    return _RLStart(trainer, reference, step, start_eval, version, critic, state.get("replay"))
 
 
 def _restore(
@@ -405,7 +411,10 @@ def _train(
         parts.weights.publish(begin.version)  # the checkpoint's weights, as the version they were
         log.info("resumed %s at step %d (weight version %d)", run_dir, begin.step, begin.version)
     trainer, start_eval = begin.trainer, begin.start_eval
-    rollouts = CurriculumRollouts(rollout_source(cfg, parts), curriculum)
+    replay = ReplayBuffer(cfg.algorithm.replay) if cfg.algorithm.replay.enabled else None
+    if replay is not None and begin.replay is not None:
+        replay.load_state_dict(begin.replay)
+    rollouts = CurriculumRollouts(rollout_source(cfg, parts, replay), curriculum)
     learner = Learner(
         policy=parts.policy,
         ref_policy=parts.ref_policy,
@@ -433,7 +442,8 @@ def _train(
                 "curriculum": curriculum.state_dict(),
             }
             | ({"reference": begin.reference} if begin.reference else {})
-            | ({"critic": begin.critic.state_dict()} if begin.critic else {}),
+            | ({"critic": begin.critic.state_dict()} if begin.critic else {})
+            | ({"replay": replay.state_dict(step)} if replay is not None else {}),
             critic=begin.critic,
         )
 

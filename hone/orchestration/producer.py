@@ -8,17 +8,23 @@ again (a resumed run) samples the same rollouts from the same weights.
 
 from __future__ import annotations
 
+import logging
+import math
+import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents
 from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.prompts import generation_requests
+from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.rewards import reward_failed, score_rollouts, top_answer_share
 from hone.rollout.multiturn import run_episodes
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
+
+log = logging.getLogger("hone")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,11 +62,8 @@ def drop_failed_rewards(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
 
 
 def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
-    """Keep only groups whose rewards differ (DAPO's dynamic sampling filter, without resampling)."""
-    by_group: dict[int, list[Rollout]] = {}
-    for r in rollouts:
-        by_group.setdefault(r.group_id, []).append(r)
-    kept = [r for group in by_group.values() if len({x.reward for x in group}) > 1 for r in group]
+    """Keep only groups whose rewards differ (DAPO's dynamic sampling filter; `Producer.refill` refills)."""
+    kept = [r for group in grouped(rollouts) if len({x.reward for x in group}) > 1 for r in group]
     return kept, 1.0 - len(kept) / max(1, len(rollouts))
 
 
@@ -102,45 +105,129 @@ def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
 class Producer:
     """Turns a `PromptBatch` into `ScoredGroups` with the run's sampler, reward and environment."""
 
-    def __init__(self, parts: RunComponents, cfg: HoneConfig) -> None:
+    def __init__(self, parts: RunComponents, cfg: HoneConfig, replay: ReplayBuffer | None = None) -> None:
         self.parts = parts
         self.cfg = cfg
+        self.replay = replay  # `algorithm.replay`: past successes mixed into groups before the filters
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
-        t0 = time.perf_counter()
         params = sampling_params(self.cfg, prompts.step, prompts.part)
-        rollouts = collect_rollouts(self.parts, self.cfg, prompts.samples, params)
-        t_sample = time.perf_counter()
-        metrics = score_rollouts(rollouts, {s.id: s for s in prompts.samples}, self.parts.reward)
-        t_reward = time.perf_counter()
-        metrics |= rollout_metrics(rollouts)
+        timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
+        if self.replay is not None:
+            self.replay.begin(prompts.step)
+        rollouts, metrics = self._sample_and_score(prompts.samples, params, timing)
+        metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not
+        outcomes = prompt_outcomes(rollouts)  # for the curriculum: the sampled answers, before replay
+        self._mix(rollouts)
         kept, filtered = self.filter(prompts.step, rollouts)
         metrics |= filtered
-        metrics["time/sample_s"] = t_sample - t0
-        metrics["time/reward_s"] = t_reward - t_sample
         new_tokens = sum(r.response_len for r in rollouts)
+        if self.cfg.algorithm.dynamic_sampling.enabled:
+            kept, refilled, refill_tokens = self.refill(prompts, params, kept, timing)
+            metrics |= refilled
+            new_tokens += refill_tokens
+        if self.replay is not None:
+            metrics["replay/frac"] = sum(map(is_replayed, kept)) / max(1, len(kept))
+        metrics |= timing
         return ScoredGroups(
-            step=prompts.step,
-            rollouts=kept,
-            metrics=metrics,
-            new_tokens=new_tokens,
-            outcomes=prompt_outcomes(rollouts),
+            step=prompts.step, rollouts=kept, metrics=metrics, new_tokens=new_tokens, outcomes=outcomes
         )
 
-    def filter(self, step: int, rollouts: list[Rollout]) -> tuple[list[Rollout], dict[str, float]]:
-        """Drop what must not be trained on: failed rewards, void turns (if set), uniform groups (if set)."""
+    def _sample_and_score(
+        self, samples: list[Sample], params: SamplingParams, timing: dict[str, float]
+    ) -> tuple[list[Rollout], dict[str, float]]:
+        """Sample `samples` with `params` and score them; the times add to `timing`."""
+        t0 = time.perf_counter()
+        rollouts = collect_rollouts(self.parts, self.cfg, samples, params)
+        t_sample = time.perf_counter()
+        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward)
+        timing["time/sample_s"] += t_sample - t0
+        timing["time/reward_s"] += time.perf_counter() - t_sample
+        return rollouts, metrics
+
+    def _mix(self, rollouts: list[Rollout]) -> None:
+        """Replay stored successes into their prompts' groups (before the filters: a group of fresh
+        failures plus a replayed success has a gradient)."""
+        if self.replay is not None:
+            self.replay.mix(rollouts)
+
+    def refill(
+        self, prompts: PromptBatch, params: SamplingParams, kept: list[Rollout], timing: dict[str, float]
+    ) -> tuple[list[Rollout], dict[str, float], int]:
+        """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step has fewer groups with differing
+        rewards than it has prompts, sample another round of prompts, at most `max_rounds` times; keep
+        the first groups that fill it, numbered 0.. in the order sampled. Returns them, the `groups/*`
+        metrics and the tokens the extra rounds sampled.
+
+        A round's prompts and sampling seed are functions of the step's sampling seed (`params.seed`:
+        run seed, step, part) and the round, drawn from the training set apart from the `PromptStream`:
+        the stream's later steps stay as they were, and a resumed run refills a step exactly as an
+        unbroken one (same prompts, seeds and weights: all rounds run in the producer's one weight hold).
+        A round draws as many prompts as the keep rate so far says will fill the step (at least the
+        missing count, at most a step's worth), so a step whose groups mostly survive costs one small
+        round, not a whole extra batch."""
+        target, rounds = len(prompts.samples), self.cfg.algorithm.dynamic_sampling.max_rounds
+        groups = grouped(kept)
+        sampled, extra, new_tokens, pool = target, 0, 0, self.parts.train_samples
+        while len(groups) < target and extra < rounds:
+            extra += 1
+            missing = target - len(groups)
+            draw = min(target, math.ceil(missing * sampled / len(groups))) if groups else target
+            picks = random.Random(derive_seed(params.seed, "refill-prompts", extra)).sample(
+                range(len(pool)), min(draw, len(pool))
+            )
+            round_params = replace(params, seed=derive_seed(params.seed, "refill-sampling", extra))
+            rollouts, _ = self._sample_and_score([pool[i] for i in picks], round_params, timing)
+            sampled += len(picks)
+            new_tokens += sum(r.response_len for r in rollouts)
+            self._mix(rollouts)
+            groups += grouped(self.filter(prompts.step, rollouts, observe=False)[0])
+        groups = groups[:target]
+        for i, group in enumerate(groups):
+            for r in group:
+                r.group_id = i
+        short = target - len(groups)
+        if short and extra:
+            log.warning(
+                "RL step %d: %d of %d groups have uniform rewards after %d extra sampling rounds "
+                "(algorithm.dynamic_sampling.max_rounds); training on %d",
+                prompts.step + 1,
+                short,
+                target,
+                extra,
+                len(groups),
+            )
+        metrics = {"groups/resampled": float(sampled - target), "groups/attempts": float(1 + extra)}
+        return [r for group in groups for r in group], metrics | {"groups/short": float(short)}, new_tokens
+
+    def filter(
+        self, step: int, rollouts: list[Rollout], *, observe: bool = True
+    ) -> tuple[list[Rollout], dict[str, float]]:
+        """Drop what must not be trained on: failed rewards, void turns (if set), uniform groups (if set).
+        `observe`: count the step toward the reward-outage streak (once a step: not its refill rounds)."""
         cfg = self.cfg
         metrics: dict[str, float] = {}
         rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
         # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
-        self.parts.reward.outage.observe(step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps)
+        if observe:
+            self.parts.reward.outage.observe(
+                step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps
+            )
         if self.parts.episodes is not None and cfg.env.drop_void_turns:
             kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
             metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))
             rollouts = kept
-        if cfg.algorithm.skip_zero_variance_groups:
+        if cfg.algorithm.skip_zero_variance_groups or cfg.algorithm.dynamic_sampling.enabled:
             rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
         return rollouts, metrics
+
+
+def grouped(rollouts: list[Rollout]) -> list[list[Rollout]]:
+    """`rollouts` split into their groups, in order of first appearance."""
+    by_group: dict[int, list[Rollout]] = {}
+    for r in rollouts:
+        by_group.setdefault(r.group_id, []).append(r)
+    return list(by_group.values())
 
 
 def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
+from hone.orchestration.replay import is_replayed
 from hone.orchestration.weights import WeightChannel
 from hone.rewards.scoring import RewardOutageError
 
@@ -227,7 +228,8 @@ class AsyncRollouts:
         since = max(now - self._last_take, 1e-9)
         idle = (idle_total - self._idle_at_last_take) / len(self._workers)
         self._last_take, self._idle_at_last_take = now, idle_total
-        lags = [self.weights.published - r.policy_version for r in item.rollouts] or [0]
+        # Replayed successes (`algorithm.replay`) are old on purpose: staleness is of what was sampled.
+        lags = [self.weights.published - r.policy_version for r in item.rollouts if not is_replayed(r)] or [0]
         item.metrics |= {
             "staleness/mean": sum(lags) / len(lags),
             "staleness/max": float(max(lags)),
