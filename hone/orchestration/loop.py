@@ -471,12 +471,14 @@ def _train(
                 cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s
             )
             last = step == cfg.run.steps or out_of_time
-            if last or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+            evaluating = last or bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
+            if evaluating:
                 with parts.weights.hold():  # the producer may be sampling: evaluate between its steps
                     final_eval = run_eval(parts, cfg)
                 metrics.update(final_eval)
             metrics_log.log(step, metrics)
-            metrics_log.histogram(step, "prompts/pass_rate", curriculum.pass_rates())
+            if evaluating:  # one value per prompt seen (up to 100k): at the eval cadence, not every step
+                metrics_log.histogram(step, "prompts/pass_rate", curriculum.pass_rates())
             progress.update(step, metrics)
             if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 save(step)

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
-from hone.training.optim import OptimizerStepper, epoch_batches
+from hone.training.optim import adamw_stepper, epoch_batches
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
 from hone.training.trainer import build_scheduler
@@ -124,13 +124,12 @@ def run_dpo(
         reference = None  # dropped: a frozen copy the caller did not keep is freed before training
 
     params = policy.trainable_parameters()
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    stepper = OptimizerStepper(
-        optimizer,
+    optimizer, stepper = adamw_stepper(
         params,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
         grad_clip=settings.grad_clip,
         max_nonfinite_steps=settings.max_nonfinite_steps,
-        limit_key="trainer.max_nonfinite_steps",
         advice="look for NaN/inf in the preference data, or lower dpo.lr",
     )
     scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)

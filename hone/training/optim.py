@@ -31,6 +31,29 @@ def epoch_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
         yield batch
 
 
+def adamw_stepper(
+    params: list[torch.nn.Parameter],
+    *,
+    lr: float,
+    weight_decay: float,
+    grad_clip: float | None,
+    max_nonfinite_steps: int,
+    advice: str,
+) -> tuple[torch.optim.AdamW, OptimizerStepper]:
+    """The AdamW and its `OptimizerStepper` of the supervised loops (SFT, DPO, reward model); `advice`
+    ends the non-finite-gradient error line."""
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    stepper = OptimizerStepper(
+        optimizer,
+        params,
+        grad_clip=grad_clip,
+        max_nonfinite_steps=max_nonfinite_steps,
+        limit_key="trainer.max_nonfinite_steps",
+        advice=advice,
+    )
+    return optimizer, stepper
+
+
 class NonFiniteGradientError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite gradient norm; the message is one line."""
 

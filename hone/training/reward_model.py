@@ -22,7 +22,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
-from hone.training.optim import OptimizerStepper, epoch_batches
+from hone.training.optim import adamw_stepper, epoch_batches
 from hone.training.trainer import build_scheduler
 
 
@@ -130,13 +130,12 @@ def run_reward_model(
     if not train_pairs or not val_pairs:
         raise ValueError("reward-model training needs training pairs and held-out pairs")
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    stepper = OptimizerStepper(
-        optimizer,
+    optimizer, stepper = adamw_stepper(
         params,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
         grad_clip=settings.grad_clip,
         max_nonfinite_steps=settings.max_nonfinite_steps,
-        limit_key="trainer.max_nonfinite_steps",
         advice="look for NaN/inf in the preference data, or lower rm.lr",
     )
     scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)

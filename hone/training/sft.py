@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hone.training.optim import OptimizerStepper, epoch_batches
+from hone.training.optim import adamw_stepper, epoch_batches
 from hone.training.policy import Policy
 from hone.training.trainer import build_scheduler
 
@@ -118,13 +118,12 @@ def run_sft(
     encoded: list[tuple[list[int], int | list[int]]] = [encode_pair(tokenizer, p, r) for p, r in pairs]
     encoded += list(examples)
     params = policy.trainable_parameters()
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    stepper = OptimizerStepper(
-        optimizer,
+    optimizer, stepper = adamw_stepper(
         params,
+        lr=lr,
+        weight_decay=weight_decay,
         grad_clip=grad_clip,
         max_nonfinite_steps=max_nonfinite_steps,
-        limit_key="trainer.max_nonfinite_steps",
         advice="look for NaN/inf in the demonstrations, or lower sft.lr",
     )
     scheduler = build_scheduler(optimizer, schedule, warmup_steps, max_steps)
