@@ -110,6 +110,11 @@ class DataConfig(Section):
     answer_field: str = "answer"
     messages_field: str | None = None
     chat_template: bool = Field(False, description="render prompts through the tokenizer's chat template")
+    system_prompt: str | None = Field(
+        None,
+        description="with chat_template: a system message opening every single-turn prompt (e.g. the "
+        "answer format a verifier expects) unless the sample's own messages start with one",
+    )
     train_size: int = Field(100_000, ge=1, description="generated training problems (task, reasoning_gym)")
     eval_size: int = Field(1000, ge=1, description="held-out problems for eval/accuracy")
     prompts_per_step: int = Field(32, ge=1)
@@ -675,6 +680,16 @@ class HoneConfig(Section):
         if self.algorithm.replay.enabled and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
             raise ValueError(
                 "algorithm.replay needs one local producer (trainer.producers: 1, cluster.backend: local)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _system_prompt_where_rendered(self) -> HoneConfig:
+        # Plain-text prompts have no system role to put it in; an environment's reset() writes its own chat.
+        if self.data.system_prompt is not None and (not self.data.chat_template or self.env.name is not None):
+            raise ValueError(
+                "data.system_prompt needs data.chat_template: true and single-turn prompts "
+                "(an environment's reset() gives its own messages)"
             )
         return self
 

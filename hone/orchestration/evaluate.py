@@ -32,6 +32,7 @@ def evaluate(
     params: SamplingParams,
     *,
     chat_template: bool = False,
+    system_prompt: str | None = None,
     ks: Sequence[int] = (1,),
     episodes: Episodes | None = None,
 ) -> dict[str, float]:
@@ -47,7 +48,7 @@ def evaluate(
     """
     check_pass_at_ks(ks, params.n)
     if episodes is None:
-        rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
+        rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template, system_prompt), params)
     else:
         rollouts = run_episodes(sampler, tokenizer, episodes.make_env, samples, params, episodes.limits)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)

@@ -131,6 +131,7 @@ def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
         parts.reward,
         params,
         chat_template=cfg.data.chat_template,
+        system_prompt=cfg.data.system_prompt,
         ks=cfg.eval.k,
         episodes=parts.episodes,
     )

@@ -33,6 +33,7 @@ from typing import Any
 from hone.config import HoneConfig
 from hone.orchestration.components import close_samplers
 from hone.orchestration.producer import collect_rollouts, drop_failed_rewards, sampling_params
+from hone.orchestration.prompts import chat_messages
 from hone.rewards import score_rollouts
 from hone.types import Rollout, Sample
 
@@ -67,11 +68,13 @@ def pairs_from_group(
     return pairs
 
 
-def pair_row(sample: Sample, chosen: Rollout, rejected: Rollout, conversational: bool) -> dict[str, Any]:
-    """A TRL-format preference row."""
+def pair_row(
+    sample: Sample, chosen: Rollout, rejected: Rollout, conversational: bool, system_prompt: str | None = None
+) -> dict[str, Any]:
+    """A TRL-format preference row; a conversational one holds the chat the policy was prompted with."""
     row: dict[str, Any]
     if conversational:
-        prompt = sample.messages or [{"role": "user", "content": sample.prompt}]
+        prompt = chat_messages(sample, True, system_prompt)
         row = {
             "prompt": prompt,
             "chosen": [{"role": "assistant", "content": chosen.response_text}],
@@ -125,7 +128,8 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
                     pairs = pairs_from_group(by_sample[sample.id], cfg.pairs.per_prompt, cfg.pairs.min_margin)
                     groups_with_pair += bool(pairs)
                     for chosen, rejected in pairs:
-                        f.write(json.dumps(pair_row(sample, chosen, rejected, cfg.data.chat_template)) + "\n")
+                        row = pair_row(sample, chosen, rejected, cfg.data.chat_template, cfg.data.system_prompt)
+                        f.write(json.dumps(row) + "\n")
                         written += 1
                 log.info("pairs: %d/%d prompts, %d pairs", start + len(chunk), len(samples), written)
         if written == 0:

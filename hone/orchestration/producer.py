@@ -88,7 +88,9 @@ def collect_rollouts(
 ) -> list[Rollout]:
     """Single-turn generations, or one multi-turn episode per rollout when the run has an environment."""
     if parts.episodes is None:
-        requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
+        requests = generation_requests(
+            samples, parts.policy.tokenizer, cfg.data.chat_template, cfg.data.system_prompt
+        )
         return parts.sampler.generate(requests, params)
     episodes = parts.episodes
     return run_episodes(

@@ -11,16 +11,22 @@ from hone.rollout import GenerationRequest
 from hone.types import Sample
 
 
-def _chat(sample: Sample, chat_template: bool) -> list[dict[str, str]] | None:
-    """The messages to render through the chat template, or None for a plain-text prompt."""
-    if chat_template or sample.messages is not None:
-        return sample.messages or [{"role": "user", "content": sample.prompt or ""}]
-    return None
+def chat_messages(sample: Sample, chat_template: bool, system_prompt: str | None) -> list[dict[str, str]] | None:
+    """The messages to render through the chat template, or None for a plain-text prompt. A
+    `system_prompt` (`data.system_prompt`) opens the chat unless the sample's messages bring their own."""
+    if not (chat_template or sample.messages is not None):
+        return None
+    messages = sample.messages or [{"role": "user", "content": sample.prompt or ""}]
+    if system_prompt is not None and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
 
 
-def encode_prompt(sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> list[int]:
+def encode_prompt(
+    sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_template: bool, system_prompt: str | None = None
+) -> list[int]:
     """Token ids of a sample's prompt: plain text as is, or chat messages through the chat template."""
-    messages = _chat(sample, chat_template)
+    messages = chat_messages(sample, chat_template, system_prompt)
     if messages is not None:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         # transformers 5 returns a BatchEncoding here, 4.x a plain list.
@@ -29,18 +35,24 @@ def encode_prompt(sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_templ
     return tokenizer(sample.prompt or "")["input_ids"]
 
 
-def render_prompt(sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> str:
+def render_prompt(
+    sample: Sample, tokenizer: PreTrainedTokenizerBase, chat_template: bool, system_prompt: str | None = None
+) -> str:
     """The prompt as text, exactly as `encode_prompt` sees it (for SFT, which tokenises text)."""
-    messages = _chat(sample, chat_template)
+    messages = chat_messages(sample, chat_template, system_prompt)
     if messages is not None:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return sample.prompt or ""
 
 
 def generation_requests(
-    samples: Sequence[Sample], tokenizer: PreTrainedTokenizerBase, chat_template: bool
+    samples: Sequence[Sample],
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: bool,
+    system_prompt: str | None = None,
 ) -> list[GenerationRequest]:
     """One request per sample; its group id is the sample's index (the n rollouts of it share it)."""
     return [
-        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, chat_template)) for i, s in enumerate(samples)
+        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, chat_template, system_prompt))
+        for i, s in enumerate(samples)
     ]
