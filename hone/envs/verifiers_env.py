@@ -84,7 +84,16 @@ def verifiers_env(env_id: str, args: dict[str, Any]) -> type[VerifiersEnv]:
     task_cls = type(env.taskset).task_type()
     if type(env.taskset).toolsets(env.taskset.config) or task_cls.toolsets(env.taskset.config.task):
         raise ValueError(f"{where}: declares tools (MCP toolsets), which the verifiers adapter does not serve")
-    attrs = {"env_id": env_id, "taskset_id": taskset_id, "args": args, "eval_args": eval_args, "vf_env": env}
+    # The rubric's names, from the task class's `@vf.reward`s and plugged rewards (no task data needed).
+    reward_names = [fn.__name__ for fn in task_cls(None, env.taskset.config.task).hooks("reward")]
+    attrs = {
+        "env_id": env_id,
+        "taskset_id": taskset_id,
+        "args": args,
+        "eval_args": eval_args,
+        "vf_env": env,
+        "reward_names": reward_names,
+    }
     return type(f"VerifiersEnv[{env_id}]", (VerifiersEnv,), attrs)
 
 
@@ -129,6 +138,7 @@ class VerifiersEnv(Environment):
     args: ClassVar[dict[str, Any]]
     eval_args: ClassVar[dict[str, Any] | None]
     vf_env: ClassVar[Any]  # the loaded `vf.Env`; its taskset, task class and hooks are shared, read-only
+    reward_names: ClassVar[list[str]]
     _warned: ClassVar[bool] = False
 
     def __init__(self, **args: Any) -> None:
@@ -186,7 +196,13 @@ class VerifiersEnv(Environment):
         if isinstance(event, StepResult):
             self._end = event
             return event
-        return StepResult(event)
+        return StepResult(event, info=self._unscored())
+
+    def _unscored(self) -> dict[str, float]:
+        """0 for each reward the task declares, on every turn: a part's mean is taken over the rollouts that
+        report it, so an episode Hone cut short (a token or turn limit: never scored) must report 0 too.
+        `info` sums over the episode, so the scored value adds to these zeros."""
+        return {f"reward/{name}": 0.0 for name in self.reward_names}
 
     def _task(self, sample: Sample) -> Any:
         taskset = self.vf_env.taskset
@@ -244,7 +260,7 @@ class VerifiersEnv(Environment):
                 self.env_id,
                 _one_line(exc) if isinstance(exc, Exception) else repr(exc),
             )
-        return StepResult([], reward=0.0, done=True, info={"errors": 1.0})
+        return StepResult([], reward=0.0, done=True, info={**self._unscored(), "errors": 1.0})
 
 
 def _is_eval(key: str) -> bool:
