@@ -13,14 +13,14 @@ import pytest
 
 pytest.importorskip("verifiers.v1")
 
-from hone.config import load_config  # noqa: E402
-from hone.envs import GuessNumber, make_env  # noqa: E402
-from hone.envs.base import Environment  # noqa: E402
-from hone.rewards import RewardScorer  # noqa: E402
-from hone.rewards.env import env_reward  # noqa: E402
-from hone.rollout.multiturn import EpisodeLimits, run_episodes  # noqa: E402
-from hone.types import Sample, SamplingParams  # noqa: E402
-from tests.test_multiturn import Scripted  # noqa: E402
+from hone.config import load_config
+from hone.envs import GuessNumber, make_env
+from hone.envs.base import Environment
+from hone.rewards import RewardScorer
+from hone.rewards.env import env_reward
+from hone.rollout.multiturn import EpisodeLimits, run_episodes
+from hone.types import Sample, SamplingParams
+from tests.test_multiturn import Scripted
 
 SINGLE = "verifiers:tests.vf_envs_for_tests"
 GUESS = "verifiers:hone.envs.vf_guess_number"
@@ -84,8 +84,12 @@ def test_the_rubric_is_the_reward_each_function_logged_and_the_total_verifiers_o
     # three replies: right and brief (1 + 0.5), wrong but brief (0.5), wrong and long (0)
     for reply, expected in [(right, 1.5), ("99", 0.5), ("no idea at all", 0.0)]:
         rollouts = run_episodes(
-            Scripted(tokenizer, [reply]), tokenizer, make_env(SINGLE, {"n": 40}), samples,
-            SamplingParams(n=1, max_new_tokens=16), EpisodeLimits(max_turns=2, max_tokens_per_turn=16),
+            Scripted(tokenizer, [reply]),
+            tokenizer,
+            make_env(SINGLE, {"n": 40}),
+            samples,
+            SamplingParams(n=1, max_new_tokens=16),
+            EpisodeLimits(max_turns=2, max_tokens_per_turn=16),
         )
         metrics = RewardScorer(env_reward()).score(rollouts, {s.id: s for s in samples})
         parts, total = asyncio.run(_verifiers_own_score(samples[0], reply))
@@ -107,7 +111,9 @@ def test_a_guess_number_episode_sees_what_the_built_in_game_shows_for_the_same_m
 
     async def play(env: Environment, sample: Sample, moves: list[str]) -> list[tuple]:
         start = env.reset(sample)
-        seen: list[tuple] = [tuple(m["content"] for m in (await start if asyncio.iscoroutine(start) else start))]
+        seen: list[tuple] = [
+            tuple(m["content"] for m in (await start if asyncio.iscoroutine(start) else start))
+        ]
         for move in moves:
             result = env.step(move)
             result = await result if asyncio.iscoroutine(result) else result
@@ -117,18 +123,28 @@ def test_a_guess_number_episode_sees_what_the_built_in_game_shows_for_the_same_m
                 break
         return seen
 
+    endings = set()
     for mine, theirs in zip(ported_samples, built_in_samples, strict=True):
         secret = theirs.meta["secret"]
         # random guesses, replies without a number, and the secret somewhere (or never: out of turns)
-        moves = [rng.choice([str(rng.randint(1, 64)), "hmm", f"maybe {rng.randint(1, 64)}?"]) for _ in range(9)]
+        moves = [
+            rng.choice([str(rng.randint(1, 64)), "hmm", f"maybe {rng.randint(1, 64)}?"]) for _ in range(9)
+        ]
         if rng.random() < 0.7:
             moves.insert(rng.randint(0, 7), str(secret))
         ours = asyncio.run(play(ported(), mine, moves))
         built_in = asyncio.run(play(GuessNumber(high=64), theirs, moves))
         assert ours == built_in
+        endings.add((len(ours) - 1, ours[-1][2]))  # (turns played, final reward)
+    # both ways a game ends were played: found (reward 1) and out of turns (8 turns, reward 0)
+    assert (8, 0.0) in endings and any(reward == 1.0 for _, reward in endings)
 
 
 def test_set_up_errors_are_one_line_naming_the_environment() -> None:
+    # the environment's taskset failing as it loads its tasks (high < 2), when the run draws its samples
+    with pytest.raises(ValueError) as info:
+        type(make_env(GUESS, {"high": 1})()).make_samples(4, 0, "train")
+    assert "\n" not in str(info.value) and GUESS in str(info.value) and "need high >= 2" in str(info.value)
     cases = {
         "verifiers:no_such_env_xyz": ({}, "no_such_env_xyz"),
         "verifiers:tests.no_such_module": ({}, "cannot import 'tests.no_such_module'"),
@@ -182,3 +198,26 @@ def test_agent_guess_verifiers_trains_a_few_steps_with_sft_from_the_ports_demons
     assert step["reward/found"] == step["reward/mean"]  # one reward of weight 1: the total is it
     assert 1 <= step["episode/turns"] <= 5
     assert step.get("env/errors", 0.0) == 0.0
+
+
+def test_episodes_hone_cuts_short_report_the_rubric_as_zero(
+    micro_model_dir: Path,
+) -> None:
+    from hone.training.policy import Policy
+
+    tokenizer = Policy.from_pretrained(str(micro_model_dir)).tokenizer
+    factory = make_env(GUESS, {"high": 64, "eval_args": {"split": "eval"}})
+    samples = type(factory()).make_samples(2, 0, "train")
+    # two wrong turns, then Hone's turn limit: the game (8 turns) is still waiting for a reply
+    rollouts = run_episodes(
+        Scripted(tokenizer, ["100", "100"]),
+        tokenizer,
+        factory,
+        samples,
+        SamplingParams(n=1, max_new_tokens=4),
+        EpisodeLimits(max_turns=2, max_tokens_per_turn=4),
+    )
+    metrics = RewardScorer(env_reward()).score(rollouts, {s.id: s for s in samples})
+    assert all(r.metrics["episode/truncated"] == 1.0 and r.reward == 0.0 for r in rollouts)
+    assert metrics["reward/found"] == 0.0  # reported (as 0), not missing from the mean
+    assert [m["content"] for m in rollouts[0].messages if m["role"] == "user"][1:] == ["lower"]

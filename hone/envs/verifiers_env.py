@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
+import itertools
 import json
 import logging
 import sys
@@ -69,7 +70,9 @@ def verifiers_env(env_id: str, args: dict[str, Any]) -> type[VerifiersEnv]:
         import verifiers.v1 as vf
         from verifiers.v1.configs.agent import agent_config_fields
     except ImportError as exc:
-        raise ValueError(f"{where}: needs the verifiers package (pip install 'hone-rl[agents]'): {exc}") from None
+        raise ValueError(
+            f"{where}: needs the verifiers package (pip install 'hone-rl[agents]'): {exc}"
+        ) from None
     args = dict(args)
     eval_args = args.pop("eval_args", None)
     if eval_args is not None and not isinstance(eval_args, dict):
@@ -83,7 +86,15 @@ def verifiers_env(env_id: str, args: dict[str, Any]) -> type[VerifiersEnv]:
         raise ValueError(f"{where}: Hone plays environments with one agent seat, this one has {seats}")
     task_cls = type(env.taskset).task_type()
     if type(env.taskset).toolsets(env.taskset.config) or task_cls.toolsets(env.taskset.config.task):
-        raise ValueError(f"{where}: declares tools (MCP toolsets), which the verifiers adapter does not serve")
+        raise ValueError(
+            f"{where}: declares tools (MCP toolsets), which the verifiers adapter does not serve"
+        )
+    # Stamped on every trace. verifiers computes it per trace, for a PyPI install by running `git` (a
+    # subprocess per episode); it cannot change within a run.
+    from verifiers import __version__
+    from verifiers.v1.utils.version import verifiers_commit
+
+    build = vf.VersionInfo(version=__version__, commit=verifiers_commit())
     # The rubric's names, from the task class's `@vf.reward`s and plugged rewards (no task data needed).
     reward_names = [fn.__name__ for fn in task_cls(None, env.taskset.config.task).hooks("reward")]
     attrs = {
@@ -93,6 +104,7 @@ def verifiers_env(env_id: str, args: dict[str, Any]) -> type[VerifiersEnv]:
         "eval_args": eval_args,
         "vf_env": env,
         "reward_names": reward_names,
+        "build": build,
     }
     return type(f"VerifiersEnv[{env_id}]", (VerifiersEnv,), attrs)
 
@@ -139,6 +151,7 @@ class VerifiersEnv(Environment):
     eval_args: ClassVar[dict[str, Any] | None]
     vf_env: ClassVar[Any]  # the loaded `vf.Env`; its taskset, task class and hooks are shared, read-only
     reward_names: ClassVar[list[str]]
+    build: ClassVar[Any]  # the `vf.VersionInfo` every trace records
     _warned: ClassVar[bool] = False
 
     def __init__(self, **args: Any) -> None:
@@ -154,19 +167,25 @@ class VerifiersEnv(Environment):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         import verifiers.v1 as vf
 
+        where = f"environment '{PREFIX}{cls.env_id}'"
         fields = {**cls.args, **(cls.eval_args or {})} if split == "eval" else dict(cls.args)
-        taskset = _load(vf, cls.taskset_id, fields, f"environment '{PREFIX}{cls.env_id}'").taskset
+        taskset = _load(vf, cls.taskset_id, fields, where).taskset
         if "seed" in type(taskset.config).model_fields:
             taskset.config = taskset.config.model_copy(update={"seed": seed})
+        # An infinite taskset whose tasks all hash to the other split would never end: read a bounded stretch.
+        stretch = itertools.islice(taskset, 1000 * max(n, 1))
         samples: list[Sample] = []
-        for task in taskset:
-            if len(samples) == n:
-                break
-            if cls.eval_args is None and _is_eval(task.key) != (split == "eval"):
-                continue
-            samples.append(_sample(task, f"verifiers-{split}-{seed}-{len(samples)}"))
+        try:
+            for task in stretch:
+                if len(samples) == n:
+                    break
+                if cls.eval_args is None and _is_eval(task.key) != (split == "eval"):
+                    continue
+                samples.append(_sample(task, f"verifiers-{split}-{seed}-{len(samples)}"))
+        except Exception as exc:  # the taskset's own `load()` failing, as it runs
+            raise ValueError(f"{where}: its taskset failed to load: {_one_line(exc)}") from None
         if not samples:
-            raise ValueError(f"environment '{PREFIX}{cls.env_id}': its taskset has no {split} tasks")
+            raise ValueError(f"{where}: its taskset has no {split} tasks")
         return samples
 
     def demonstration(self, sample: Sample) -> list[Message]:
@@ -214,7 +233,9 @@ class VerifiersEnv(Environment):
         """The episode's next request for a turn (its new messages), or its end."""
         assert self._channel is not None and self._episode is not None
         ask = asyncio.ensure_future(self._channel.asks.get())
-        done, _ = await asyncio.wait({ask, self._episode}, timeout=STEP_TIMEOUT_S, return_when="FIRST_COMPLETED")
+        done, _ = await asyncio.wait(
+            {ask, self._episode}, timeout=STEP_TIMEOUT_S, return_when="FIRST_COMPLETED"
+        )
         if ask in done:
             return [_to_hone(m) for m in ask.result()]
         ask.cancel()
@@ -230,7 +251,9 @@ class VerifiersEnv(Environment):
         env = self.vf_env
         traces: list[Any] = []
         assert self._channel is not None
-        agents = vf.Agents(env.config, lambda name, config: _Seat(name, config, self._channel, traces))
+        agents = vf.Agents(
+            env.config, lambda name, config: _Seat(name, config, self._channel, traces, self.build)
+        )
         episode = vf.Episode(
             env=vf.EnvInfo(id=env.config.env_id),
             task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
@@ -317,8 +340,14 @@ class _Seat:
     """Hone's stand-in for verifiers' `Agent` in one seat (see the module docstring): `run` and
     `interaction` with verifiers' semantics, the model being Hone's sampler behind `_Channel`."""
 
-    def __init__(self, name: str, config: Any, channel: _Channel, completed: list[Any]) -> None:
-        self.name, self.config, self.channel, self.completed = name, config, channel, completed
+    def __init__(self, name: str, config: Any, channel: _Channel, completed: list[Any], build: Any) -> None:
+        self.name, self.config, self.channel, self.completed, self.build = (
+            name,
+            config,
+            channel,
+            completed,
+            build,
+        )
         self.trainable = True
 
     async def run(self, task: Any, **_: Any) -> Any:
@@ -335,6 +364,7 @@ class _Seat:
         from verifiers.v1.utils.decorators import invoke
 
         trace = vf.Trace(
+            verifiers=self.build,
             task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
             state=state_cls(type(task))(),
             agent=vf.AgentInfo(config=self.config, name=self.name),
@@ -385,7 +415,10 @@ class _Interaction:
         text = await self.channel.ask(new)
         reply = vf.AssistantMessage(content=text)
         response = vf.Response(
-            id=f"hone-{len(self.history)}", created=int(time.time()), model="hone", message=reply,
+            id=f"hone-{len(self.history)}",
+            created=int(time.time()),
+            model="hone",
+            message=reply,
             finish_reason="stop",
         )
         prepare_turn(self.trace, list(self.history)).commit(response)

@@ -72,7 +72,9 @@ class GuessTaskset(vf.Taskset[GuessTask, GuessConfig]):
     def load(self) -> Iterator[GuessTask]:
         config = self.config
         if config.high < 2 or config.slack < 0:
-            raise ValueError(f"guess_number: need high >= 2 and slack >= 0, got {config.high}, {config.slack}")
+            raise ValueError(
+                f"guess_number: need high >= 2 and slack >= 0, got {config.high}, {config.slack}"
+            )
         secrets = list(range(1, config.high + 1))
         rng = random.Random(f"guess_number/{config.split}/{config.seed}")
         while True:

@@ -6,7 +6,6 @@ from hone.rewards.base import RewardFn, Score
 from hone.rewards.registry import register_reward
 from hone.types import Rollout, Sample
 
-
 _PARTS = "env/reward/"  # what the rollout loop makes of an environment's info["reward/<name>"]
 
 
