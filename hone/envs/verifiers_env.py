@@ -57,7 +57,6 @@ log = logging.getLogger("hone")
 PREFIX = "verifiers:"
 STEP_TIMEOUT_S = 60.0  # the most an episode's own code may take between two model turns
 EVAL_FRACTION = 0.1  # held-out share of the tasks when `eval_args` is not given
-EVAL_SEED = 0  # the held-out set's seed, as for Hone's games (orchestration.components.EVAL_SEED)
 _TASK_KEY = "verifiers_task"
 
 
