@@ -221,3 +221,15 @@ def test_episodes_hone_cuts_short_report_the_rubric_as_zero(
     assert all(r.metrics["episode/truncated"] == 1.0 and r.reward == 0.0 for r in rollouts)
     assert metrics["reward/found"] == 0.0  # reported (as 0), not missing from the mean
     assert [m["content"] for m in rollouts[0].messages if m["role"] == "user"][1:] == ["lower"]
+
+
+def test_the_ports_demonstrations_are_the_built_in_games_scripted_games() -> None:
+    ported = make_env(GUESS, {"high": 64, "demo_spread": 0.5, "eval_args": {"split": "eval"}})
+    mine = type(ported()).make_samples(20, 7, "train")
+    theirs = GuessNumber.make_samples(20, 7, "train", high=64)
+    built_in = GuessNumber(high=64, demo_spread=0.5)
+    demos = [
+        (ported().demonstration(a), built_in.demonstration(b)) for a, b in zip(mine, theirs, strict=True)
+    ]
+    assert all(ours == theirs for ours, theirs in demos)
+    assert len({len(ours) for ours, _ in demos}) > 1  # spread: games of different lengths, not one script

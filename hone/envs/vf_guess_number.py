@@ -7,11 +7,14 @@ Same rules: a secret in 1..high; the first integer in a reply is the guess, answ
 right guess or after high.bit_length() + slack guesses. The rubric: `found` (weight 1), 1.0 when the secret
 was guessed; the metric `invalid` counts replies without a number. Tasks: every secret in shuffled cycles,
 drawn as `GuessNumber.make_samples` draws them (same split and seed, same order). `GuessTask.demonstration`
-is a Hone extension verifiers ignores: the scripted games of the SFT warm start.
+is a Hone extension verifiers ignores: the scripted games of the SFT warm start, the very games the built-in
+plays (its guesses are seeded by `demo_key`, named as the built-in names its samples), so the two recipes
+start RL from the same weights.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -35,6 +38,7 @@ class GuessData(vf.TaskData):
     high: int
     slack: int
     demo_spread: float = 0.0
+    demo_key: str = ""  # seeds the scripted game's guesses; keyed as the built-in game keys its samples
 
     @property
     def max_turns(self) -> int:
@@ -53,7 +57,7 @@ class GuessTask(vf.Task[GuessData, vf.State, vf.TaskConfig]):
     def demonstration(self) -> list[dict]:
         """A scripted game that finds the secret (bisection, or a guess from the middle `demo_spread`)."""
         data = self.data
-        rng = random.Random(f"guess_number/demo/{data.secret}/{data.idx}")
+        rng = random.Random(f"guess_number/demo/{data.demo_key}")
         messages = [{"role": "user", "content": _prompt(data.high)}]
         low, high = 1, data.high
         while True:
@@ -77,15 +81,16 @@ class GuessTaskset(vf.Taskset[GuessTask, GuessConfig]):
             )
         secrets = list(range(1, config.high + 1))
         rng = random.Random(f"guess_number/{config.split}/{config.seed}")
-        while True:
+        for cycle in itertools.count():
             rng.shuffle(secrets)
-            for secret in list(secrets):
+            for i, secret in enumerate(list(secrets)):
                 data = GuessData(
                     prompt=_prompt(config.high),
                     secret=secret,
                     high=config.high,
                     slack=config.slack,
                     demo_spread=config.demo_spread,
+                    demo_key=f"guess_number-{config.split}-{config.seed}-{cycle * config.high + i}",
                 )
                 yield GuessTask(data, config.task)
 
