@@ -41,7 +41,6 @@ import asyncio
 import hashlib
 import importlib
 import itertools
-import json
 import logging
 import sys
 import time
@@ -297,7 +296,7 @@ def _sample(task: Any, sample_id: str) -> Sample:
         id=sample_id,
         messages=[_to_hone(m) for m in _opening(data)],
         answer=answer if isinstance(answer, str) else None,
-        meta={_TASK_KEY: json.loads(data.model_dump_json())},
+        meta={_TASK_KEY: data.model_dump(mode="json", exclude_defaults=True)},  # the rest: defaults
     )
 
 
