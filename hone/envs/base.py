@@ -88,8 +88,8 @@ def register_env(name: str) -> Callable[[E], E]:
 def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
     """A zero-argument factory for the environment `spec` (a registered name, `pkg.mod:Class` /
     `pkg.mod.Class`, or `verifiers:<id>`, a verifiers environment: `hone.envs.verifiers_env`) built with
-    `args`. One instance is built here, so a bad name or bad arguments fail
-    when the recipe is set up, with a `ValueError` naming the environment, not in the first rollout.
+    `args`. One instance is built here, so a bad name or bad arguments fail when the recipe is set up,
+    with a `ValueError` naming the environment, not in the first rollout.
 
     `args` are shared by every instance: environments must treat them as read-only.
     """
