@@ -4,7 +4,8 @@
 answers each assistant turn. `ToolEnv` adds tools (Python functions turned into JSON schemas, called
 in the Hermes `<tool_call>` format, run concurrently with timeouts). Built-in environments, by name:
 `tool_arithmetic`, `guess_number`, `frozen_lake` (see `hone.envs.games`). A recipe names one of them,
-or any class by dotted path (`mypkg.envs:UnitsEnv`); `make_env` builds the per-rollout factory.
+any class by dotted path (`mypkg.envs:UnitsEnv`), or a verifiers environment (`verifiers:<id>`, see
+`hone.envs.verifiers_env`); `make_env` builds the per-rollout factory.
 
 A tool environment of your own (this block is run by the test suite):
 

@@ -86,14 +86,20 @@ def register_env(name: str) -> Callable[[E], E]:
 
 
 def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
-    """A zero-argument factory for the environment `spec` (a registered name, or `pkg.mod:Class` /
-    `pkg.mod.Class`) built with `args`. One instance is built here, so a bad name or bad arguments fail
-    when the recipe is set up, with a `ValueError` naming the environment, not in the first rollout.
+    """A zero-argument factory for the environment `spec` (a registered name, `pkg.mod:Class` /
+    `pkg.mod.Class`, or `verifiers:<id>`, a verifiers environment: `hone.envs.verifiers_env`) built with
+    `args`. One instance is built here, so a bad name or bad arguments fail when the recipe is set up,
+    with a `ValueError` naming the environment, not in the first rollout.
 
     `args` are shared by every instance: environments must treat them as read-only.
     """
     args = dict(args or {})
-    cls = resolve_env(spec)
+    if spec.startswith("verifiers:"):
+        from hone.envs.verifiers_env import verifiers_env  # here: verifiers is an optional dependency
+
+        cls: Callable[..., Environment] = verifiers_env(spec.removeprefix("verifiers:"), args)
+    else:
+        cls = resolve_env(spec)
     try:
         probe = cls(**args)
     except (TypeError, ValueError) as exc:

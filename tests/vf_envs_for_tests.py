@@ -1,0 +1,36 @@
+"""A single-turn verifiers 0.4 environment for tests/test_verifiers_env.py: "What is i+1?" with a rubric of
+two weighted rewards. Loaded by the adapter as `verifiers:tests.vf_envs_for_tests`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import verifiers.v1 as vf
+
+
+class SumData(vf.TaskData):
+    answer: str
+
+
+class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
+    @vf.reward(weight=1.0)
+    async def correct(self, task: SumData, trace: vf.Trace) -> float:
+        return float(trace.last_reply == task.answer)
+
+    @vf.reward(weight=0.5)
+    async def brief(self, trace: vf.Trace) -> float:
+        return 1.0 if len(trace.last_reply) <= 2 else 0.0
+
+
+class SumConfig(vf.TasksetConfig):
+    n: int = 40
+
+
+class SumTaskset(vf.Taskset[SumTask, SumConfig]):
+    def load(self) -> Iterator[SumTask]:
+        for i in range(self.config.n):
+            data = SumData(prompt=f"What is {i}+1?", system_prompt="Answer with a number.", answer=str(i + 1))
+            yield SumTask(data, self.config.task)
+
+
+__all__ = ["SumTaskset"]
