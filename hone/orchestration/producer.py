@@ -85,15 +85,20 @@ def sampling_params(cfg: HoneConfig, step: int, part: int = 0) -> SamplingParams
 
 def collect_rollouts(
     parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
-) -> list[Rollout]:
-    """Single-turn generations, or one multi-turn episode per rollout when the run has an environment."""
+) -> tuple[list[Rollout], dict[str, float]]:
+    """Single-turn generations, one multi-turn episode per rollout when the run has an environment, or the
+    agent's episodes (`rollout.agent`, which may drop failed episodes); and metrics of what failed."""
+    if parts.agent is not None:
+        played = parts.agent.play(samples, params)
+        return played.rollouts, played.metrics
     if parts.episodes is None:
         requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
-        return parts.sampler.generate(requests, params)
+        return parts.sampler.generate(requests, params), {}
     episodes = parts.episodes
-    return run_episodes(
+    rollouts = run_episodes(
         parts.sampler, parts.policy.tokenizer, episodes.make_env, samples, params, episodes.limits
     )
+    return rollouts, {}
 
 
 def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
@@ -138,9 +143,9 @@ class Producer:
     ) -> tuple[list[Rollout], dict[str, float]]:
         """Sample `samples` with `params` and score them; the times add to `timing`."""
         t0 = time.perf_counter()
-        rollouts = collect_rollouts(self.parts, self.cfg, samples, params)
+        rollouts, failed = collect_rollouts(self.parts, self.cfg, samples, params)
         t_sample = time.perf_counter()
-        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward)
+        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward) | failed
         timing["time/sample_s"] += t_sample - t0
         timing["time/reward_s"] += time.perf_counter() - t_sample
         return rollouts, metrics
