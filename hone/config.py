@@ -179,7 +179,9 @@ class RolloutConfig(Section):
     agent_max_completions: int = Field(
         8, ge=1, description="chat completions one agent episode may request (its turns)"
     )
-    agent_port: int = Field(0, ge=0, le=65535, description="the endpoint's port on 127.0.0.1; 0 = any free one")
+    agent_port: int = Field(
+        0, ge=0, le=65535, description="the endpoint's port on 127.0.0.1; 0 = any free one"
+    )
 
     @model_validator(mode="after")
     def _dtype_for_hf(self) -> RolloutConfig:
@@ -695,7 +697,9 @@ class HoneConfig(Section):
     def _agent_in_one_producer(self) -> HoneConfig:
         # The endpoint serves the run's one sampler: producer replicas and Ray actors have their own.
         if self.rollout.agent and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
-            raise ValueError("rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: local)")
+            raise ValueError(
+                "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: local)"
+            )
         return self
 
     @model_validator(mode="after")

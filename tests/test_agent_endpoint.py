@@ -44,12 +44,22 @@ class ScriptedSampler:
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
         outs = []
         for r in requests:
-            ids = self.tokenizer.encode(self.reply(self.tokenizer.decode(r.prompt_ids)), add_special_tokens=False)
+            ids = self.tokenizer.encode(
+                self.reply(self.tokenizer.decode(r.prompt_ids)), add_special_tokens=False
+            )
             ids = [*ids, self.tokenizer.eos_token_id]
             logprobs = [-(len(self.calls) + 1) / 7 - k / 100 for k in range(len(ids))]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             outs.append(
-                Rollout(r.sample_id, r.group_id, r.prompt_ids + ids, len(r.prompt_ids), [1] * len(ids), logprobs, text)
+                Rollout(
+                    r.sample_id,
+                    r.group_id,
+                    r.prompt_ids + ids,
+                    len(r.prompt_ids),
+                    [1] * len(ids),
+                    logprobs,
+                    text,
+                )
             )
         self.calls.append((requests, params, outs))
         return outs
@@ -105,7 +115,9 @@ def test_tool_call_output_comes_back_as_openai_tool_calls(tokenizer: PreTrainedT
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Let me compute."
     [call] = choice.message.tool_calls or []
-    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "12*3"}
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {
+        "expression": "12*3"
+    }
 
 
 def test_calculator_agent_trajectory_is_exactly_what_the_sampler_produced(
@@ -114,7 +126,13 @@ def test_calculator_agent_trajectory_is_exactly_what_the_sampler_produced(
     sampler = ScriptedSampler(tokenizer, calculator_reply)
     samples = ToolArithmetic.make_samples(6, 0, "train")  # distinct problems: each prompt is one episode's
     with serve(sampler, tokenizer) as server:
-        agent = AgentEpisodes(load_agent("hone.envs.calculator_agent:run"), server, concurrency=8, timeout_s=30, max_completions=4)
+        agent = AgentEpisodes(
+            load_agent("hone.envs.calculator_agent:run"),
+            server,
+            concurrency=8,
+            timeout_s=30,
+            max_completions=4,
+        )
         played = agent.play(samples, SamplingParams(n=1, temperature=1.0, max_new_tokens=96, seed=0))
     assert played.metrics == {"env/errors": 0.0, "env/timeouts": 0.0}
     assert [r.group_id for r in played.rollouts] == [0, 1, 2, 3, 4, 5]
@@ -124,7 +142,9 @@ def test_calculator_agent_trajectory_is_exactly_what_the_sampler_produced(
         assert r.turn_rewards == [1.0] and len(r.turns) == 2
         # Find this episode's two completions: the second one's prompt is the rollout's context up to it.
         (_, second) = r.turns
-        [(req2, out2)] = [(q, o) for q, o in served if q.prompt_ids == r.token_ids[: r.prompt_len + second[0]]]
+        [(req2, out2)] = [
+            (q, o) for q, o in served if q.prompt_ids == r.token_ids[: r.prompt_len + second[0]]
+        ]
         [(req1, out1)] = [(q, o) for q, o in served if q.prompt_ids == r.token_ids[: r.prompt_len]]
         observation = r.token_ids[req1.prompt_ids.__len__() + out1.response_len : len(req2.prompt_ids)]
         assert tokenizer.decode(observation) == f"\ntool: {r.response_text}\nassistant: "
@@ -134,7 +154,9 @@ def test_calculator_agent_trajectory_is_exactly_what_the_sampler_produced(
         assert r.loss_mask == [1] * out1.response_len + [0] * len(observation) + [1] * out2.response_len
 
 
-def test_a_rewritten_history_starts_a_new_sequence_sharing_the_reward(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_a_rewritten_history_starts_a_new_sequence_sharing_the_reward(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
     async def forgetful(client: openai.AsyncOpenAI, sample: Sample) -> list[float]:
         for question in ("first", "second"):  # the second request does not extend the first's context
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
@@ -157,7 +179,13 @@ def test_requests_from_many_episodes_are_batched(tokenizer: PreTrainedTokenizerB
     sampler = ScriptedSampler(tokenizer, calculator_reply)
     samples = ToolArithmetic.make_samples(8, 0, "train")
     with serve(sampler, tokenizer) as server:
-        agent = AgentEpisodes(load_agent("hone.envs.calculator_agent:run"), server, concurrency=64, timeout_s=30, max_completions=4)
+        agent = AgentEpisodes(
+            load_agent("hone.envs.calculator_agent:run"),
+            server,
+            concurrency=64,
+            timeout_s=30,
+            max_completions=4,
+        )
         played = agent.play(samples, SamplingParams(n=4, temperature=1.0, max_new_tokens=96, seed=0))
     assert len(played.rollouts) == 32
     sizes = [len(reqs) for reqs, _, _ in sampler.calls]
@@ -214,14 +242,18 @@ def _spec(fn: Callable[..., object]):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("agent", [_answers, _by_url])
-def test_failing_and_slow_episodes_are_counted_and_dropped(tokenizer: PreTrainedTokenizerBase, agent: object) -> None:
+def test_failing_and_slow_episodes_are_counted_and_dropped(
+    tokenizer: PreTrainedTokenizerBase, agent: object
+) -> None:
     samples = [Sample(p, prompt=p) for p in ("ok", "boom", "slow", "ok2")]
     with serve(ScriptedSampler(tokenizer, lambda p: "1"), tokenizer) as server:
         episodes = AgentEpisodes(_spec(agent), server, concurrency=8, timeout_s=1.0, max_completions=2)  # type: ignore[arg-type]
         played = episodes.play(samples, PARAMS)
         assert [r.sample_id for r in played.rollouts] == ["ok", "ok2"]
         assert played.metrics == {"env/errors": 2.0, "env/timeouts": 1.0}
-        with pytest.raises(RuntimeError, match="every one of 1 agent episodes failed; first: ConnectionError"):
+        with pytest.raises(
+            RuntimeError, match="every one of 1 agent episodes failed; first: ConnectionError"
+        ):
             episodes.play([Sample("boom", prompt="boom")], PARAMS)
 
 
@@ -268,13 +300,17 @@ def test_real_sampler_tokens_and_logprobs_land_in_the_trajectory(micro_model_dir
     async def two_turns(client: openai.AsyncOpenAI, sample: Sample) -> float:
         messages: list[dict[str, object]] = [{"role": "user", "content": "2+2?"}]
         for _ in range(2):
-            reply = (await client.chat.completions.create(model="m", messages=messages, max_tokens=6)).choices[0]
+            reply = (
+                await client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+            ).choices[0]
             messages += [reply.message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
         return 1.0
 
     with serve(sampler, policy.tokenizer) as server:
         agent = AgentEpisodes(_spec(two_turns), server, concurrency=4, timeout_s=60, max_completions=2)
-        [r] = agent.play([Sample("s", prompt="p")], SamplingParams(n=1, temperature=1.0, max_new_tokens=16, seed=3)).rollouts
+        [r] = agent.play(
+            [Sample("s", prompt="p")], SamplingParams(n=1, temperature=1.0, max_new_tokens=16, seed=3)
+        ).rollouts
     (first_prompt, first), (second_prompt, second) = seen
     assert first.response_len <= 6 and second.response_len <= 6  # the request's max_tokens lowered the cap
     assert second_prompt[: len(first_prompt) + first.response_len] == first_prompt + first.response_ids
@@ -340,7 +376,9 @@ async def interrupting(client: openai.AsyncOpenAI, sample: Sample) -> float:
     return 0.0
 
 
-def test_an_interrupted_run_stops_the_server(tmp_path: Path, micro_model_dir: Path, server_ports: list[int]) -> None:
+def test_an_interrupted_run_stops_the_server(
+    tmp_path: Path, micro_model_dir: Path, server_ports: list[int]
+) -> None:
     overrides = {"rollout.agent": "tests.test_agent_endpoint:interrupting"}
     cfg = load_config(None, agent_overrides(tmp_path, micro_model_dir, "stop", **overrides))
     with pytest.raises((RunInterrupted, KeyboardInterrupt)):

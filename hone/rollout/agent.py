@@ -65,6 +65,10 @@ def load_agent(spec: str) -> AgentSpec:
             f"{where} must take two arguments (client or base_url, sample); its required ones are: {names}"
         )
     wants_base_url = params[0].name == "base_url"
+    try:
+        import aiohttp  # noqa: F401  (the endpoint's server)
+    except ImportError:
+        raise ValueError(f"{where} needs the aiohttp package: pip install 'hone[agents]'") from None
     if not wants_base_url:
         try:
             import openai  # noqa: F401
@@ -97,7 +101,9 @@ class AgentEpisodes:
         self.agent, self.server = agent, server
         self.concurrency, self.timeout_s, self.max_completions = concurrency, timeout_s, max_completions
 
-    def play(self, samples: Sequence[Sample], params: SamplingParams, *, last_segment_only: bool = False) -> AgentRollouts:
+    def play(
+        self, samples: Sequence[Sample], params: SamplingParams, *, last_segment_only: bool = False
+    ) -> AgentRollouts:
         """Rollouts of every episode that succeeded (group id = the sample's index), in sample order."""
         return run_coroutine(self._play(samples, params, last_segment_only))
 
@@ -122,7 +128,9 @@ class AgentEpisodes:
             segments = record.segments[-1:] if last_only else record.segments
             rollouts += [_to_rollout(sample, group, seg, reward, len(record.segments)) for seg in segments]
         if errors:
-            log.warning("%d of %d agent episodes failed (env/errors); first: %s", len(errors), len(jobs), errors[0])
+            log.warning(
+                "%d of %d agent episodes failed (env/errors); first: %s", len(errors), len(jobs), errors[0]
+            )
         if not rollouts:
             raise RuntimeError(f"every one of {len(jobs)} agent episodes failed; first: {errors[0]}")
         return AgentRollouts(rollouts, {"env/errors": float(len(errors)), "env/timeouts": float(timeouts)})
@@ -163,7 +171,9 @@ def _client(base_url: str, timeout_s: float) -> Any:
 def _reward(value: Any) -> list[float]:
     """The agent's return value as per-turn rewards: a number is one score for the episode."""
     if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
-        raise TypeError(f"the agent returned {type(value).__name__}, not a reward (a number or a list of them)")
+        raise TypeError(
+            f"the agent returned {type(value).__name__}, not a reward (a number or a list of them)"
+        )
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise TypeError(f"the agent returned {value!r}, not a reward (a number or a list of numbers)")

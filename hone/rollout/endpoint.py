@@ -34,6 +34,7 @@ trajectory is one sequence).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -179,8 +180,12 @@ class EndpointServer:
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         self._sock.close()
-        # A generate call already running finishes on its own (a torch call cannot be interrupted).
+        # Queued generate calls are dropped; one already running cannot be interrupted (a torch call), so
+        # it is waited for, at most `_STOP_TIMEOUT_S` (then its daemon thread ends with its call).
         self._pool.shutdown(wait=False, cancel_futures=True)
+        waiter = threading.Thread(target=self._pool.shutdown, name="hone-endpoint-stop", daemon=True)
+        waiter.start()
+        waiter.join(timeout=_STOP_TIMEOUT_S)
 
     def __enter__(self) -> EndpointServer:
         return self
@@ -249,7 +254,8 @@ class EndpointServer:
             if episode.completions >= episode.max_completions:
                 raise RequestError(
                     400,
-                    f"episode has used its {episode.max_completions} completions (rollout.agent_max_completions)",
+                    f"episode has used its {episode.max_completions} completions "
+                    "(rollout.agent_max_completions)",
                     "episode_limit",
                 )
             rendered = [_as_sampled(m, episode.served) for m in messages]
@@ -445,10 +451,8 @@ def _message_key(message: dict[str, Any]) -> str:
         function = call.get("function", {}) if isinstance(call, dict) else {}
         arguments = function.get("arguments")
         if isinstance(arguments, str):
-            try:
+            with contextlib.suppress(ValueError):  # kept as the string it is
                 arguments = json.loads(arguments)
-            except ValueError:
-                pass
         calls.append([function.get("name"), arguments])
     return json.dumps([message.get("content") or "", calls], sort_keys=True)
 
