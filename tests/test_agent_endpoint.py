@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from hone.config import load_config
 from hone.envs.games import ToolArithmetic
 from hone.models.tiny import build_byte_tokenizer
-from hone.orchestration.loop import RunInterrupted, train
+from hone.orchestration.loop import RunInterrupted, SetupError, train
 from hone.rollout import GenerationRequest, HFSampler
 from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.endpoint import EndpointServer
@@ -59,6 +59,7 @@ class ScriptedSampler:
                     [1] * len(ids),
                     logprobs,
                     text,
+                    policy_version=self.policy_version,
                 )
             )
         self.calls.append((requests, params, outs))
@@ -257,10 +258,6 @@ def test_failing_and_slow_episodes_are_counted_and_dropped(
             episodes.play([Sample("boom", prompt="boom")], PARAMS)
 
 
-async def not_async(client: object, sample: Sample) -> float:
-    return 0.0
-
-
 def sync_agent(client: object, sample: Sample) -> float:
     return 0.0
 
@@ -282,6 +279,24 @@ def test_a_bad_agent_spec_is_one_line_at_setup(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as raised:
         load_agent(spec)
     assert "\n" not in str(raised.value)
+
+
+def test_a_bad_agent_stops_the_run_at_setup_with_its_line(tmp_path: Path, micro_model_dir: Path) -> None:
+    overrides = {"rollout.agent": "tests.test_agent_endpoint:three_args"}
+    cfg = load_config(None, agent_overrides(tmp_path, micro_model_dir, "bad", **overrides))
+    with pytest.raises(SetupError, match=r"^rollout.agent '.*three_args' must take two arguments") as raised:
+        train(cfg)
+    assert "\n" not in str(raised.value) and endpoint_threads() == []
+
+
+def test_the_endpoint_serves_the_weights_last_published(tokenizer: PreTrainedTokenizerBase) -> None:
+    sampler = ScriptedSampler(tokenizer, lambda p: "1")
+    with serve(sampler, tokenizer) as server:
+        agent = AgentEpisodes(_spec(_answers), server, concurrency=2, timeout_s=30, max_completions=2)
+        before = agent.play([Sample("ok", prompt="ok")], PARAMS).rollouts
+        sampler.load_weights({}, version=3)  # what a publish does to the run's sampler
+        after = agent.play([Sample("ok", prompt="ok")], PARAMS).rollouts
+    assert [r.policy_version for r in before + after] == [0, 3]
 
 
 def test_real_sampler_tokens_and_logprobs_land_in_the_trajectory(micro_model_dir: Path) -> None:
@@ -384,3 +399,65 @@ def test_an_interrupted_run_stops_the_server(
     with pytest.raises((RunInterrupted, KeyboardInterrupt)):
         train(cfg)
     assert len(server_ports) == 1 and not port_open(server_ports[0]) and endpoint_threads() == []
+
+
+# A ChatML template with Hermes tool calls, in the manner of Qwen2.5's (written for this test): tools in a
+# system message, an assistant's `tool_calls` re-rendered as JSON blocks, tool results inside a user turn.
+CHATML_TOOLS = (
+    "{%- if tools %}<|im_start|>system{{ '\\n' }}Tools:{% for t in tools %}{{ '\\n' }}{{ t | tojson }}"
+    "{% endfor %}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}<|im_start|>user{{ '\\n' }}<tool_response>{{ '\\n' }}{{ m.content }}"
+    "{{ '\\n' }}</tool_response><|im_end|>{{ '\\n' }}"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant{{ '\\n' }}{{ m.content }}"
+    "{%- for c in m.tool_calls %}<tool_call>{{ '\\n' }}"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}'
+    "{{ '\\n' }}</tool_call>{% endfor %}<|im_end|>{{ '\\n' }}"
+    "{%- else %}<|im_start|>{{ m.role }}{{ '\\n' }}{{ m.content }}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}{% endif %}"
+)
+
+
+def chatml_reply(prompt: str) -> str:
+    if result := re.search(
+        r"<tool_response>\n(\S+)\n</tool_response><\|im_end\|>\n<\|im_start\|>assistant\n$", prompt
+    ):
+        return f"The answer is {result.group(1)}."
+    return calculator_reply(prompt)
+
+
+def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -> None:
+    tokenizer = build_byte_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = CHATML_TOOLS
+    sampler = ScriptedSampler(tokenizer, chatml_reply)
+    samples = ToolArithmetic.make_samples(2, 0, "train")
+    with serve(sampler, tokenizer) as server:
+        agent = AgentEpisodes(
+            load_agent("hone.envs.calculator_agent:run"),
+            server,
+            concurrency=4,
+            timeout_s=30,
+            max_completions=4,
+        )
+        rollouts = agent.play(samples, PARAMS).rollouts
+    served = {
+        tuple(q.prompt_ids): o for reqs, _, outs in sampler.calls for q, o in zip(reqs, outs, strict=True)
+    }
+    assert len(rollouts) == 2
+    for r in rollouts:
+        assert r.turn_rewards == [1.0] and r.metrics["episode/segments"] == 1 and len(r.turns) == 2
+        sampled = [r.response_ids[a:b] for a, b in r.turns]
+        # Each turn's tokens are the sampler's output for the context before it, and only they are trained.
+        for (a, _), tokens in zip(r.turns, sampled, strict=True):
+            assert served[tuple(r.token_ids[: r.prompt_len + a])].response_ids == tokens
+        assert sum(r.loss_mask) == sum(map(len, sampled))
+        # The template's own rendering of the parsed call is not what the model wrote: re-rendering the
+        # conversation the agent sent would have trained on tokens the model never sampled.
+        call_text = tokenizer.decode(sampled[0], skip_special_tokens=True)
+        call = json.loads(call_text.split("<tool_call>")[1].split("</tool_call>")[0])
+        function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
+        message = {"role": "assistant", "content": "Let me compute.", "tool_calls": [{"function": function}]}
+        assert call_text not in tokenizer.apply_chat_template([message], tokenize=False)
+        assert tokenizer.decode(r.token_ids).count("<tool_response>") == 1
