@@ -379,7 +379,7 @@ def test_training_through_the_endpoint_runs_and_leaves_no_server(
     trained = [row for row in rows if "loss/policy" in row]
     assert [row["step"] for row in trained] == [1, 2]
     assert all(row["env/errors"] == 0.0 and row["episode/turns"] >= 1 for row in trained)
-    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
+    assert rows[0]["eval/env/errors"] == 0.0 and "eval/accuracy" in rows[-1]
     assert len(server_ports) == 1 and not port_open(server_ports[0]) and endpoint_threads() == []
 
 

@@ -46,12 +46,14 @@ def evaluate(
     sample is played as a multi-turn episode and scored the same way, and `eval/correct_in_<k>_turns`
     splits the accuracy by how many assistant turns the correct episodes took (with an environment that
     ends at success, that is the turn that solved it: what retrying or reading observations adds).
-    With `agent` (`rollout.agent`) the agent plays them instead: an episode that failed counts as wrong,
-    and one whose requests split into several sequences is scored by its last.
+    With `agent` (`rollout.agent`) the agent plays them instead: an episode that failed counts as wrong
+    (and in `eval/env/errors`), and one whose requests split into several sequences is scored by its last.
     """
     check_pass_at_ks(ks, params.n)
+    failed: dict[str, float] = {}
     if agent is not None:
-        rollouts = agent.play(samples, params, last_segment_only=True).rollouts
+        played = agent.play(samples, params, last_segment_only=True)
+        rollouts, failed = played.rollouts, {f"eval/{k}": v for k, v in played.metrics.items()}
     elif episodes is None:
         rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template), params)
     else:
@@ -72,6 +74,7 @@ def evaluate(
         by_turns = Counter(len(r.turns) for r in rollouts if is_correct(r))
         for turns in range(1, max((len(r.turns) for r in rollouts), default=0) + 1):
             out[f"eval/correct_in_{turns}_turns"] = by_turns[turns] / len(rollouts)
+    out |= failed  # agent episodes that failed (eval/env/errors): counted wrong above
     for k in ks:
         out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
     return out

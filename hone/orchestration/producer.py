@@ -85,20 +85,18 @@ def sampling_params(cfg: HoneConfig, step: int, part: int = 0) -> SamplingParams
 
 def collect_rollouts(
     parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
-) -> tuple[list[Rollout], dict[str, float]]:
+) -> list[Rollout]:
     """Single-turn generations, one multi-turn episode per rollout when the run has an environment, or the
-    agent's episodes (`rollout.agent`, which may drop failed episodes); and metrics of what failed."""
+    agent's episodes (`rollout.agent`; failed ones are dropped, see `Producer._sample_and_score`)."""
     if parts.agent is not None:
-        played = parts.agent.play(samples, params)
-        return played.rollouts, played.metrics
+        return parts.agent.play(samples, params).rollouts
     if parts.episodes is None:
         requests = generation_requests(samples, parts.policy.tokenizer, cfg.data.chat_template)
-        return parts.sampler.generate(requests, params), {}
+        return parts.sampler.generate(requests, params)
     episodes = parts.episodes
-    rollouts = run_episodes(
+    return run_episodes(
         parts.sampler, parts.policy.tokenizer, episodes.make_env, samples, params, episodes.limits
     )
-    return rollouts, {}
 
 
 def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
@@ -143,7 +141,11 @@ class Producer:
     ) -> tuple[list[Rollout], dict[str, float]]:
         """Sample `samples` with `params` and score them; the times add to `timing`."""
         t0 = time.perf_counter()
-        rollouts, failed = collect_rollouts(self.parts, self.cfg, samples, params)
+        if self.parts.agent is not None:  # its failed episodes are dropped: counted in env/errors
+            played = self.parts.agent.play(samples, params)
+            rollouts, failed = played.rollouts, played.metrics
+        else:
+            rollouts, failed = collect_rollouts(self.parts, self.cfg, samples, params), {}
         t_sample = time.perf_counter()
         metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward) | failed
         timing["time/sample_s"] += t_sample - t0
