@@ -7,9 +7,14 @@ from __future__ import annotations
 import _thread
 import asyncio
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -461,3 +466,44 @@ def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -
         message = {"role": "assistant", "content": "Let me compute.", "tool_calls": [{"function": function}]}
         assert call_text not in tokenizer.apply_chat_template([message], tokenize=False)
         assert tokenizer.decode(r.token_ids).count("<tool_response>") == 1
+
+
+async def waiting(client: openai.AsyncOpenAI, sample: Sample) -> float:
+    """Tells the test its endpoint's URL, then waits: the run is mid-episode when it is stopped."""
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    Path(os.environ["HONE_TEST_AGENT_READY"]).write_text(str(client.base_url))
+    await asyncio.sleep(60)
+    return 0.0
+
+
+def test_sigterm_mid_episode_ends_the_run_and_its_server(tmp_path: Path, micro_model_dir: Path) -> None:
+    ready = tmp_path / "ready"
+    args = agent_overrides(
+        tmp_path, micro_model_dir, "r", **{"rollout.agent": "tests.test_agent_endpoint:waiting"}
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hone.cli", "train", *args],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            "HONE_TEST_AGENT_READY": str(ready),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "no agent episode started"
+            time.sleep(0.05)
+        port = int(ready.read_text().split(":")[2].split("/")[0])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1].startswith("hone: interrupted") and "Traceback" not in err, err
+    assert not port_open(port)
