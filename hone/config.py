@@ -179,6 +179,9 @@ class RolloutConfig(Section):
     agent_max_completions: int = Field(
         8, ge=1, description="chat completions one agent episode may request (its turns)"
     )
+    agent_tool_parser: str = Field(
+        "hermes", description="how the endpoint reads tool calls in the model's output (hone.envs.parsers)"
+    )
     agent_port: int = Field(
         0, ge=0, le=65535, description="the endpoint's port on 127.0.0.1; 0 = any free one"
     )

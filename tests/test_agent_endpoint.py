@@ -286,10 +286,24 @@ def test_a_bad_agent_spec_is_one_line_at_setup(spec: str, message: str) -> None:
     assert "\n" not in str(raised.value)
 
 
-def test_a_bad_agent_stops_the_run_at_setup_with_its_line(tmp_path: Path, micro_model_dir: Path) -> None:
-    overrides = {"rollout.agent": "tests.test_agent_endpoint:three_args"}
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"rollout.agent": "tests.test_agent_endpoint:three_args"},
+            r"^rollout.agent '.*' must take two arguments",
+        ),
+        (
+            {"rollout.agent_tool_parser": "nope"},
+            r"^rollout.agent_tool_parser: unknown tool-call parser 'nope'",
+        ),
+    ],
+)
+def test_a_bad_agent_setting_stops_the_run_at_setup_with_its_line(
+    tmp_path: Path, micro_model_dir: Path, overrides: dict[str, str], message: str
+) -> None:
     cfg = load_config(None, agent_overrides(tmp_path, micro_model_dir, "bad", **overrides))
-    with pytest.raises(SetupError, match=r"^rollout.agent '.*three_args' must take two arguments") as raised:
+    with pytest.raises(SetupError, match=message) as raised:
         train(cfg)
     assert "\n" not in str(raised.value) and endpoint_threads() == []
 

@@ -26,6 +26,7 @@ from hone.data.gym import PREFIX as GYM_PREFIX
 from hone.data.gym import ReasoningGymTask
 from hone.envs import Environment
 from hone.envs import make_env as _make_env
+from hone.envs.parsers import get_parser
 from hone.models import resolve_model
 from hone.orchestration.weights import LocalWeightChannel, WeightChannel
 from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
@@ -292,6 +293,11 @@ def load_critic(cfg: HoneConfig, policy: Policy, start_dir: str) -> ValueModel:
 def build_components(cfg: HoneConfig) -> RunComponents:
     make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     agent_spec = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
+    if agent_spec is not None:
+        try:  # a bad name fails before the model loads
+            get_parser(cfg.rollout.agent_tool_parser)
+        except ValueError as e:
+            raise ValueError(f"rollout.agent_tool_parser: {e}") from None
     task, train_samples, eval_samples = load_data(cfg, make_env)
     reward = load_reward(cfg, task)
     model_path = resolve_model(cfg.model.path)
@@ -305,7 +311,13 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     if agent_spec is not None:  # last: nothing after it can fail and leave the server running
         from hone.rollout.endpoint import EndpointServer  # aiohttp: the `agents` extra
 
-        server = EndpointServer(sampler, tokenizer, model_name=model_path, port=cfg.rollout.agent_port)
+        server = EndpointServer(
+            sampler,
+            tokenizer,
+            model_name=model_path,
+            parser=cfg.rollout.agent_tool_parser,
+            port=cfg.rollout.agent_port,
+        )
         agent = AgentEpisodes(
             agent_spec,
             server,
