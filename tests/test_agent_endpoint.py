@@ -521,3 +521,12 @@ def test_sigterm_mid_episode_ends_the_run_and_its_server(tmp_path: Path, micro_m
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines()[-1].startswith("hone: interrupted") and "Traceback" not in err, err
     assert not port_open(port)
+
+
+def test_a_port_in_use_is_one_line(tokenizer: PreTrainedTokenizerBase) -> None:
+    sampler = ScriptedSampler(tokenizer, lambda p: "x")
+    with serve(sampler, tokenizer) as server:
+        taken = rf"^agent endpoint: cannot listen on 127.0.0.1:{server.port} \(rollout.agent_port\): "
+        with pytest.raises(OSError, match=taken):
+            EndpointServer(sampler, tokenizer, port=server.port)  # type: ignore[arg-type]
+    assert endpoint_threads() == []

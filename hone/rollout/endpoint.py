@@ -95,7 +95,6 @@ class EpisodeRecord:
     segments: list[Segment] = field(default_factory=list)
     served: dict[str, str] = field(default_factory=dict)  # returned message key -> sampled raw text
     lock: asyncio.Lock | None = None  # made in the server's loop on first use
-    calls: int = 0
 
     @property
     def completions(self) -> int:
@@ -136,9 +135,12 @@ class EndpointServer:
         self._episodes: dict[str, EpisodeRecord] = {}
         self._episodes_lock = threading.Lock()
         self._calls = 0  # generate calls, for their seeds
+        try:
+            self._sock = socket.create_server((host, port))
+        except OSError as e:
+            raise OSError(f"agent endpoint: cannot listen on {host}:{port} (rollout.agent_port): {e}") from e
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hone-endpoint-generate")
-        self._sock = socket.create_server((host, port))
         self.port = self._sock.getsockname()[1]
         self.host = host
         self._thread = threading.Thread(target=self._loop.run_forever, name="hone-endpoint", daemon=True)
