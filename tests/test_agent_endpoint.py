@@ -29,6 +29,7 @@ from hone.orchestration.loop import RunInterrupted, SetupError, train
 from hone.rollout import GenerationRequest, HFSampler
 from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.endpoint import EndpointServer
+from hone.rollout.multiturn import demonstration_tokens
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
 from tests.test_orchestration import tiny_overrides
@@ -530,3 +531,38 @@ def test_a_port_in_use_is_one_line(tokenizer: PreTrainedTokenizerBase) -> None:
         with pytest.raises(OSError, match=taken):
             EndpointServer(sampler, tokenizer, port=server.port)  # type: ignore[arg-type]
     assert endpoint_threads() == []
+
+
+@pytest.mark.parametrize("template", ["tiny", "chatml"])
+def test_the_agent_plays_the_warm_start_demonstrations_token_for_token(template: str) -> None:
+    """The recipe warm-starts on `tool_arithmetic`'s demonstrations: a policy that writes them must find
+    the agent's episodes laid out as the very tokens and mask SFT trained on."""
+    tokenizer = build_byte_tokenizer()
+    if template == "chatml":
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+        tokenizer.eos_token = "<|im_end|>"
+        tokenizer.chat_template = CHATML_TOOLS
+    env = ToolArithmetic()
+    samples = ToolArithmetic.make_samples(3, 0, "train")
+    scripts = {
+        s.meta["a"]: [m["content"] for m in env.demonstration(s) if m["role"] == "assistant"] for s in samples
+    }
+
+    def demonstrated(prompt: str) -> str:  # the demonstration's next assistant turn
+        a = int(re.search(r"What is (\d+)", prompt).group(1))  # type: ignore[union-attr]
+        return scripts[a][prompt.count("<tool_call>")]
+
+    with serve(ScriptedSampler(tokenizer, demonstrated), tokenizer) as server:
+        agent = AgentEpisodes(
+            load_agent("hone.envs.calculator_agent:run"),
+            server,
+            concurrency=4,
+            timeout_s=30,
+            max_completions=4,
+        )
+        rollouts = agent.play(samples, PARAMS).rollouts
+    assert len(rollouts) == 3
+    for sample, r in zip(samples, rollouts, strict=True):
+        ids, mask = demonstration_tokens(tokenizer, env.demonstration(sample), env.tools)
+        assert r.turn_rewards == [1.0]
+        assert r.token_ids == ids and [0] * r.prompt_len + r.loss_mask == mask
