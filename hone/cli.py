@@ -40,6 +40,7 @@ MAIN_KEYS = f"""main keys (override any as section.key=value):
   data.scheduler (uniform difficulty | pkg.mod:Class) data.scheduler_args data.pass_rate_ema
   data.difficulty_filter.lo/hi/cooldown_steps
   rollout.n rollout.temperature rollout.top_p rollout.max_new_tokens rollout.stop
+  rollout.agent (pkg.mod:async_fn) rollout.agent_concurrency rollout.agent_timeout_s
   reward.fn (task math code format overlong length reward_model judge env | pkg.mod:fn) reward.args
   reward.components.<name>.fn/weight/args reward.timeout_s reward.max_concurrency
   env.name (registered | pkg.mod:Class) env.args env.max_turns env.max_total_tokens env.drop_void_turns

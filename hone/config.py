@@ -172,6 +172,24 @@ class RolloutConfig(Section):
         2, ge=1, description="vllm on CPU: KV cache memory (VLLM_CPU_KVCACHE_SPACE)"
     )
     vllm_timeout_s: float = Field(600.0, gt=0, description="vllm: the most one engine request may take")
+    # Agent programs via an OpenAI-compatible endpoint (hone/rollout/agent.py, README).
+    agent: str | None = Field(
+        None,
+        description="'pkg.mod:fn': an async agent run(client | base_url, sample) -> reward that talks to the "
+        "policy at a local OpenAI-compatible endpoint; it plays the episodes (an env then only supplies "
+        "samples and SFT demonstrations)",
+    )
+    agent_concurrency: int = Field(32, ge=1, description="agent episodes running at once")
+    agent_timeout_s: float = Field(120.0, gt=0, description="the most one agent episode may take")
+    agent_max_completions: int = Field(
+        8, ge=1, description="chat completions one agent episode may request (its turns)"
+    )
+    agent_tool_parser: str = Field(
+        "hermes", description="how the endpoint reads tool calls in the model's output (hone.envs.parsers)"
+    )
+    agent_port: int = Field(
+        0, ge=0, le=65535, description="the endpoint's port on 127.0.0.1; 0 = any free one"
+    )
 
     @model_validator(mode="after")
     def _dtype_for_hf(self) -> RolloutConfig:
@@ -690,6 +708,15 @@ class HoneConfig(Section):
             raise ValueError(
                 "data.system_prompt needs data.chat_template: true and single-turn prompts "
                 "(an environment's reset() gives its own messages)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _agent_in_one_producer(self) -> HoneConfig:
+        # The endpoint serves the run's one sampler: producer replicas and Ray actors have their own.
+        if self.rollout.agent and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
+            raise ValueError(
+                "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: local)"
             )
         return self
 

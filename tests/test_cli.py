@@ -19,6 +19,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from hone.cli import _parse, main
+from hone.config import list_recipes
 from hone.orchestration import loop
 from hone.training.checkpoint import Checkpointer, damage
 
@@ -31,7 +32,7 @@ def test_help_lists_recipes_and_main_keys(capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert (
-        "recipes: agent-guess, agent-retry, default" in out
+        f"recipes: {', '.join(list_recipes())}" in out
         and "algorithm.advantage" in out
         and "rollout.n" in out
     )

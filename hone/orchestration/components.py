@@ -26,11 +26,13 @@ from hone.data.gym import PREFIX as GYM_PREFIX
 from hone.data.gym import ReasoningGymTask
 from hone.envs import Environment
 from hone.envs import make_env as _make_env
+from hone.envs.parsers import get_parser
 from hone.models import resolve_model
 from hone.orchestration.weights import LocalWeightChannel, WeightChannel
 from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
 from hone.rewards.registry import TEXT_REWARDS
 from hone.rollout import HFSampler, Sampler, eos_token_ids
+from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.critic import ValueModel
 from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
@@ -55,6 +57,7 @@ class RunComponents:
     pad_id: int
     model_path: str
     episodes: Episodes | None = None  # multi-turn runs: a fresh environment per episode, and limits
+    agent: AgentEpisodes | None = None  # `rollout.agent`: it plays the episodes, through the endpoint
 
 
 def load_data(
@@ -289,6 +292,12 @@ def load_critic(cfg: HoneConfig, policy: Policy, start_dir: str) -> ValueModel:
 
 def build_components(cfg: HoneConfig) -> RunComponents:
     make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    agent_spec = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
+    if agent_spec is not None:
+        try:  # a bad name fails before the model loads
+            get_parser(cfg.rollout.agent_tool_parser)
+        except ValueError as e:
+            raise ValueError(f"rollout.agent_tool_parser: {e}") from None
     task, train_samples, eval_samples = load_data(cfg, make_env)
     reward = load_reward(cfg, task)
     model_path = resolve_model(cfg.model.path)
@@ -298,6 +307,24 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler = build_sampler(cfg, policy, model_path)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
+    agent = None
+    if agent_spec is not None:  # last: nothing after it can fail and leave the server running
+        from hone.rollout.endpoint import EndpointServer  # aiohttp: the `agents` extra
+
+        server = EndpointServer(
+            sampler,
+            tokenizer,
+            model_name=model_path,
+            parser=cfg.rollout.agent_tool_parser,
+            port=cfg.rollout.agent_port,
+        )
+        agent = AgentEpisodes(
+            agent_spec,
+            server,
+            concurrency=cfg.rollout.agent_concurrency,
+            timeout_s=cfg.rollout.agent_timeout_s,
+            max_completions=cfg.rollout.agent_max_completions,
+        )
     return RunComponents(
         policy=policy,
         ref_policy=None,
@@ -310,6 +337,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         pad_id=pad_id,
         model_path=model_path,
         episodes=episodes,
+        agent=agent,
     )
 
 
@@ -358,8 +386,11 @@ def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
 
 
 def close_samplers(*parts: RunComponents) -> None:
-    """Stop what the samplers run outside this process (a vLLM engine); the HF sampler has nothing."""
+    """Stop what the samplers run outside this process (a vLLM engine; the HF sampler has nothing), and
+    the agent endpoint serving them."""
     for p in parts:
+        if p.agent is not None:
+            p.agent.close()
         close = getattr(p.sampler, "close", None)
         if close is not None:
             close()

@@ -12,6 +12,7 @@ from hone.algorithms.metrics import check_pass_at_ks
 from hone.orchestration.prompts import generation_requests
 from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
+from hone.rollout.agent import AgentEpisodes
 from hone.rollout.multiturn import Episodes, run_episodes
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -35,6 +36,7 @@ def evaluate(
     system_prompt: str | None = None,
     ks: Sequence[int] = (1,),
     episodes: Episodes | None = None,
+    agent: AgentEpisodes | None = None,
 ) -> dict[str, float]:
     """`eval/accuracy` (share of all samples whose correctness component earns full marks),
     `eval/reward`, `eval/pass@k` for each k ≤ n, and `eval/top_answer_share` (the share of responses
@@ -45,9 +47,15 @@ def evaluate(
     sample is played as a multi-turn episode and scored the same way, and `eval/correct_in_<k>_turns`
     splits the accuracy by how many assistant turns the correct episodes took (with an environment that
     ends at success, that is the turn that solved it: what retrying or reading observations adds).
+    With `agent` (`rollout.agent`) the agent plays them instead: an episode that failed counts as wrong
+    (and in `eval/env/errors`), and one whose requests split into several sequences is scored by its last.
     """
     check_pass_at_ks(ks, params.n)
-    if episodes is None:
+    failed: dict[str, float] = {}
+    if agent is not None:
+        played = agent.play(samples, params, last_segment_only=True)
+        rollouts, failed = played.rollouts, {f"eval/{k}": v for k, v in played.metrics.items()}
+    elif episodes is None:
         rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template, system_prompt), params)
     else:
         rollouts = run_episodes(sampler, tokenizer, episodes.make_env, samples, params, episodes.limits)
@@ -63,10 +71,11 @@ def evaluate(
         "eval/response_length": sum(r.response_len for r in rollouts) / len(rollouts),
         "eval/top_answer_share": top_answer_share([r.response_text for r in rollouts]),
     }
-    if episodes is not None:
+    if episodes is not None or agent is not None:
         by_turns = Counter(len(r.turns) for r in rollouts if is_correct(r))
         for turns in range(1, max((len(r.turns) for r in rollouts), default=0) + 1):
             out[f"eval/correct_in_{turns}_turns"] = by_turns[turns] / len(rollouts)
+    out |= failed  # agent episodes that failed (eval/env/errors): counted wrong above
     for k in ks:
         out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
     return out

@@ -75,7 +75,10 @@ def response_budget(cfg: HoneConfig, episodes: Episodes | None) -> int:
     `seq-mean-token-sum-norm`, Liu et al. 2025). Single-turn: `rollout.max_new_tokens`. Multi-turn,
     the episode's budget: each turn is at most `max_tokens_per_turn` and the whole sequence at most
     `max_total_tokens`, of which the prompt takes at least one token (observations count toward the
-    total but not the loss, so they only lower it)."""
+    total but not the loss, so they only lower it). An agent's episode: its completions, each at most
+    `rollout.max_new_tokens`."""
+    if cfg.rollout.agent:
+        return cfg.rollout.agent_max_completions * cfg.rollout.max_new_tokens
     if episodes is None:
         return cfg.rollout.max_new_tokens
     limits = episodes.limits
@@ -134,6 +137,7 @@ def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
         system_prompt=cfg.data.system_prompt,
         ks=cfg.eval.k,
         episodes=parts.episodes,
+        agent=parts.agent,
     )
 
 

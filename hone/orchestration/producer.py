@@ -86,7 +86,10 @@ def sampling_params(cfg: HoneConfig, step: int, part: int = 0) -> SamplingParams
 def collect_rollouts(
     parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
 ) -> list[Rollout]:
-    """Single-turn generations, or one multi-turn episode per rollout when the run has an environment."""
+    """Single-turn generations, one multi-turn episode per rollout when the run has an environment, or the
+    agent's episodes (`rollout.agent`; failed ones are dropped, see `Producer._sample_and_score`)."""
+    if parts.agent is not None:
+        return parts.agent.play(samples, params).rollouts
     if parts.episodes is None:
         requests = generation_requests(
             samples, parts.policy.tokenizer, cfg.data.chat_template, cfg.data.system_prompt
@@ -140,9 +143,13 @@ class Producer:
     ) -> tuple[list[Rollout], dict[str, float]]:
         """Sample `samples` with `params` and score them; the times add to `timing`."""
         t0 = time.perf_counter()
-        rollouts = collect_rollouts(self.parts, self.cfg, samples, params)
+        if self.parts.agent is not None:  # its failed episodes are dropped: counted in env/errors
+            played = self.parts.agent.play(samples, params)
+            rollouts, failed = played.rollouts, played.metrics
+        else:
+            rollouts, failed = collect_rollouts(self.parts, self.cfg, samples, params), {}
         t_sample = time.perf_counter()
-        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward)
+        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward) | failed
         timing["time/sample_s"] += t_sample - t0
         timing["time/reward_s"] += time.perf_counter() - t_sample
         return rollouts, metrics

@@ -1,0 +1,487 @@
+"""A local OpenAI-compatible chat-completions server in front of a `Sampler`, recording every token it serves.
+
+Agent programs written against the OpenAI API (plain `openai` client, tool-calling loops) run unmodified:
+each episode gets its own base URL, `http://127.0.0.1:<port>/e/<episode id>/v1`, so the episode id travels
+in the path and client code needs no header or extra field. The server renders the request's `messages`
+(and `tools=`) through the tokenizer's chat template, samples from the sampler, parses tool calls from the
+output in the template's format (Hermes `<tool_call>` by default, `hone.envs.parsers`) and returns them as
+OpenAI `tool_calls`. Only the HTTP and the bookkeeping are here; generation goes through the `Sampler`
+protocol, so the HF sampler, vLLM or a remote engine serve the same way.
+
+Token-exact trajectories (where this departs from a plain OpenAI server): a request whose rendered
+conversation extends, as text, what an earlier completion of the same episode left in the context is
+*not* re-tokenised. The sampler is given that context's exact token ids (its prompt and every sampled
+token, as sampled) plus the tokens of the new text only (tool results, the next user message, the
+template's markup), so a multi-turn episode is one token sequence in which exactly the sampled tokens
+are trained on (verl and AReaL call the alternative's mismatch "re-tokenisation drift"). To get there,
+an assistant message the agent sends back that this episode served (same content and tool calls) is
+rendered as the raw text the model sampled, not as the template would re-render parsed `tool_calls`. A
+request that does not extend any earlier context (the agent rewrote its history, or the template rewrites
+past turns, e.g. drops reasoning) starts a new sequence ("segment") of the episode.
+
+Sampling follows the run, not the request: `temperature`, `top_p` and `top_k` come from the episode's
+`SamplingParams` (the trainer's log-probs assume the recipe's temperature, so a request asking for another
+one is served with the recipe's); a request's `max_tokens`/`max_completion_tokens` may only lower the
+episode's cap on new tokens, and its `stop` strings are added to the recipe's. `n` must be 1 (the run
+samples `rollout.n` episodes per prompt) and `stream` must be false: either is refused with a 400.
+
+Concurrency: requests from all episodes are queued and, after `batch_wait_s` of collecting, sent to the
+sampler in one `generate` call (grouped by their sampling parameters), on one generation thread; at most
+`max_in_flight` requests are admitted at once. Requests of one episode are served one after another (the
+trajectory is one sequence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiohttp import web
+from transformers import PreTrainedTokenizerBase
+
+from hone.envs.parsers import ToolCall, ToolCallParser, get_parser
+from hone.rollout.base import GenerationRequest, Sampler
+from hone.seeding import derive_seed
+from hone.types import Rollout, SamplingParams
+
+_START_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Completion:
+    """One completion the server sampled: the exact prompt ids the sampler saw, its tokens and log-probs."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str  # the sampled tokens decoded (special tokens skipped): what an assistant turn is rendered as
+    finish_reason: str
+    policy_version: int
+
+
+@dataclass
+class Segment:
+    """One token sequence of an episode: a prompt, then sampled tokens (mask 1) and the tokens the
+    conversation added between completions (mask 0)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    text: str = ""  # the whole context decoded with special tokens: what a later rendering must start with
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+@dataclass
+class EpisodeRecord:
+    """Everything served to one episode, in order, and what its requests may do."""
+
+    params: SamplingParams
+    max_completions: int
+    segments: list[Segment] = field(default_factory=list)
+    served: dict[str, str] = field(default_factory=dict)  # returned message key -> sampled raw text
+    lock: asyncio.Lock | None = None  # made in the server's loop on first use
+
+    @property
+    def completions(self) -> int:
+        return sum(len(s.completions) for s in self.segments)
+
+
+class RequestError(Exception):
+    """A request the server refuses: becomes an OpenAI-style error body with `status`."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+class EndpointServer:
+    """`/v1/chat/completions` and `/v1/models` under `/e/<episode id>/`, on a thread with its own event loop.
+
+    `open_episode` registers an episode (its sampling parameters and completion cap) and returns its base
+    URL; `close_episode` ends it and returns its record; `close` stops the server and its threads."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        model_name: str = "hone-policy",
+        parser: str | ToolCallParser = "hermes",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        batch_wait_s: float = 0.005,
+        max_batch: int = 256,
+        max_in_flight: int = 256,
+    ) -> None:
+        self.sampler, self.tokenizer = sampler, tokenizer
+        self.model_name = model_name
+        self.parser = get_parser(parser)
+        self.batch_wait_s, self.max_batch, self.max_in_flight = batch_wait_s, max_batch, max_in_flight
+        self._episodes: dict[str, EpisodeRecord] = {}
+        self._episodes_lock = threading.Lock()
+        self._calls = 0  # generate calls, for their seeds
+        try:
+            self._sock = socket.create_server((host, port))
+        except OSError as e:
+            raise OSError(f"agent endpoint: cannot listen on {host}:{port} (rollout.agent_port): {e}") from e
+        self._loop = asyncio.new_event_loop()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hone-endpoint-generate")
+        self.port = self._sock.getsockname()[1]
+        self.host = host
+        self._thread = threading.Thread(target=self._loop.run_forever, name="hone-endpoint", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._queue: asyncio.Queue[tuple[GenerationRequest, SamplingParams, asyncio.Future[Rollout]]]
+        self._batcher: asyncio.Task[None] | None = None
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=_START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- the run's side (any thread) ---
+
+    def base_url(self, episode_id: str) -> str:
+        return f"http://{self.host}:{self.port}/e/{episode_id}/v1"
+
+    def open_episode(self, params: SamplingParams, max_completions: int) -> str:
+        """Register a new episode; returns its id (its base URL is `base_url(id)`)."""
+        episode_id = uuid.uuid4().hex
+        with self._episodes_lock:
+            self._episodes[episode_id] = EpisodeRecord(params, max_completions)
+        return episode_id
+
+    def close_episode(self, episode_id: str) -> EpisodeRecord:
+        """End an episode: later requests for it get a 404. Returns what it was served."""
+        with self._episodes_lock:
+            return self._episodes.pop(episode_id)
+
+    def close(self) -> None:
+        """Stop serving and join the server thread (at most `_STOP_TIMEOUT_S`); safe to call twice."""
+        if self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=_STOP_TIMEOUT_S)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=_STOP_TIMEOUT_S)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+        self._sock.close()
+        # Queued generate calls are dropped; one already running cannot be interrupted (a torch call), so
+        # it is waited for, at most `_STOP_TIMEOUT_S` (then its daemon thread ends with its call).
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        waiter = threading.Thread(target=self._pool.shutdown, name="hone-endpoint-stop", daemon=True)
+        waiter.start()
+        waiter.join(timeout=_STOP_TIMEOUT_S)
+
+    def __enter__(self) -> EndpointServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the server's loop ---
+
+    async def _start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._admit = asyncio.Semaphore(self.max_in_flight)
+        app = web.Application(client_max_size=64 * 2**20)
+        app.add_routes(
+            [
+                web.post("/e/{episode}/v1/chat/completions", self._chat),
+                web.get("/e/{episode}/v1/models", self._models),
+                web.get("/v1/models", self._models),
+                web.post("/v1/chat/completions", self._no_episode),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        # Requests still open at close (an agent that timed out) get at most this long to finish.
+        await web.SockSite(self._runner, self._sock, shutdown_timeout=1.0).start()
+        self._batcher = asyncio.create_task(self._batch_forever())
+
+    async def _stop(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "hone"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _no_episode(self, request: web.Request) -> web.Response:
+        return _error(
+            404,
+            "no episode in the URL: point the client at the episode's base_url "
+            "(http://HOST:PORT/e/<episode id>/v1), which Hone passes to the agent",
+        )
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        episode_id = request.match_info["episode"]
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body is not JSON")
+        async with self._admit:
+            try:
+                return web.json_response(await self._complete(episode_id, body))
+            except RequestError as e:
+                return _error(e.status, str(e), e.code)
+
+    async def _complete(self, episode_id: str, body: Any) -> dict[str, Any]:
+        with self._episodes_lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise RequestError(404, f"unknown or finished episode {episode_id!r}", "episode_not_found")
+        messages, tools, cap, stop = _read_request(body)
+        if episode.lock is None:
+            episode.lock = asyncio.Lock()
+        async with episode.lock:
+            if episode.completions >= episode.max_completions:
+                raise RequestError(
+                    400,
+                    f"episode has used its {episode.max_completions} completions "
+                    "(rollout.agent_max_completions)",
+                    "episode_limit",
+                )
+            rendered = [_as_sampled(m, episode.served) for m in messages]
+            segment, prompt_ids, added = self._place(episode, rendered, tools)
+            params = replace(
+                episode.params,
+                n=1,
+                max_new_tokens=min(cap or episode.params.max_new_tokens, episode.params.max_new_tokens),
+                stop=sorted(set(episode.params.stop) | set(stop)),
+            )
+            request = GenerationRequest(episode_id, 0, prompt_ids, params.max_new_tokens)
+            out = await self._generate(request, params)
+            completion = Completion(
+                prompt_ids=prompt_ids,
+                completion_ids=out.response_ids,
+                logprobs=list(out.sampler_logprobs),
+                text=self.tokenizer.decode(out.response_ids, skip_special_tokens=True),
+                finish_reason=out.finish_reason,
+                policy_version=out.policy_version,
+            )
+            with self._episodes_lock:
+                if episode_id not in self._episodes:  # the agent timed out and was closed meanwhile
+                    raise RequestError(404, f"episode {episode_id!r} ended", "episode_not_found")
+                self._record(episode, segment, added, completion)
+            message = self._message(completion, params.stop)
+            episode.served[_message_key(message)] = completion.text
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls"
+                    if message.get("tool_calls")
+                    else ("length" if completion.finish_reason == "length" else "stop"),
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(completion.completion_ids),
+                "total_tokens": len(prompt_ids) + len(completion.completion_ids),
+            },
+        }
+
+    def _place(
+        self, episode: EpisodeRecord, messages: list[dict[str, Any]], tools: list[dict] | None
+    ) -> tuple[Segment | None, list[int], list[int]]:
+        """(segment the request extends or None for a new one, the prompt ids, the ids it adds to it)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as e:  # the template rejects the conversation (a role it lacks, bad tools)
+            raise RequestError(400, f"the chat template cannot render these messages: {e}") from e
+        extended = [s for s in episode.segments if s.text and text.startswith(s.text)]
+        if extended:
+            segment = max(extended, key=lambda s: len(s.text))
+            added = self.tokenizer.encode(text[len(segment.text) :], add_special_tokens=False)
+            return segment, segment.context + added, added
+        ids = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=True, add_generation_prompt=True
+        )
+        return None, list(ids["input_ids"] if hasattr(ids, "keys") else ids), []
+
+    def _record(
+        self, episode: EpisodeRecord, segment: Segment | None, added: list[int], c: Completion
+    ) -> None:
+        if segment is None:
+            segment = Segment(prompt_ids=c.prompt_ids)
+            episode.segments.append(segment)
+        else:  # what the conversation added since the last completion: in the context, not trained on
+            segment.response_ids += added
+            segment.loss_mask += [0] * len(added)
+            segment.logprobs += [0.0] * len(added)
+        start = len(segment.response_ids)
+        segment.response_ids += c.completion_ids
+        segment.loss_mask += [1] * len(c.completion_ids)
+        segment.logprobs += c.logprobs
+        segment.turns.append((start, len(segment.response_ids)))
+        segment.completions.append(c)
+        segment.text = self.tokenizer.decode(segment.context, skip_special_tokens=False)
+
+    def _message(self, c: Completion, stop: list[str]) -> dict[str, Any]:
+        """The OpenAI assistant message: text outside tool-call tags as `content`, calls as `tool_calls`
+        (a call the model wrote wrongly stays in `content`, for the agent to see)."""
+        text = c.text
+        for s in stop:  # OpenAI leaves the stop sequence out of the content
+            if s in text:
+                text = text[: text.index(s)]
+        calls = [call for call in self.parser.parse(text) if isinstance(call, ToolCall)]
+        if not calls:
+            return {"role": "assistant", "content": text}
+        content = _outside_calls(text, self.parser).strip()
+        return {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                }
+                for call in calls
+            ],
+        }
+
+    async def _generate(self, request: GenerationRequest, params: SamplingParams) -> Rollout:
+        future: asyncio.Future[Rollout] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((request, params, future))
+        return await future
+
+    async def _batch_forever(self) -> None:
+        """Collect requests for `batch_wait_s`, then one `generate` per distinct sampling setting."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.batch_wait_s
+            while len(batch) < self.max_batch and (left := deadline - loop.time()) > 0:
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), left))
+                except TimeoutError:
+                    break
+            groups: dict[tuple[Any, ...], list[tuple[GenerationRequest, asyncio.Future[Rollout]]]] = {}
+            for request, params, future in batch:
+                key = (params.temperature, params.top_p, params.top_k, tuple(params.stop), params.seed)
+                groups.setdefault(key, []).append((request, future))
+            for (temperature, top_p, top_k, stop, seed), items in groups.items():
+                self._calls += 1
+                params = SamplingParams(
+                    n=1,
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=top_k,
+                    stop=list(stop),
+                    max_new_tokens=max(r.max_new_tokens or 1 for r, _ in items),
+                    seed=None if seed is None else derive_seed(seed, "endpoint-call", self._calls),
+                )
+                requests = [r for r, _ in items]
+                try:
+                    outs = await loop.run_in_executor(self._pool, self.sampler.generate, requests, params)
+                except Exception as e:  # the sampler failed: every request of the call gets a 500
+                    for _, future in items:
+                        if not future.done():
+                            future.set_exception(RequestError(500, f"generation failed: {e}", "server_error"))
+                    continue
+                for (_, future), out in zip(items, outs, strict=True):
+                    if not future.done():
+                        future.set_result(out)
+
+
+def _read_request(body: Any) -> tuple[list[dict[str, Any]], list[dict] | None, int | None, list[str]]:
+    """(messages, tools, max new tokens asked for, stop strings), or a `RequestError` naming the field."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    if body.get("stream"):
+        raise RequestError(400, "stream: true is not supported by Hone's endpoint; request without streaming")
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "n must be 1: Hone samples rollout.n episodes per prompt, one choice each")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise RequestError(400, "messages must be a non-empty list of message objects")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise RequestError(400, "tools must be a list of tool objects")
+    cap = body.get("max_completion_tokens", body.get("max_tokens"))
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise RequestError(400, f"max_tokens must be a positive integer, got {cap!r}")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError(400, "stop must be a string or a list of non-empty strings")
+    return [_plain(m) for m in messages], tools or None, cap, stop
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates read it: content parts joined into one string, None fields dropped."""
+    content = message.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    out = {k: v for k, v in message.items() if v is not None}
+    out["content"] = content or ""
+    return out
+
+
+def _message_key(message: dict[str, Any]) -> str:
+    """What identifies an assistant message the server returned, as the agent sends it back."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):  # kept as the string it is
+                arguments = json.loads(arguments)
+        calls.append([function.get("name"), arguments])
+    return json.dumps([message.get("content") or "", calls], sort_keys=True)
+
+
+def _as_sampled(message: dict[str, Any], served: dict[str, str]) -> dict[str, Any]:
+    """An assistant message this episode was served, as the raw text the model sampled (so the template
+    renders what the model wrote, not its own re-rendering of parsed tool calls); others unchanged."""
+    if message.get("role") == "assistant":
+        raw = served.get(_message_key(message))
+        if raw is not None:
+            return {"role": "assistant", "content": raw}
+    return message
+
+
+def _outside_calls(text: str, parser: ToolCallParser) -> str:
+    """`text` without its tool-call blocks (for parsers with open/close tags; otherwise unchanged)."""
+    open_tag, close_tag = getattr(parser, "open_tag", None), getattr(parser, "close_tag", None)
+    if not open_tag or not close_tag:
+        return text
+    kept, pos = [], 0
+    while (start := text.find(open_tag, pos)) != -1 and (end := text.find(close_tag, start)) != -1:
+        kept.append(text[pos:start])
+        pos = end + len(close_tag)
+    return "".join(kept) + text[pos:]
+
+
+def _error(status: int, message: str, code: str = "invalid_request_error") -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": code, "param": None, "code": code}}, status=status
+    )
