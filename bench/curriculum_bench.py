@@ -57,7 +57,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
         for arm in args.arms:
             cmd = [
                 sys.executable, "-m", "hone.cli", "train", args.recipe,
-                f"run.dir={args.runs}", f"run.name={run_name(arm, seed)}", f"run.seed={seed}", "run.threads=1",
+                f"run.dir={args.runs}", f"run.name={run_name(arm, seed)}", f"run.seed={seed}",
+                "run.threads=1",
                 f"run.time_limit_s={args.budget}", f"run.eval_every={args.eval_every}",
                 "run.save_every=100000", f"model.path={args.start}", "sft.enabled=false",
                 *ARMS[arm], *args.override,
@@ -74,7 +75,9 @@ def run_seed(args: argparse.Namespace, seed: int) -> None:
                     f"(see {logs}/{run_name(arm, seed)}.log)"
                 ) from None
             if code != 0:
-                raise SystemExit(f"arm {arm} seed {seed} failed (exit {code}): {logs}/{run_name(arm, seed)}.log")
+                raise SystemExit(
+                    f"arm {arm} seed {seed} failed (exit {code}): {logs}/{run_name(arm, seed)}.log"
+                )
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -148,7 +151,9 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--start", help="the warm-started model every arm begins from (HF directory)")
     parser.add_argument("--recipe", default="recipes/gym-chain_sum.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
@@ -158,10 +163,11 @@ def main() -> None:
     parser.add_argument("--grace-s", type=float, default=600.0, help="past the budget before giving up")
     parser.add_argument("--runs", default="runs/curriculum_bench")
     parser.add_argument("--override", nargs="*", default=[], help="extra key=value for every arm")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON written (and --report read)")
     parser.add_argument("--report", action="store_true", help="reprint the saved results")
     args = parser.parse_args()
     if args.report:
-        print(table(json.loads(RESULTS.read_text())))
+        print(table(json.loads(args.results.read_text())))
         return
     if not args.start:
         parser.error("--start is required (the warm-started model every arm begins from)")
@@ -174,7 +180,7 @@ def main() -> None:
         "runs": {str(seed): {arm: summarise(Path(args.runs) / run_name(arm, seed) / "metrics.jsonl")
                              for arm in args.arms} for seed in args.seeds},
     }  # fmt: skip
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
 
 
