@@ -17,13 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import uvicorn
 
-pytest.importorskip("openenv")
-import uvicorn  # noqa: E402
-
-from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env, release_envs  # noqa: E402
-from hone.envs.openenv import _SERVERS  # noqa: E402
-from hone.types import Sample  # noqa: E402
+from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env
+from hone.envs.openenv import _SERVERS
+from hone.types import Sample
 
 APP = "hone.envs.openenv_games:app"
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,34 +160,77 @@ def test_a_started_server_that_exits_or_never_answers_is_reported_with_its_last_
     with pytest.raises(ValueError, match=r"exited with code 3 .*its last lines: no such environment: x"):
         make_env("openenv", {"command": exits})
     pid_file = tmp_path / "pid"
-    script = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); print('loading', flush=True); time.sleep(60)"
+    script = (
+        "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+        "print('loading', flush=True); time.sleep(60)"
+    )
     hangs = [sys.executable, "-c", script, str(pid_file), "{port}"]
-    with pytest.raises(ValueError, match=r"did not answer .*/health within 1 s .*its last lines: loading") as info:
+    with pytest.raises(
+        ValueError, match=r"did not answer .*/health within 1 s .*its last lines: loading"
+    ) as info:
         make_env("openenv", {"command": hangs, "start_timeout_s": 1})
     assert "\n" not in str(info.value)
     assert not _alive(int(pid_file.read_text()))  # stopped, not left running
     assert not _SERVERS
 
 
-def test_hone_starts_the_server_for_an_app_and_stops_it_when_the_run_ends(tmp_path: Path) -> None:
-    make = make_env("openenv", {"app": APP, "samples": "guess_number", "samples_args": GAME_ARGS})
-    (server,) = _SERVERS.values()
-    sample = GuessNumber.make_samples(1, 0, "train", **GAME_ARGS)[0]
-    first = _transcript(make(), sample, ["32"])
-    assert first[0] == GuessNumber(**GAME_ARGS).reset(sample)
-    assert make().url == server.url  # every episode of the run shares the one server
-    release_envs()
+@pytest.fixture
+def stand_in(tmp_path: Path) -> list[str]:
+    """A command that serves `/health` and `/schema` as the guess_number server does, and nothing else: a
+    process that starts in milliseconds, for the tests of how Hone starts and stops servers."""
+    from hone.envs.openenv_games import GuessAction, GuessObservation
+
+    (tmp_path / "health").write_text('{"status": "healthy"}')
+    schemas = {"action": GuessAction.model_json_schema(), "observation": GuessObservation.model_json_schema()}
+    (tmp_path / "schema").write_text(json.dumps(schemas))
+    return [
+        sys.executable,
+        "-m",
+        "http.server",
+        "{port}",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        str(tmp_path),
+    ]
+
+
+def test_a_server_hone_started_is_stopped_when_set_up_fails_after_it(
+    stand_in: list[str], tmp_path: Path
+) -> None:
+    from hone.config import load_config
+    from hone.orchestration.loop import SetupError, train
+
+    cfg = load_config("agent-guess-openenv", [f"run.dir={tmp_path}", f"model.path={tmp_path}/no-model"])
+    cfg.env.args = {"command": stand_in, "samples": "guess_number"}
+    started = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("hone.envs.openenv._SERVERS", _Recording(started))
+        with pytest.raises(SetupError, match="no-model"):
+            train(cfg)
+    (server,) = started
     assert server.process.poll() is not None and not _alive(server.process.pid)
-    assert not _SERVERS
 
 
-def test_a_started_server_dies_with_a_killed_trainer(tmp_path: Path) -> None:
+class _Recording(dict):
+    """`_SERVERS`, keeping a list of every server put in it."""
+
+    def __init__(self, log: list[object]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __setitem__(self, key: str, server: object) -> None:
+        self.log.append(server)
+        super().__setitem__(key, server)
+
+
+def test_a_started_server_dies_with_a_killed_trainer(stand_in: list[str]) -> None:
     """SIGKILL leaves Python no time to clean up: the kernel's parent-death signal stops the server."""
     script = textwrap.dedent(
         f"""
         from hone.envs import make_env
         from hone.envs.openenv import _SERVERS
-        make_env("openenv", {{"app": "{APP}"}})
+        make_env("openenv", {{"command": {stand_in!r}}})
         print(next(iter(_SERVERS.values())).process.pid, flush=True)
         import time; time.sleep(120)
         """
@@ -242,11 +283,15 @@ def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_
     assert broken.metrics["env/errors"] == 1.0 and broken.response_len == 0 and broken.turns == []
     assert ok.metrics["env/errors"] == 1.0 and len(ok.turns) == 2  # "fine", then "boom" failed: ended
     assert not ok.metrics["episode/truncated"]
-    rollouts = run_episodes(Scripted(tok, ["fine"] * 3), tok, FailsOn, samples[:1], SamplingParams(n=1), limits)
+    rollouts = run_episodes(
+        Scripted(tok, ["fine"] * 3), tok, FailsOn, samples[:1], SamplingParams(n=1), limits
+    )
     assert rollouts[0].metrics["env/errors"] == 0.0 and len(rollouts[0].turns) == 3
 
 
-def test_training_through_the_adapter_runs_and_stops_its_server(tmp_path: Path, micro_model_dir: Path) -> None:
+def test_training_through_the_adapter_runs_and_stops_its_server(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
     from hone.config import load_config
     from hone.orchestration.loop import train
     from tests.test_orchestration import tiny_overrides
@@ -265,8 +310,12 @@ def test_training_through_the_adapter_runs_and_stops_its_server(tmp_path: Path, 
     )
     cfg = load_config("agent-guess-openenv", overrides)
     assert cfg.env.args["app"] == APP
-    result = train(cfg)
-    assert not _SERVERS  # the run's end stopped the server it started
+    started: list[object] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("hone.envs.openenv._SERVERS", _Recording(started))
+        result = train(cfg)
+    (server,) = started  # one server for every episode of the run (and its evaluations)
+    assert server.process.poll() is not None and not _alive(server.process.pid)  # stopped at the end
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss/policy" in r]
     assert len(steps) == 2

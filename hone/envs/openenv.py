@@ -36,6 +36,7 @@ import atexit
 import contextlib
 import ctypes
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -227,6 +228,8 @@ class OpenEnv(Environment):
         start_timeout_s: float = 60.0,
         timeout_s: float = 60.0,
     ) -> None:
+        if importlib.util.find_spec("openenv") is None:
+            raise ValueError("env 'openenv' needs openenv-core: pip install 'hone-rl[agents]'")
         given = [k for k, v in (("url", url), ("app", app), ("command", command)) if v]
         if len(given) != 1:
             raise ValueError(
