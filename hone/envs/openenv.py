@@ -305,7 +305,8 @@ class OpenEnv(Environment):
             action = self._build_action(assistant_message)
         result = await self._client.step(action)
         observation = result.observation
-        info = {name: float(observation.get(name) or 0.0) for name in self.info_fields}
+        # Only what happened, as the built-in games report it: a metric no episode of a step had is absent.
+        info = {name: float(v) for name in self.info_fields if (v := observation.get(name))}
         reward = float(result.reward or 0.0)
         return StepResult(self._messages(observation), reward=reward, done=bool(result.done), info=info)
 
