@@ -5,8 +5,11 @@ process. Episodes through the adapter equal the built-in game's; started servers
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,10 +17,12 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import uvicorn
+import yaml
 
 from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env
 from hone.envs.openenv import _SERVERS
@@ -33,22 +38,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def url() -> str:
-    """The guess_number server, served by uvicorn on a thread of this process."""
-    from hone.envs.openenv_games import app
-
+@contextlib.contextmanager
+def _serving(app: object) -> Iterator[str]:
+    """`app` served by uvicorn on a thread of this process; its URL."""
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the in-process OpenEnv server did not start within 30 s"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the in-process OpenEnv server did not start within 30 s"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """The guess_number server (`hone.envs.openenv_games`)."""
+    from hone.envs.openenv_games import app
+
+    with _serving(app) as served:
+        yield served
 
 
 def _alive(pid: int) -> bool:
@@ -117,6 +131,49 @@ def test_episodes_through_the_adapter_equal_the_builtin_games(url: str, shaping:
     for (messages, *_), move in zip(played[1:], [m for m in demo if m["role"] == "assistant"], strict=True):
         conversation += [move, *messages]
     assert conversation == demo
+
+
+def test_the_readmes_server_trains_through_its_recipe(tmp_path: Path) -> None:
+    """README "OpenEnv environments": its server, written with openenv-core's API alone, plays the
+    games its recipe names (bisection wins in the same turns as on the built-in game)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## OpenEnv environments") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    recipe = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "readme_server.py").write_text(code)
+    spec = importlib.util.spec_from_file_location("readme_server", tmp_path / "readme_server.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = yaml.safe_load(recipe)["env"]["args"]
+    assert args.pop("app") == "mygame.server:app"
+    with _serving(module.app) as served:
+        make = make_env("openenv", {"url": served, **args})
+        sample = OpenEnv.make_samples(1, 0, "train", **args)[0]
+        builtin = GuessNumber().demonstration(sample)  # samples_args default: high 32
+        moves = [m["content"] for m in builtin if m["role"] == "assistant"]
+        played = _transcript(make(), sample, moves)
+    assert played[0] == [{"role": "user", "content": "Guess my number, 1 to 32."}]
+    replies = [m for m in builtin[1:] if m["role"] == "user"]
+    assert [m for messages, *_ in played[1:] for m in messages] == replies
+    assert played[-1][1:3] == (1.0, True)
+
+
+def spelled_out(text: str) -> dict[str, str]:
+    """An action builder: the server wants digits, the policy writes words."""
+    words = {"one": "1", "thirty-two": "32"}
+    return {"message": " ".join(words.get(w, w) for w in text.split())}
+
+
+def bracketed(observation: dict[str, object]) -> str:
+    return f"[{observation['message']}]"
+
+
+def test_an_action_builder_and_a_renderer_replace_the_fields(url: str) -> None:
+    args = {"url": url, "action": "tests.test_openenv:spelled_out", "render": "tests.test_openenv:bracketed"}
+    sample = Sample(id="s", meta={"secret": 1, "high": 64})
+    played = _transcript(make_env("openenv", args)(), sample, ["thirty-two", "one"])
+    assert played[1] == ([{"role": "user", "content": "[lower]"}], 0.0, False, (0.0, 0.0))
+    assert played[2][1:3] == (1.0, True)
 
 
 def test_every_trajectory_has_its_own_session(url: str) -> None:

@@ -43,11 +43,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+import urllib.request
+from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from hone.envs.base import Environment, Message, StepResult, register_env, register_release, resolve_env
@@ -64,29 +64,40 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class _Server:
-    """A server process Hone started: its URL, and its output in a file (for the error messages)."""
+    """A server process Hone started: its URL, and the last lines it printed (for the error messages).
+
+    Its output is read by a thread that keeps only the last lines: openenv-core 0.3.0's server logs a
+    traceback each time a client closes its session first (its `websocket.close()` meets starlette's
+    `WebSocketDisconnect`), a few KB per episode, which a file would pile up over a run."""
 
     def __init__(self, argv: list[str], port: int, start_timeout_s: float) -> None:
         self.argv = argv
         self.url = f"http://127.0.0.1:{port}"
-        self._log = Path(tempfile.mkstemp(prefix="hone-openenv-", suffix=".log")[1])
-        with self._log.open("wb") as log:
-            self.process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )
+        self._lines: deque[str] = deque(maxlen=_LOG_TAIL_LINES)
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            preexec_fn=_die_with_parent,
+        )
+        self._reader = threading.Thread(target=self._read, name="hone-openenv-log", daemon=True)
+        self._reader.start()
         try:
             self._wait_healthy(start_timeout_s)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_healthy(self, timeout_s: float) -> None:
-        import httpx
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:  # until the process closes its end (exits)
+            if line.strip():
+                self._lines.append(line.strip())
 
+    def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             code = self.process.poll()
@@ -95,9 +106,9 @@ class _Server:
                     f"the OpenEnv server `{' '.join(self.argv)}` exited with code {code} before it answered "
                     f"{self.url}/health; its last lines: {self.tail()}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
+            with contextlib.suppress(OSError):  # refused, reset, or an HTTP error status
+                _get(f"{self.url}/health", 1.0)
+                return
             if time.monotonic() > deadline:
                 raise ValueError(
                     f"the OpenEnv server `{' '.join(self.argv)}` did not answer {self.url}/health within "
@@ -106,8 +117,8 @@ class _Server:
             time.sleep(0.1)
 
     def tail(self) -> str:
-        lines = [ln.strip() for ln in self._log.read_text(errors="replace").splitlines() if ln.strip()]
-        return " | ".join(lines[-_LOG_TAIL_LINES:]) or "(no output)"
+        self._reader.join(timeout=1.0)  # an exited server's last lines may still be in the pipe
+        return " | ".join(self._lines) or "(no output)"
 
     def check_alive(self) -> None:
         code = self.process.poll()
@@ -118,14 +129,14 @@ class _Server:
             )
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after 10 s; then its log goes."""
+        """SIGTERM to the server's process group, SIGKILL after 10 s."""
         for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=wait_s)
                 break
-        self._log.unlink(missing_ok=True)
+        self._reader.join(timeout=5.0)
 
 
 # Started servers by launch spec: one per run however many episodes (and env instances) use it.
@@ -169,17 +180,22 @@ def _free_port() -> int:
 _CHECKED: set[str] = set()
 
 
+def _get(url: str, timeout_s: float) -> bytes:
+    """GET `url`'s body; `OSError` (`urllib.error.URLError`/`HTTPError` among them) if not a 2xx answer.
+    The standard library's client: httpx would log every poll of a starting server at INFO."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read()
+
+
 def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> None:
     """One line if the server at `url` is not there or lacks a field the args name."""
-    import httpx
-
     key = json.dumps([url, fields])
     if key in _CHECKED:
         return
     try:
-        httpx.get(f"{url}/health", timeout=timeout_s).raise_for_status()
-        schema = httpx.get(f"{url}/schema", timeout=timeout_s).json()
-    except (httpx.HTTPError, ValueError) as e:
+        _get(f"{url}/health", timeout_s)
+        schema = json.loads(_get(f"{url}/schema", timeout_s))
+    except (OSError, ValueError) as e:
         raise ValueError(
             f"the OpenEnv server at {url} is unreachable: GET {url}/health and /schema failed: "
             f"{type(e).__name__}: {e}"
