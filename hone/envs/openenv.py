@@ -258,9 +258,11 @@ class OpenEnv(Environment):
         self.reset_args = dict(reset_args or {})
         self._build_action = None if action is None else _function(action, "action")
         self._render = None if render is None else _function(render, "render")
-        self._source = None
+        self._source: Environment | None = None
         if samples is not None:
             self._source = resolve_env(samples)(**(samples_args or {}))
+            if not isinstance(self._source, Environment):
+                raise ValueError(f"env.args.samples {samples!r} is not an environment")
             self.max_turns = self._source.max_turns
         self._server: _Server | None = None
         if url is not None:
@@ -287,15 +289,22 @@ class OpenEnv(Environment):
 
     @classmethod
     def make_samples(
-        cls, n: int, seed: int, split: str, samples: str | None = None, **args: Any
+        cls,
+        n: int,
+        seed: int,
+        split: str,
+        samples: str | None = None,
+        samples_args: dict[str, Any] | None = None,
+        **args: Any,
     ) -> list[Sample]:
+        """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
         if samples is None:
             raise ValueError(
                 "env 'openenv' makes no samples of its own: set env.args.samples (a game whose samples "
                 "the server plays, e.g. guess_number) or give the recipe a dataset (data.source)"
             )
-        source = resolve_env(samples)
-        return source.make_samples(n, seed, split, **(args.get("samples_args") or {}))  # type: ignore[attr-defined]
+        source: Any = resolve_env(samples)
+        return source.make_samples(n, seed, split, **(samples_args or {}))
 
     def demonstration(self, sample: Sample) -> list[Message]:
         if self._source is None:
