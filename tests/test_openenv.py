@@ -122,7 +122,7 @@ def test_episodes_through_the_adapter_equal_the_builtin_games(url: str, shaping:
         for moves in (solution, ["abc", "0", "70", "32", "32", "I say 5", "-3", "64", "1"]):
             ours = _transcript(make(), sample, moves)
             assert ours == _transcript(GuessNumber(**GAME_ARGS, shaping=shaping), sample, moves)
-        assert ours[-1][2] is True  # the game ended it (out of turns), not a limit of the test
+        assert ours[-1][2] is True  # the game ended it (solved or out of turns), not the test's moves
     # The demonstration the adapter lends SFT is the conversation the server plays.
     sample = samples[0]
     demo = make().demonstration(sample)
@@ -325,7 +325,7 @@ class FailsOn(Environment):
         return StepResult([{"role": "user", "content": "again"}])
 
 
-def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_dir: Path) -> None:
+def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_dir: Path, url: str) -> None:
     from hone.rollout.multiturn import EpisodeLimits, run_episodes
     from hone.training.policy import Policy
     from hone.types import SamplingParams
@@ -344,6 +344,12 @@ def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_
         Scripted(tok, ["fine"] * 3), tok, FailsOn, samples[:1], SamplingParams(n=1), limits
     )
     assert rollouts[0].metrics["env/errors"] == 0.0 and len(rollouts[0].turns) == 3
+    # The same through a real server: its reset raises for an unknown argument, the client says so.
+    make = make_env("openenv", {"url": url})
+    games = [Sample("ok", meta={"secret": 9, "high": 64}), Sample("odd", meta={"secret": 9, "colour": 1})]
+    ok, odd = run_episodes(Scripted(tok, ["9"]), tok, make, games, SamplingParams(n=1), limits)
+    assert (ok.metrics["env/errors"], ok.turn_rewards) == (0.0, [1.0])
+    assert odd.metrics["env/errors"] == 1.0 and odd.response_len == 0
 
 
 def test_training_through_the_adapter_equals_training_on_the_builtin_game(
