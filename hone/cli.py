@@ -159,6 +159,7 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 
 
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.envs import release_envs
     from hone.orchestration.components import close_samplers
     from hone.orchestration.loop import run_eval, setup_components
 
@@ -167,6 +168,7 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
         metrics = run_eval(parts, cfg)
     finally:
         close_samplers(parts)
+        release_envs()
     for key, value in metrics.items():
         print(f"{key:24s} {value:.4f}")
     if ns.out:

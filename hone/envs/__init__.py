@@ -3,9 +3,10 @@
 `Environment.reset(sample) -> messages` starts an episode; `step(assistant_message) -> StepResult`
 answers each assistant turn. `ToolEnv` adds tools (Python functions turned into JSON schemas, called
 in the Hermes `<tool_call>` format, run concurrently with timeouts). Built-in environments, by name:
-`tool_arithmetic`, `guess_number`, `frozen_lake` (see `hone.envs.games`). A recipe names one of them,
-any class by dotted path (`mypkg.envs:UnitsEnv`), or a verifiers environment (`verifiers:<id>`, see
-`hone.envs.verifiers_env`); `make_env` builds the per-rollout factory.
+`tool_arithmetic`, `guess_number`, `frozen_lake` (see `hone.envs.games`), and `openenv`, an OpenEnv
+server's environment (`hone.envs.openenv`). A recipe names one of them, any class by dotted path
+(`mypkg.envs:UnitsEnv`), or a verifiers environment (`verifiers:<id>`, see `hone.envs.verifiers_env`);
+`make_env` builds the per-rollout factory.
 
 A tool environment of your own (this block is run by the test suite):
 
@@ -50,8 +51,18 @@ assert observation.messages[0]["content"] == "3500.0" and final.done and final.r
 ```
 """
 
-from hone.envs.base import ENVIRONMENTS, Environment, Message, StepResult, make_env, register_env, resolve_env
+from hone.envs.base import (
+    ENVIRONMENTS,
+    Environment,
+    Message,
+    StepResult,
+    make_env,
+    register_env,
+    release_envs,
+    resolve_env,
+)
 from hone.envs.games import FrozenLake, GuessNumber, ToolArithmetic  # registers the built-in games
+from hone.envs.openenv import OpenEnv  # registers `openenv` (openenv-core is imported when one plays)
 from hone.envs.parsers import PARSERS, HermesParser, ToolCall, ToolCallError, ToolCallParser, get_parser
 from hone.envs.tool_env import ToolEnv
 from hone.envs.tools import (
@@ -73,6 +84,7 @@ __all__ = [
     "GuessNumber",
     "HermesParser",
     "Message",
+    "OpenEnv",
     "StepResult",
     "Tool",
     "ToolArithmetic",
@@ -87,6 +99,7 @@ __all__ = [
     "make_env",
     "python_tool",
     "register_env",
+    "release_envs",
     "resolve_env",
     "run_tool",
     "search_tool",

@@ -8,6 +8,8 @@ tokenises anything itself, so one environment works with any chat template.
 One instance plays one trajectory: the rollout loop calls the factory from `make_env` once per
 trajectory, so an environment may keep its episode state on `self` and never sees another rollout's.
 Both methods may be `async` (a tool call that waits on I/O should not block the other rollouts).
+`close()` (default: nothing) releases what one episode holds, e.g. a server session; what the instances of
+a run share (a server process) is released by `release_envs()` when the run ends.
 """
 
 from __future__ import annotations
@@ -65,10 +67,30 @@ class Environment(ABC):
             f"environment {cls.__name__} does not generate its own samples; give the recipe a dataset"
         )
 
+    def close(self) -> Awaitable[None] | None:
+        """Release what this episode holds (e.g. a server session). The rollout loop calls it once when
+        the trajectory ends, however it ended (done, a limit, an error); it may be `async`."""
+        return None
+
     def demonstration(self, sample: Sample) -> list[Message]:
         """A full scripted conversation that solves `sample`: the initial messages, then assistant turns
         and observations, ending with the last assistant turn. Used for the SFT warm start."""
         raise NotImplementedError(f"environment {type(self).__name__} has no scripted demonstration")
+
+
+_RELEASES: list[Callable[[], None]] = []
+
+
+def register_release(release: Callable[[], None]) -> None:
+    """Have `release_envs` call `release` (e.g. the OpenEnv adapter's: stop the servers it started)."""
+    _RELEASES.append(release)
+
+
+def release_envs() -> None:
+    """Stop what environments share across a run's instances (server processes); called when a run ends,
+    also on an error. Idempotent: an environment built afterwards starts what it needs anew."""
+    for release in _RELEASES:
+        release()
 
 
 E = TypeVar("E", bound=type[Environment])

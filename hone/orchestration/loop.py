@@ -26,6 +26,7 @@ import torch
 
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum, build_curriculum
+from hone.envs import release_envs
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
 from hone.orchestration.components import (
     RunComponents,
@@ -142,9 +143,14 @@ def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
 
 
 def setup_components(cfg: HoneConfig) -> RunComponents:
-    """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s."""
+    """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s.
+    A failure stops what the environment started before it (an OpenEnv server)."""
     try:
-        return build_components(cfg)
+        try:
+            return build_components(cfg)
+        except BaseException:
+            release_envs()
+            raise
     except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
         raise SetupError(e.args[0] if e.args else repr(e)) from e
 
@@ -231,6 +237,7 @@ def run_learner(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
         return result
     finally:
         close_samplers(parts)
+        release_envs()  # e.g. the OpenEnv server the environment started
 
 
 def _open_metrics_log(

@@ -20,7 +20,7 @@ from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.prompts import generation_requests
 from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.rewards import reward_failed, score_rollouts, top_answer_share
-from hone.rollout.multiturn import run_episodes
+from hone.rollout.multiturn import ENV_ERRORS, run_episodes
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -212,11 +212,14 @@ class Producer:
     def filter(
         self, step: int, rollouts: list[Rollout], *, observe: bool = True
     ) -> tuple[list[Rollout], dict[str, float]]:
-        """Drop what must not be trained on: failed rewards, void turns (if set), uniform groups (if set).
+        """Drop what must not be trained on: failed rewards and environments, void turns (if set), uniform
+        groups (if set).
         `observe`: count the step toward the reward-outage streak (once a step: not its refill rounds)."""
         cfg = self.cfg
         metrics: dict[str, float] = {}
         rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
+        # An episode its environment's error ended (`env/errors`, a server down?) is no grade either.
+        rollouts = [r for r in rollouts if not r.metrics.get(ENV_ERRORS)]
         # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
         if observe:
             self.parts.reward.outage.observe(

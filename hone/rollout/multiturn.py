@@ -20,6 +20,11 @@ episode that hits a limit before the environment says done ends with `finish_rea
 2025: a turn that produced nothing usable — empty, or cut off by the per-turn limit) is counted in
 `metrics["episode/void_turns"]` so the trainer can filter such trajectories.
 
+An environment that raises (in `reset` or `step`: a server error, a lost connection) ends that episode,
+not the run: the rollout's `env/errors` metric is 1 (0 otherwise), the first error of a batch is logged,
+and the producer leaves the episode out of training (its reward says nothing about the policy). Every
+environment's `close()` is called when the batch's episodes end, however they ended.
+
 A rollout's `response_text`, what text rewards score, is the final assistant message; `messages` holds the
 whole conversation for rewards that want more.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -39,6 +45,10 @@ from hone.envs import Environment, Message, StepResult
 from hone.rollout.base import GenerationRequest, Sampler
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
+
+log = logging.getLogger("hone")
+# Per-episode metric: 1 when the environment raised (in reset or step) and the episode ended there.
+ENV_ERRORS = "env/errors"
 
 
 @dataclass
@@ -99,11 +109,30 @@ async def _play(
     limits: EpisodeLimits,
 ) -> list[Rollout]:
     envs = [(i, s, make_env()) for i, s in enumerate(samples) for _ in range(params.n)]
-    starts = await asyncio.gather(*(_maybe_await(env.reset(s)) for _, s, env in envs))
-    episodes = [
-        _Episode(s, i, env, list(msgs), _render_prompt(tokenizer, msgs, env.tools))
-        for (i, s, env), msgs in zip(envs, starts, strict=True)
-    ]
+    try:
+        return await _play_envs(sampler, tokenizer, envs, limits, params)
+    finally:  # every episode's session or connection, however the episodes ended
+        await asyncio.gather(*(_attempt(env.close) for _, _, env in envs))
+
+
+async def _play_envs(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    envs: list[tuple[int, Sample, Environment]],
+    limits: EpisodeLimits,
+    params: SamplingParams,
+) -> list[Rollout]:
+    starts = await asyncio.gather(*(_attempt(env.reset, s) for _, s, env in envs))
+    failures: list[tuple[str, Exception]] = []
+    episodes = []
+    for (i, s, env), start in zip(envs, starts, strict=True):
+        # An environment that failed to start: the sample's own prompt stands in, and the episode ends
+        # before any turn (a rollout with no response, which the producer leaves out of training).
+        msgs = _sample_messages(s) if isinstance(start, _EnvError) else list(start)
+        e = _Episode(s, i, env, msgs, _render_prompt(tokenizer, msgs, env.tools))
+        if isinstance(start, _EnvError):
+            _fail(e, start, failures)
+        episodes.append(e)
     eos = sampler.eos_token_ids
     render = _ObservationRenderer(tokenizer, eos)
     for turn in range(limits.max_turns):
@@ -120,16 +149,57 @@ async def _play(
         ]
         outs = sampler.generate(requests, _turn_params(params, limits.max_tokens_per_turn, turn))
         texts = [_take_turn(e, out, tokenizer) for e, out in zip(live, outs, strict=True)]
-        results = await asyncio.gather(
-            *(_maybe_await(e.env.step(t)) for e, t in zip(live, texts, strict=True))
-        )
+        results = await asyncio.gather(*(_attempt(e.env.step, t) for e, t in zip(live, texts, strict=True)))
         for e, out, text, result in zip(live, outs, texts, results, strict=True):
+            if isinstance(result, _EnvError):
+                e.messages.append({"role": "assistant", "content": text})
+                e.turn_rewards.append(0.0)
+                _fail(e, result, failures)
+                continue
             ended = bool(out.response_ids) and out.response_ids[-1] in eos
             _apply(e, text, ended, result, render, limits, turn)
     for e in episodes:
         if not e.done:  # ran out of turns
             e.truncated = True
+    if failures:
+        sample_id, error = failures[0]
+        log.warning(
+            "%d of %d episodes ended on an environment error (counted in env/errors); the first, on sample "
+            "%r: %s: %s",
+            len(failures),
+            len(episodes),
+            sample_id,
+            type(error).__name__,
+            error,
+        )
     return [_to_rollout(e, sampler.policy_version) for e in episodes]
+
+
+@dataclass
+class _EnvError:
+    """An exception an environment raised, caught so that it ends one episode, not the run."""
+
+    error: Exception
+
+
+async def _attempt(method: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return await _maybe_await(method(*args))
+    except Exception as error:
+        return _EnvError(error)
+
+
+def _fail(e: _Episode, failure: _EnvError, failures: list[tuple[str, Exception]]) -> None:
+    """End an episode on its environment's error, counted in `env/errors`."""
+    e.done = True
+    e.metrics[ENV_ERRORS] = 1.0
+    failures.append((e.sample.id, failure.error))
+
+
+def _sample_messages(sample: Sample) -> list[Message]:
+    if sample.messages:
+        return [dict(m) for m in sample.messages]
+    return [{"role": "user", "content": sample.prompt or ""}]
 
 
 def _turn_budget(e: _Episode, limits: EpisodeLimits) -> int:
@@ -188,6 +258,7 @@ def _apply(
 
 
 def _to_rollout(e: _Episode, version: int) -> Rollout:
+    e.metrics.setdefault(ENV_ERRORS, 0.0)
     e.metrics["episode/turns"] = float(len(e.turns))
     e.metrics["episode/truncated"] = float(e.truncated)
     return Rollout(

@@ -1,0 +1,356 @@
+"""`openenv`: an environment served by an OpenEnv server (`openenv-core`, the `agents` extra), played
+through the package's own client, one WebSocket session per trajectory.
+
+OpenEnv (meta-pytorch; used by TRL and torchforge) serves a Gymnasium-style environment over
+HTTP/WebSocket: `reset(**kwargs)` and `step(action)` each return an observation (a pydantic model,
+sent as a dict) with `reward` and `done`. Hone's side is `reset(sample) -> messages` and
+`step(text) -> StepResult`; this adapter maps one onto the other (README "OpenEnv environments"):
+
+* where the server is: `url` (a running server), or Hone starts one: `app: pkg.mod:app` (run with
+  uvicorn on a free port) or `command: [...]` (any program; `{port}` in it becomes the free port). A
+  started server is shared by every episode of the run, waited on until `/health` answers
+  (`start_timeout_s`), and stopped when the run ends (`release_envs`), when Python exits, and, through
+  the kernel's parent-death signal, when the trainer is killed.
+* reset: the sample's `meta` plus `reset_args` are the keyword arguments of the server's `reset` (that
+  is how a sample's target, e.g. guess_number's secret, reaches the server); its observation becomes
+  the initial messages. The sample's own prompt is not sent: the server states the task.
+* the assistant's text becomes the action `{action_field: text}`, or `action: pkg.mod:fn` builds the
+  action dict from the text (a function that parses a structured action; it should turn text it cannot
+  parse into an action the server answers, since an exception is an environment error).
+* an observation becomes one `role` message holding the `observation_field` text (nothing when empty),
+  or `render: pkg.mod:fn` turns the observation dict into messages. `reward` None counts as 0;
+  `info_fields` name numeric observation fields summed over the episode into `env/<name>` metrics.
+* samples and SFT demonstrations: `samples: <a built-in game or pkg.mod:Class>` (+ `samples_args`)
+  lends its `make_samples` and `demonstration`, e.g. `guess_number`'s games for its OpenEnv port; or
+  give the recipe a dataset. `max_turns` is that environment's, unless `env.max_turns` says.
+
+Set-up checks (one line each, at recipe set-up): the server answers `/health`; `action_field` and
+`observation_field`/`info_fields` are fields of the server's `/schema`. An error inside an episode (a
+server error, a lost connection, a timeout of `timeout_s`) ends that episode and is counted in
+`env/errors` by the rollout loop; a started server that has died stops the run with its last log lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from hone.envs.base import Environment, Message, StepResult, register_env, register_release, resolve_env
+from hone.types import Sample
+
+_PR_SET_PDEATHSIG = 1
+_LOG_TAIL_LINES = 5
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()  # its own process group: stopping it stops whatever the command started
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _Server:
+    """A server process Hone started: its URL, and the last lines it printed (for the error messages).
+
+    Its output is read by a thread that keeps only the last lines: openenv-core 0.3.0's server logs a
+    traceback each time a client closes its session first (its `websocket.close()` meets starlette's
+    `WebSocketDisconnect`), a few KB per episode, which a file would pile up over a run."""
+
+    def __init__(self, argv: list[str], port: int, start_timeout_s: float) -> None:
+        self.argv = argv
+        self.url = f"http://127.0.0.1:{port}"
+        self._lines: deque[str] = deque(maxlen=_LOG_TAIL_LINES)
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            preexec_fn=_die_with_parent,
+        )
+        self._reader = threading.Thread(target=self._read, name="hone-openenv-log", daemon=True)
+        self._reader.start()
+        try:
+            self._wait_healthy(start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:  # until the process closes its end (exits)
+            if line.strip():
+                self._lines.append(line.strip())
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise ValueError(
+                    f"the OpenEnv server `{' '.join(self.argv)}` exited with code {code} before it answered "
+                    f"{self.url}/health; its last lines: {self.tail()}"
+                )
+            with contextlib.suppress(OSError):  # refused, reset, or an HTTP error status
+                _get(f"{self.url}/health", 1.0)
+                return
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"the OpenEnv server `{' '.join(self.argv)}` did not answer {self.url}/health within "
+                    f"{timeout_s:g} s (env.args.start_timeout_s); its last lines: {self.tail()}"
+                )
+            time.sleep(0.1)
+
+    def tail(self) -> str:
+        self._reader.join(timeout=1.0)  # an exited server's last lines may still be in the pipe
+        return " | ".join(self._lines) or "(no output)"
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise RuntimeError(
+                f"the OpenEnv server `{' '.join(self.argv)}` has exited (code {code}); its last lines: "
+                f"{self.tail()}"
+            )
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 10 s."""
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=wait_s)
+                break
+        self._reader.join(timeout=5.0)
+
+
+# Started servers by launch spec: one per run however many episodes (and env instances) use it.
+_SERVERS: dict[str, _Server] = {}
+_LOCK = threading.Lock()
+
+
+def _started_server(argv: list[str], start_timeout_s: float) -> _Server:
+    key = json.dumps(argv)
+    with _LOCK:
+        server = _SERVERS.get(key)
+        if server is None:
+            port = _free_port()
+            server = _Server([a.replace("{port}", str(port)) for a in argv], port, start_timeout_s)
+            _SERVERS[key] = server
+        return server
+
+
+def stop_servers() -> None:
+    """Stop every server this process started (idempotent; a later episode starts its server anew)."""
+    with _LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+        _CHECKED.clear()
+    for server in servers:
+        server.stop()
+
+
+register_release(stop_servers)
+atexit.register(stop_servers)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# URLs (and field sets) already checked in this process: every episode builds an adapter, and only the
+# first of a run need ask the server.
+_CHECKED: set[str] = set()
+
+
+def _get(url: str, timeout_s: float) -> bytes:
+    """GET `url`'s body; `OSError` (`urllib.error.URLError`/`HTTPError` among them) if not a 2xx answer.
+    The standard library's client: httpx would log every poll of a starting server at INFO."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read()
+
+
+def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> None:
+    """One line if the server at `url` is not there or lacks a field the args name."""
+    key = json.dumps([url, fields])
+    if key in _CHECKED:
+        return
+    try:
+        _get(f"{url}/health", timeout_s)
+        schema = json.loads(_get(f"{url}/schema", timeout_s))
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"the OpenEnv server at {url} is unreachable: GET {url}/health and /schema failed: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    for part, names in fields.items():
+        known = set(schema.get(part, {}).get("properties", {})) - {"metadata"}
+        for name in names:
+            if name not in known:
+                raise ValueError(
+                    f"env.args names {part} field {name!r}, but the server at {url} has {part} fields "
+                    f"{sorted(known)} (its /schema)"
+                )
+    _CHECKED.add(key)
+
+
+def _function(spec: str, what: str) -> Callable[..., Any]:
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except Exception as e:  # a missing module or name, or the user's module failing as it is imported
+        raise ValueError(f"env.args.{what}: cannot import {spec!r}: {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"env.args.{what}: {spec!r} is not callable")
+    return fn
+
+
+@register_env("openenv")
+class OpenEnv(Environment):
+    """An OpenEnv server's environment, one session per instance (one instance per trajectory, as Hone
+    builds them); see the module docstring for the arguments and what maps to what."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        app: str | None = None,
+        command: list[str] | None = None,
+        action_field: str = "message",
+        action: str | None = None,
+        observation_field: str = "message",
+        render: str | None = None,
+        role: str = "user",
+        info_fields: list[str] | None = None,
+        reset_args: dict[str, Any] | None = None,
+        samples: str | None = None,
+        samples_args: dict[str, Any] | None = None,
+        start_timeout_s: float = 60.0,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if importlib.util.find_spec("openenv") is None:
+            raise ValueError("env 'openenv' needs openenv-core: pip install 'hone-rl[agents]'")
+        given = [k for k, v in (("url", url), ("app", app), ("command", command)) if v]
+        if len(given) != 1:
+            raise ValueError(
+                "env.args needs exactly one of url (a running OpenEnv server), app (pkg.mod:app, started "
+                f"with uvicorn) or command (a list, '{{port}}' in it); got {given or 'none'}"
+            )
+        self.timeout_s = timeout_s
+        self.action_field, self.observation_field, self.role = action_field, observation_field, role
+        self.info_fields = list(info_fields or [])
+        self.reset_args = dict(reset_args or {})
+        self._build_action = None if action is None else _function(action, "action")
+        self._render = None if render is None else _function(render, "render")
+        self._source: Environment | None = None
+        if samples is not None:
+            self._source = resolve_env(samples)(**(samples_args or {}))
+            if not isinstance(self._source, Environment):
+                raise ValueError(f"env.args.samples {samples!r} is not an environment")
+            self.max_turns = self._source.max_turns
+        self._server: _Server | None = None
+        if url is not None:
+            self.url = url.rstrip("/")
+        else:
+            if app is not None:
+                if ":" not in app:
+                    raise ValueError(f"env.args.app must be 'pkg.module:app', got {app!r}")
+                argv = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "{port}"]
+                argv += ["--log-level", "warning"]
+            else:
+                argv = [str(a) for a in command or []]
+                if not any("{port}" in a for a in argv):
+                    raise ValueError(
+                        "env.args.command must contain '{port}', where Hone puts the free port it picked"
+                    )
+            self._server = _started_server(argv, start_timeout_s)
+            self._server.check_alive()
+            self.url = self._server.url
+        fields = {"action": [] if action else [action_field]}
+        fields["observation"] = [*([] if render else [observation_field]), *self.info_fields]
+        _check_server(self.url, fields, min(timeout_s, 10.0))
+        self._client: Any = None
+
+    @classmethod
+    def make_samples(
+        cls,
+        n: int,
+        seed: int,
+        split: str,
+        samples: str | None = None,
+        samples_args: dict[str, Any] | None = None,
+        **args: Any,
+    ) -> list[Sample]:
+        """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
+        if samples is None:
+            raise ValueError(
+                "env 'openenv' makes no samples of its own: set env.args.samples (a game whose samples "
+                "the server plays, e.g. guess_number) or give the recipe a dataset (data.source)"
+            )
+        source: Any = resolve_env(samples)
+        return source.make_samples(n, seed, split, **(samples_args or {}))
+
+    def demonstration(self, sample: Sample) -> list[Message]:
+        if self._source is None:
+            raise ValueError("env 'openenv' has no demonstrations without env.args.samples (or sft.data)")
+        return self._source.demonstration(sample)
+
+    async def reset(self, sample: Sample) -> list[Message]:
+        from openenv.core.generic_client import GenericEnvClient
+
+        await self.close()
+        self._client = GenericEnvClient(
+            self.url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
+        )
+        result = await self._client.reset(**{**self.reset_args, **sample.meta})
+        return self._messages(result.observation)
+
+    async def step(self, assistant_message: str) -> StepResult:
+        if self._client is None:
+            raise RuntimeError("openenv: step before reset")
+        if self._build_action is None:
+            action = {self.action_field: assistant_message}
+        else:
+            action = self._build_action(assistant_message)
+        result = await self._client.step(action)
+        observation = result.observation
+        # Only what happened, as the built-in games report it: a metric no episode of a step had is absent.
+        info = {name: float(v) for name in self.info_fields if (v := observation.get(name))}
+        reward = float(result.reward or 0.0)
+        return StepResult(self._messages(observation), reward=reward, done=bool(result.done), info=info)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def _messages(self, observation: dict[str, Any]) -> list[Message]:
+        if self._render is not None:
+            rendered = self._render(observation)
+            return [{"role": self.role, "content": rendered}] if isinstance(rendered, str) else list(rendered)
+        if self.observation_field not in observation:
+            raise ValueError(
+                f"openenv: the observation has no field {self.observation_field!r} "
+                f"(it has {sorted(observation)})"
+            )
+        value = observation[self.observation_field]
+        if value is None or value == "":
+            return []
+        text = value if isinstance(value, str) else json.dumps(value)
+        return [{"role": self.role, "content": text}]
