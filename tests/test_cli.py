@@ -32,9 +32,7 @@ def test_help_lists_recipes_and_main_keys(capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert (
-        f"recipes: {', '.join(list_recipes())}" in out
-        and "algorithm.advantage" in out
-        and "rollout.n" in out
+        f"recipes: {', '.join(list_recipes())}" in out and "algorithm.advantage" in out and "rollout.n" in out
     )
 
 

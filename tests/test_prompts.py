@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from transformers import AutoTokenizer
 
@@ -17,11 +15,11 @@ SYSTEM = "Answer inside <answer></answer>."
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
 
 
-def test_system_prompt_opens_a_chat_prompt(tokenizer) -> None:  # noqa: ANN001
+def test_system_prompt_opens_a_chat_prompt(tokenizer) -> None:
     sample = Sample(id="a", prompt="2+2=", answer="4")
     assert render_prompt(sample, tokenizer, True) == "user: 2+2=\nassistant: "
     with_system = render_prompt(sample, tokenizer, True, SYSTEM)
@@ -33,7 +31,7 @@ def test_system_prompt_opens_a_chat_prompt(tokenizer) -> None:  # noqa: ANN001
     assert request.prompt_ids == ids
 
 
-def test_a_sample_with_its_own_system_message_keeps_it(tokenizer) -> None:  # noqa: ANN001
+def test_a_sample_with_its_own_system_message_keeps_it(tokenizer) -> None:
     own = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2="}]
     sample = Sample(id="a", messages=own, answer="4")
     assert render_prompt(sample, tokenizer, True, SYSTEM) == "system: Be terse.\nuser: 2+2=\nassistant: "
@@ -57,5 +55,5 @@ def test_pairs_record_the_chat_the_policy_saw() -> None:
     [["data.system_prompt=x"], ["data.system_prompt=x", "data.chat_template=true", "env.name=guess_number"]],
 )
 def test_system_prompt_without_a_single_turn_chat_is_refused(overrides: list[str]) -> None:
-    with pytest.raises(ValueError, match="data.system_prompt needs data.chat_template: true"):
+    with pytest.raises(ValueError, match=r"data\.system_prompt needs data\.chat_template: true"):
         load_config("default", overrides)

@@ -56,7 +56,9 @@ def evaluate(
         played = agent.play(samples, params, last_segment_only=True)
         rollouts, failed = played.rollouts, {f"eval/{k}": v for k, v in played.metrics.items()}
     elif episodes is None:
-        rollouts = sampler.generate(generation_requests(samples, tokenizer, chat_template, system_prompt), params)
+        rollouts = sampler.generate(
+            generation_requests(samples, tokenizer, chat_template, system_prompt), params
+        )
     else:
         rollouts = run_episodes(sampler, tokenizer, episodes.make_env, samples, params, episodes.limits)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)

@@ -128,7 +128,9 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
                     pairs = pairs_from_group(by_sample[sample.id], cfg.pairs.per_prompt, cfg.pairs.min_margin)
                     groups_with_pair += bool(pairs)
                     for chosen, rejected in pairs:
-                        row = pair_row(sample, chosen, rejected, cfg.data.chat_template, cfg.data.system_prompt)
+                        row = pair_row(
+                            sample, chosen, rejected, cfg.data.chat_template, cfg.data.system_prompt
+                        )
                         f.write(json.dumps(row) + "\n")
                         written += 1
                 log.info("pairs: %d/%d prompts, %d pairs", start + len(chunk), len(samples), written)

@@ -101,7 +101,10 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
         tokenizer = policy.tokenizer
         encoded = [
             encode_preference(
-                tokenizer, render_prompt(p.sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt), p.chosen, p.rejected
+                tokenizer,
+                render_prompt(p.sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt),
+                p.chosen,
+                p.rejected,
             )
             for p in pairs
         ]

@@ -11,7 +11,9 @@ from hone.rollout import GenerationRequest
 from hone.types import Sample
 
 
-def chat_messages(sample: Sample, chat_template: bool, system_prompt: str | None) -> list[dict[str, str]] | None:
+def chat_messages(
+    sample: Sample, chat_template: bool, system_prompt: str | None
+) -> list[dict[str, str]] | None:
     """The messages to render through the chat template, or None for a plain-text prompt. A
     `system_prompt` (`data.system_prompt`) opens the chat unless the sample's messages bring their own."""
     if not (chat_template or sample.messages is not None):

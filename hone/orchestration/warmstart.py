@@ -118,7 +118,10 @@ def warm_start_sft(
         if "sft/eval" in row:
             log.info("SFT step %d: validation accuracy %.3f", row["step"], row["sft/eval"])
 
-    texts = [(render_prompt(s, policy.tokenizer, cfg.data.chat_template, cfg.data.system_prompt), r) for s, r in data.pairs]
+    texts = [
+        (render_prompt(s, policy.tokenizer, cfg.data.chat_template, cfg.data.system_prompt), r)
+        for s, r in data.pairs
+    ]
     result = run_sft(
         policy,
         texts,
