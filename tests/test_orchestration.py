@@ -495,7 +495,7 @@ def test_eval_accuracy_counts_the_correctness_component_not_the_shaped_total(
     )
     responses = [("\\boxed{42}", 6), ("\\boxed{41}", 2), ("\\boxed{42}", 2)]  # right but long, wrong, right
     rollouts = [Rollout("s", 0, [0] * (2 + n), 2, [1] * n, [0.0] * n, text) for text, n in responses]
-    monkeypatch.setattr(evaluate_module, "generation_requests", lambda samples, tokenizer, chat: [])
+    monkeypatch.setattr(evaluate_module, "generation_requests", lambda *request_args: [])
     sampler = SimpleNamespace(generate=lambda requests, params: rollouts)
     out = evaluate_module.evaluate(
         sampler,  # type: ignore[arg-type]
