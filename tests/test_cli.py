@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import os
 import shutil
 import signal
@@ -374,3 +375,13 @@ def test_sigterm_ends_a_run_like_ctrl_c(tmp_path: Path, running_cli: subprocess.
     last = err.strip().splitlines()[-1]
     assert last.startswith("hone: interrupted at step ") and "no checkpoint yet" in last, err
     assert "Traceback" not in err
+
+
+def test_http_clients_do_not_log_each_request_under_hones_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An agent run makes thousands of model calls; httpx logs each at INFO, which the CLI's root handler
+    # would print as "hone: HTTP Request: POST ...".
+    for name in ("httpx", "httpcore", "openai"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    assert main(["train", "run.no_such_key=1"]) != 0  # a config error: main returns after logging is set
+    for name in ("httpx", "httpcore", "openai"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
