@@ -310,17 +310,18 @@ def test_a_started_server_dies_with_a_killed_trainer(stand_in: list[str]) -> Non
 
 
 class FailsOn(Environment):
-    """Fails in reset for the sample "broken", and in step on the reply "boom"."""
+    """Fails in reset for the sample "broken", and in step on the reply "boom" (but for "steady")."""
 
     max_turns = 3
 
     def reset(self, sample: Sample) -> list[dict[str, str]]:
         if sample.id == "broken":
             raise ConnectionError("server gone")
+        self.steady = sample.id == "steady"
         return [{"role": "user", "content": "go"}]
 
     async def step(self, assistant_message: str) -> StepResult:
-        if assistant_message == "boom":
+        if assistant_message == "boom" and not self.steady:
             raise RuntimeError("step failed")
         return StepResult([{"role": "user", "content": "again"}])
 
@@ -332,14 +333,18 @@ def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_
     from tests.test_multiturn import Scripted
 
     tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
-    samples = [Sample("ok", prompt="p"), Sample("broken", prompt="p")]
+    samples = [Sample("ok", prompt="p"), Sample("broken", prompt="p"), Sample("steady", prompt="p")]
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=8, max_total_tokens=256)
     replies = ["fine", "boom", "fine"]
     rollouts = run_episodes(Scripted(tok, replies), tok, FailsOn, samples, SamplingParams(n=1), limits)
-    ok, broken = rollouts
+    ok, broken, steady = rollouts
     assert broken.metrics["env/errors"] == 1.0 and broken.response_len == 0 and broken.turns == []
     assert ok.metrics["env/errors"] == 1.0 and len(ok.turns) == 2  # "fine", then "boom" failed: ended
     assert not ok.metrics["episode/truncated"]
+    assert steady.metrics["env/errors"] == 0.0 and len(steady.turns) == 3
+    # Every episode failing is no run to go on with (a server down for good): the batch raises.
+    with pytest.raises(RuntimeError, match="every one of 2 episodes ended on an environment error"):
+        run_episodes(Scripted(tok, replies), tok, FailsOn, samples[:2], SamplingParams(n=1), limits)
     rollouts = run_episodes(
         Scripted(tok, ["fine"] * 3), tok, FailsOn, samples[:1], SamplingParams(n=1), limits
     )

@@ -22,8 +22,11 @@ episode that hits a limit before the environment says done ends with `finish_rea
 
 An environment that raises (in `reset` or `step`: a server error, a lost connection) ends that episode,
 not the run: the rollout's `env/errors` metric is 1 (0 otherwise), the first error of a batch is logged,
-and the producer leaves the episode out of training (its reward says nothing about the policy). Every
-environment's `close()` is called when the batch's episodes end, however they ended.
+and the producer leaves the episode out of training (its reward says nothing about the policy). A batch
+whose every episode failed raises instead (a server down for good, a broken environment: the producer
+retries the step, then the run stops with one line) rather than train on nothing step after step, as
+`rollout.agent` does. Every environment's `close()` is called when the batch's episodes end, however
+they ended.
 
 A rollout's `response_text`, what text rewards score, is the final assistant message; `messages` holds the
 whole conversation for rewards that want more.
@@ -163,6 +166,11 @@ async def _play_envs(
             e.truncated = True
     if failures:
         sample_id, error = failures[0]
+        if len(failures) == len(episodes):
+            raise RuntimeError(
+                f"every one of {len(episodes)} episodes ended on an environment error; the first, on sample "
+                f"{sample_id!r}: {type(error).__name__}: {error}"
+            ) from error
         log.warning(
             "%d of %d episodes ended on an environment error (counted in env/errors); the first, on sample "
             "%r: %s: %s",
