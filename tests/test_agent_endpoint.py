@@ -414,7 +414,17 @@ async def interrupting(client: openai.AsyncOpenAI, sample: Sample) -> float:
 def test_an_interrupted_run_stops_the_server(
     tmp_path: Path, micro_model_dir: Path, server_ports: list[int]
 ) -> None:
-    overrides = {"rollout.agent": "tests.test_agent_endpoint:interrupting"}
+    # Ctrl-C as a terminal delivers it: Python's own handler, whatever an earlier test in this worker left.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupted_run(tmp_path, micro_model_dir, server_ports)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_run(tmp_path: Path, micro_model_dir: Path, server_ports: list[int]) -> None:
+    # A bounded episode: were the interrupt lost, the run would fail in seconds, not hang.
+    overrides = {"rollout.agent": "tests.test_agent_endpoint:interrupting", "rollout.agent_timeout_s": 10}
     cfg = load_config(None, agent_overrides(tmp_path, micro_model_dir, "stop", **overrides))
     with pytest.raises((RunInterrupted, KeyboardInterrupt)):
         train(cfg)
