@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from side_by_side import run_side_by_side
 
 RESULTS = Path(__file__).parent / "results" / "adapters_bench.json"
 ARMS = {"builtin": "agent-guess", "openenv": "agent-guess-openenv", "verifiers": "agent-guess-verifiers"}
@@ -35,37 +33,20 @@ TIME_KEYS = ("time/", "throughput/")
 
 
 def run_arms(args: argparse.Namespace) -> None:
-    """Start every arm at once; wait for all (with a timeout); stop them all on any exit."""
-    logs = Path(args.runs) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for arm in args.arms:
-            cmd = [
-                sys.executable, "-m", "hone.cli", "train", ARMS[arm],
-                f"run.dir={args.runs}", f"run.name={arm}", f"run.seed={args.seed}", "run.threads=1",
-                f"run.steps={args.steps}", "run.time_limit_s=null", "run.save_every=100000",
-                f"model.path={args.start}", "sft.enabled=false",
-            ]  # fmt: skip
-            log = open(logs / f"{arm}.log", "wb")  # noqa: SIM115 - closed with the process
-            procs[arm] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + args.timeout_s
-        for arm, proc in procs.items():
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise SystemExit(f"arm {arm} still running after {args.timeout_s} s; stopped all") from None
-            if code != 0:
-                raise SystemExit(f"arm {arm} failed (exit {code}): {logs}/{arm}.log")
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    """Every arm at once, the same fixed number of steps from the same start."""
+    run_side_by_side(
+        {arm: arm_command(args, arm) for arm in args.arms}, Path(args.runs) / "logs", args.timeout_s
+    )
+
+
+def arm_command(args: argparse.Namespace, arm: str) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "hone.cli", "train", ARMS[arm],
+        f"run.dir={args.runs}", f"run.name={arm}", f"run.seed={args.seed}", "run.threads=1",
+        f"run.steps={args.steps}", "run.time_limit_s=null", "run.save_every=100000",
+        f"model.path={args.start}", "sft.enabled=false",
+    ]  # fmt: skip
+    return cmd
 
 
 def load(path: Path) -> dict[int, dict[str, Any]]:

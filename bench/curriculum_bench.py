@@ -31,13 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from side_by_side import run_side_by_side
 
 RESULTS = Path(__file__).parent / "results" / "curriculum_bench.json"
 ARMS: dict[str, list[str]] = {
@@ -49,44 +48,20 @@ QUARTERS = (0.25, 0.5, 0.75, 1.0)
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> None:
-    """Start every arm of one seed at once; wait for all (with a timeout); stop them all on any exit."""
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = Path(args.runs) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    try:
-        for arm in args.arms:
-            cmd = [
-                sys.executable, "-m", "hone.cli", "train", args.recipe,
-                f"run.dir={args.runs}", f"run.name={run_name(arm, seed)}", f"run.seed={seed}",
-                "run.threads=1",
-                f"run.time_limit_s={args.budget}", f"run.eval_every={args.eval_every}",
-                "run.save_every=100000", f"model.path={args.start}", "sft.enabled=false",
-                *ARMS[arm], *args.override,
-            ]  # fmt: skip
-            log = open(logs / f"{run_name(arm, seed)}.log", "wb")  # noqa: SIM115 - closed with the process
-            procs[arm] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + args.budget + args.grace_s
-        for arm, proc in procs.items():
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise SystemExit(
-                    f"arm {arm} seed {seed} still running {args.grace_s} s past its budget; stopped all "
-                    f"(see {logs}/{run_name(arm, seed)}.log)"
-                ) from None
-            if code != 0:
-                raise SystemExit(
-                    f"arm {arm} seed {seed} failed (exit {code}): {logs}/{run_name(arm, seed)}.log"
-                )
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    """Every arm of one seed at once, each stopped at its budget (the deadline: budget + `--grace-s`)."""
+    commands = {run_name(arm, seed): arm_command(args, arm, seed) for arm in args.arms}
+    run_side_by_side(commands, Path(args.runs) / "logs", args.budget + args.grace_s)
+
+
+def arm_command(args: argparse.Namespace, arm: str, seed: int) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "hone.cli", "train", args.recipe,
+        f"run.dir={args.runs}", f"run.name={run_name(arm, seed)}", f"run.seed={seed}", "run.threads=1",
+        f"run.time_limit_s={args.budget}", f"run.eval_every={args.eval_every}",
+        "run.save_every=100000", f"model.path={args.start}", "sft.enabled=false",
+        *ARMS[arm], *args.override,
+    ]  # fmt: skip
+    return cmd
 
 
 def run_name(arm: str, seed: int) -> str:

@@ -127,19 +127,24 @@ def test_tool_call_output_comes_back_as_openai_tool_calls(tokenizer: PreTrainedT
     }
 
 
+def calculator_agent(server: EndpointServer, concurrency: int) -> AgentEpisodes:
+    """The packaged calculator agent (plain `openai` client code) against `server`."""
+    return AgentEpisodes(
+        load_agent("hone.envs.calculator_agent:run"),
+        server,
+        concurrency=concurrency,
+        timeout_s=30,
+        max_completions=4,
+    )
+
+
 def test_calculator_agent_trajectory_is_exactly_what_the_sampler_produced(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
     sampler = ScriptedSampler(tokenizer, calculator_reply)
     samples = ToolArithmetic.make_samples(6, 0, "train")  # distinct problems: each prompt is one episode's
     with serve(sampler, tokenizer) as server:
-        agent = AgentEpisodes(
-            load_agent("hone.envs.calculator_agent:run"),
-            server,
-            concurrency=8,
-            timeout_s=30,
-            max_completions=4,
-        )
+        agent = calculator_agent(server, concurrency=8)
         played = agent.play(samples, SamplingParams(n=1, temperature=1.0, max_new_tokens=96, seed=0))
     assert played.metrics == {"env/errors": 0.0, "env/timeouts": 0.0}
     assert [r.group_id for r in played.rollouts] == [0, 1, 2, 3, 4, 5]
@@ -186,13 +191,7 @@ def test_requests_from_many_episodes_are_batched(tokenizer: PreTrainedTokenizerB
     sampler = ScriptedSampler(tokenizer, calculator_reply)
     samples = ToolArithmetic.make_samples(8, 0, "train")
     with serve(sampler, tokenizer) as server:
-        agent = AgentEpisodes(
-            load_agent("hone.envs.calculator_agent:run"),
-            server,
-            concurrency=64,
-            timeout_s=30,
-            max_completions=4,
-        )
+        agent = calculator_agent(server, concurrency=64)
         played = agent.play(samples, SamplingParams(n=4, temperature=1.0, max_new_tokens=96, seed=0))
     assert len(played.rollouts) == 32
     sizes = [len(reqs) for reqs, _, _ in sampler.calls]
@@ -464,13 +463,7 @@ def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -
     sampler = ScriptedSampler(tokenizer, chatml_reply)
     samples = ToolArithmetic.make_samples(2, 0, "train")
     with serve(sampler, tokenizer) as server:
-        agent = AgentEpisodes(
-            load_agent("hone.envs.calculator_agent:run"),
-            server,
-            concurrency=4,
-            timeout_s=30,
-            max_completions=4,
-        )
+        agent = calculator_agent(server, concurrency=4)
         rollouts = agent.play(samples, PARAMS).rollouts
     served = {
         tuple(q.prompt_ids): o for reqs, _, outs in sampler.calls for q, o in zip(reqs, outs, strict=True)
@@ -563,13 +556,7 @@ def test_the_agent_plays_the_warm_start_demonstrations_token_for_token(template:
         return scripts[a][prompt.count("<tool_call>")]
 
     with serve(ScriptedSampler(tokenizer, demonstrated), tokenizer) as server:
-        agent = AgentEpisodes(
-            load_agent("hone.envs.calculator_agent:run"),
-            server,
-            concurrency=4,
-            timeout_s=30,
-            max_completions=4,
-        )
+        agent = calculator_agent(server, concurrency=4)
         rollouts = agent.play(samples, PARAMS).rollouts
     assert len(rollouts) == 3
     for sample, r in zip(samples, rollouts, strict=True):
