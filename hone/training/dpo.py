@@ -12,7 +12,6 @@ default; the reference can then be dropped) or per batch. The metrics are TRL's,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +20,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
-from hone.training.optim import adamw_stepper, epoch_batches
+from hone.training.pair_steps import run_pair_steps
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
-from hone.training.trainer import build_scheduler
 
 Encoded = tuple[list[int], int]  # token ids and prompt length, as `encode_pair` returns
 
@@ -123,39 +121,19 @@ def run_dpo(
         cached = reference_log_probs(reference, pairs, pad_id, settings.micro_batch_size)
         reference = None  # dropped: a frozen copy the caller did not keep is freed before training
 
-    params = policy.trainable_parameters()
-    optimizer, stepper = adamw_stepper(
-        params,
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        grad_clip=settings.grad_clip,
-        max_nonfinite_steps=settings.max_nonfinite_steps,
+    return run_pair_steps(
+        policy.model,
+        policy.trainable_parameters(),
+        len(pairs),
+        settings,
+        lambda batch, stats: _batch_losses(
+            policy, pairs, batch, settings, loss_fn, pad_id, reference, cached, stats
+        ),
+        name="DPO",
         advice="look for NaN/inf in the preference data, or lower dpo.lr",
+        log=log,
+        deadline=deadline,
     )
-    scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
-    batches = epoch_batches(len(pairs), settings.batch_size, settings.seed)
-    result: dict[str, Any] = {"steps": 0, "out_of_time": False}
-    was_training = policy.model.training
-    policy.model.train()
-    try:
-        for step in range(1, settings.steps + 1):
-            if deadline is not None and time.perf_counter() > deadline:
-                result["out_of_time"] = True
-                break
-            batch = next(batches)
-            lr = scheduler.get_last_lr()[0]
-            stats: list[dict[str, torch.Tensor]] = []
-            losses = _batch_losses(policy, pairs, batch, settings, loss_fn, pad_id, reference, cached, stats)
-            grad_norm = stepper.step(losses, where=f"DPO step {step}")
-            scheduler.step()
-            metrics = {key: torch.cat([s[key] for s in stats]).mean().item() for key in stats[0]}
-            metrics |= {"learning_rate": lr, "grad_norm": grad_norm}
-            result.update(steps=step, **metrics)
-            if log is not None:
-                log({"step": step, **metrics})
-    finally:
-        policy.model.train(was_training)
-    return result
 
 
 def _batch_losses(

@@ -11,7 +11,6 @@ schedule); held-out pair accuracy (the share of pairs whose chosen text scores h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
-from hone.training.optim import adamw_stepper, epoch_batches
-from hone.training.trainer import build_scheduler
+from hone.training.pair_steps import run_pair_steps
 
 
 @dataclass(frozen=True)
@@ -129,47 +127,29 @@ def run_reward_model(
     """
     if not train_pairs or not val_pairs:
         raise ValueError("reward-model training needs training pairs and held-out pairs")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, stepper = adamw_stepper(
-        params,
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        grad_clip=settings.grad_clip,
-        max_nonfinite_steps=settings.max_nonfinite_steps,
+
+    def held_out() -> dict[str, float]:
+        out = pair_accuracy(model, tokenizer, val_pairs, settings.micro_batch_size, settings.center_coef)
+        return {"eval/pair_accuracy": out["accuracy"], "eval/loss": out["loss"]}
+
+    result = run_pair_steps(
+        model,
+        [p for p in model.parameters() if p.requires_grad],
+        len(train_pairs),
+        settings,
+        lambda batch, stats: _batch_losses(
+            model, tokenizer, [train_pairs[i] for i in batch], settings, stats
+        ),
+        name="reward-model",
         advice="look for NaN/inf in the preference data, or lower rm.lr",
+        log=log,
+        deadline=deadline,
+        after_step=lambda step: (
+            held_out() if step % settings.eval_every == 0 or step == settings.steps else {}
+        ),
     )
-    scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
-    batches = epoch_batches(len(train_pairs), settings.batch_size, settings.seed)
-    result: dict[str, Any] = {"steps": 0, "out_of_time": False}
-    was_training = model.training
-    model.train()
-    try:
-        for step in range(1, settings.steps + 1):
-            if deadline is not None and time.perf_counter() > deadline:
-                result["out_of_time"] = True
-                break
-            batch = [train_pairs[i] for i in next(batches)]
-            lr = scheduler.get_last_lr()[0]
-            stats: list[dict[str, torch.Tensor]] = []
-            grad_norm = stepper.step(
-                _batch_losses(model, tokenizer, batch, settings, stats), where=f"reward-model step {step}"
-            )
-            scheduler.step()
-            metrics = {key: torch.cat([s[key] for s in stats]).mean().item() for key in stats[0]}
-            metrics |= {"learning_rate": lr, "grad_norm": grad_norm}
-            if step % settings.eval_every == 0 or step == settings.steps:
-                held_out = pair_accuracy(
-                    model, tokenizer, val_pairs, settings.micro_batch_size, settings.center_coef
-                )
-                metrics |= {"eval/pair_accuracy": held_out["accuracy"], "eval/loss": held_out["loss"]}
-            result.update(steps=step, **metrics)
-            if log is not None:
-                log({"step": step, **metrics})
-    finally:
-        model.train(was_training)
     if "eval/pair_accuracy" not in result:  # stopped by the deadline before any held-out measurement
-        held_out = pair_accuracy(model, tokenizer, val_pairs, settings.micro_batch_size, settings.center_coef)
-        result |= {"eval/pair_accuracy": held_out["accuracy"], "eval/loss": held_out["loss"]}
+        result |= held_out()
     return result
 
 
