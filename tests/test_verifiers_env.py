@@ -15,7 +15,7 @@ pytest.importorskip("verifiers.v1")
 
 from hone.config import load_config
 from hone.envs import GuessNumber, make_env
-from hone.envs.base import Environment
+from hone.envs.base import Environment, StepResult
 from hone.rewards import RewardScorer
 from hone.rewards.env import env_reward
 from hone.rollout.multiturn import EpisodeLimits, run_episodes
@@ -41,15 +41,6 @@ def test_samples_are_the_taskset_tasks_split_by_task_key(single: type[Environmen
     first = train[0]
     assert first.messages[0] == {"role": "system", "content": "Answer with a number."}
     assert first.answer == str(int(first.messages[1]["content"].split()[2].split("+")[0]) + 1)
-
-
-def _play_single(env_cls: type[Environment], sample: Sample, reply: str):
-    async def play():
-        env = env_cls()
-        messages = await env.reset(sample)
-        return messages, await env.step(reply)
-
-    return asyncio.run(play())
 
 
 async def _verifiers_own_score(sample: Sample, reply: str) -> tuple[dict[str, float], float]:
@@ -158,13 +149,44 @@ def test_set_up_errors_are_one_line_naming_the_environment() -> None:
         assert "\n" not in message and expected in message and spec in message
 
 
-def test_an_environment_that_fails_is_counted_in_env_errors_and_the_episode_ends() -> None:
-    env_cls = type(make_env("verifiers:tests.vf_broken_for_tests", {})())
-    sample = env_cls.make_samples(1, 0, "train")[0]
-    messages, result = _play_single(env_cls, sample, "1")
-    assert messages == sample.messages  # reset still answers: the failure surfaces as the episode's end
-    assert result.done and result.reward == 0.0
-    assert result.info == {"errors": 1.0, "reward/brief": 0.0, "reward/correct": 0.0}
+def test_an_environment_that_fails_is_counted_in_env_errors_and_the_episode_ends(
+    micro_model_dir: Path,
+) -> None:
+    from dataclasses import replace
+
+    from hone.training.policy import Policy
+
+    broken, fine = (
+        make_env("verifiers:tests.vf_broken_for_tests", {}),
+        make_env("verifiers:tests.vf_envs_for_tests", {}),
+    )
+    sample = replace(type(broken()).make_samples(1, 0, "train")[0], id="broken")
+
+    async def reset_then_step() -> None:
+        env = broken()
+        assert await env.reset(sample) == sample.messages  # reset answers: the failure comes at the end
+        await env.step("1")
+
+    with pytest.raises(RuntimeError, match="the game server is down") as failure:
+        asyncio.run(reset_then_step())
+    assert "\n" not in str(failure.value) and "tests.vf_broken_for_tests" in str(failure.value)
+
+    class EitherEnv(Environment):  # the broken environment for the "broken" sample, the working one else
+        async def reset(self, s: Sample) -> list:
+            self.inner = (broken if s.id == "broken" else fine)()
+            return await self.inner.reset(s)
+
+        async def step(self, text: str) -> StepResult:
+            return await self.inner.step(text)
+
+    # Through the rollout loop: that episode ends, counted in env/errors, beside one that did not fail.
+    tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
+    ok_sample = replace(type(fine()).make_samples(1, 0, "train")[0], id="fine")
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=4, max_total_tokens=512)
+    failed, ok = run_episodes(
+        Scripted(tok, ["1", "1"]), tok, EitherEnv, [sample, ok_sample], SamplingParams(n=1), limits
+    )
+    assert failed.metrics["env/errors"] == 1.0 and ok.metrics["env/errors"] == 0.0
 
 
 def test_agent_guess_verifiers_trains_a_few_steps_with_sft_from_the_ports_demonstrations(

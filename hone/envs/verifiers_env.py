@@ -31,8 +31,9 @@ serves tools as MCP servers to its harness programs; a taskset or task declaring
 set-up); no sandboxes (task `setup`/`finalize`/rewards get `runtime=None`; rewards that need one are
 skipped by verifiers' own scoring); `@vf.stop` hooks and agent limits are not applied (Hone's
 `env.max_turns` / token limits are). A failure of the environment's code (or an episode waiting more
-than `STEP_TIMEOUT_S` between turns) ends that episode with reward 0 and `info["errors"]` (`env/errors`),
-logged once per environment class; the run goes on.
+than `STEP_TIMEOUT_S` between turns) is raised from `reset`/`step` as one line, so the rollout loop
+handles it as any environment's: that episode ends, counted in `env/errors` and left out of training;
+the run goes on (unless every episode of a batch failed).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from hone.envs.base import Environment, Message, StepResult
 from hone.types import Sample
@@ -150,7 +151,6 @@ class VerifiersEnv(Environment):
     vf_env: ClassVar[Any]  # the loaded `vf.Env`; its taskset, task class and hooks are shared, read-only
     reward_names: ClassVar[list[str]]
     build: ClassVar[Any]  # the `vf.VersionInfo` every trace records
-    _warned: ClassVar[bool] = False
 
     def __init__(self, **args: Any) -> None:
         # `args` built the class's environment already (`verifiers_env`); make_env passes them again.
@@ -272,16 +272,14 @@ class VerifiersEnv(Environment):
         info |= {name: value for name, value in trace.metrics.items() if value is not None}
         return StepResult([], reward=trace.reward, done=True, info=info)
 
-    def _failed(self, exc: BaseException) -> StepResult:
-        if not type(self)._warned:
-            type(self)._warned = True
-            log.warning(
-                "verifiers environment %r failed an episode (counted in env/errors, scored 0; "
-                "further failures are not logged): %s",
-                self.env_id,
-                _one_line(exc) if isinstance(exc, Exception) else repr(exc),
-            )
-        return StepResult([], reward=0.0, done=True, info={**self._unscored(), "errors": 1.0})
+    def _failed(self, exc: BaseException) -> NoReturn:
+        # Raised to the rollout loop, which ends this episode, counts it in env/errors, leaves it out of
+        # training, logs the batch's first, and stops a batch whose every episode failed (Hone's one path
+        # for environment failures, shared with every other environment).
+        raise RuntimeError(
+            f"verifiers environment {self.env_id!r}: "
+            + (_one_line(exc) if isinstance(exc, Exception) else repr(exc))
+        ) from exc
 
 
 def _is_eval(key: str) -> bool:
