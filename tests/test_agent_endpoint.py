@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from hone.rollout.endpoint import EndpointServer
 from hone.rollout.multiturn import demonstration_tokens
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
-from tests.test_orchestration import tiny_overrides
+from tests.helpers import tiny_overrides, wait_for
 
 PARAMS = SamplingParams(n=1, temperature=1.0, max_new_tokens=96, seed=0)
 
@@ -489,7 +489,12 @@ def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -
 async def waiting(client: openai.AsyncOpenAI, sample: Sample) -> float:
     """Tells the test its endpoint's URL, then waits: the run is mid-episode when it is stopped."""
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    Path(os.environ["HONE_TEST_AGENT_READY"]).write_text(str(client.base_url))
+    # Written whole, then renamed into place: the test reads the file as soon as it exists, and the run's
+    # `rollout.n` episodes all write it.
+    ready = Path(os.environ["HONE_TEST_AGENT_READY"])
+    partial = ready.with_name(f"{ready.name}.{uuid.uuid4().hex}")
+    partial.write_text(str(client.base_url))
+    os.replace(partial, ready)
     await asyncio.sleep(60)
     return 0.0
 
@@ -511,10 +516,8 @@ def test_sigterm_mid_episode_ends_the_run_and_its_server(tmp_path: Path, micro_m
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "no agent episode started"
-            time.sleep(0.05)
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 120)
+        assert ready.exists() and proc.poll() is None, "no agent episode started"
         port = int(ready.read_text().split(":")[2].split("/")[0])
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

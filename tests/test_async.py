@@ -29,16 +29,7 @@ from hone.orchestration.rollouts import AsyncRollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.training.checkpoint import Checkpointer
 from hone.types import Rollout
-from tests.test_orchestration import tiny_overrides
-from tests.test_weights import _final_weights
-
-TOKEN_REWARD = {"reward.fn": "tests.rewards_for_tests:token_id_reward"}  # a gradient at every step
-
-
-def _run(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
-    settings = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **TOKEN_REWARD, **extra}
-    train(load_config(None, tiny_overrides(tmp_path, model_dir, name, **settings)))
-    return tmp_path / name
+from tests.helpers import TOKEN_REWARD, final_weights, tiny_overrides, train_tiny
 
 
 @pytest.mark.parametrize("producers", [1, 2])
@@ -47,14 +38,14 @@ def test_async_with_no_staleness_trains_exactly_like_sync(
 ) -> None:
     """With two producers the steps alternate between two samplers, each its own copy of the weights:
     every publish must reach both, or the second would sample step 2 with version 0's weights."""
-    sync = _final_weights(_run(tmp_path, micro_model_dir, "sync"))
-    run = _run(
+    sync = final_weights(train_tiny(tmp_path, micro_model_dir, "sync"))
+    run = train_tiny(
         tmp_path,
         micro_model_dir,
         "async",
         **{"trainer.mode": "async", "trainer.max_staleness": 0, "trainer.producers": producers},
     )
-    same = _final_weights(run)
+    same = final_weights(run)
     assert sync.keys() == same.keys() and all(torch.equal(sync[k], same[k]) for k in sync)
     assert not _producer_threads()  # the run closed it
 
@@ -87,7 +78,7 @@ def test_no_trained_rollout_is_more_than_eta_versions_old(
 
     monkeypatch.setattr(loop, "setup_components", recording_setup)
     monkeypatch.setattr(Learner, "learn", slow_learn)
-    run = _run(
+    run = train_tiny(
         tmp_path,
         micro_model_dir,
         "ahead",
@@ -122,7 +113,7 @@ def test_a_producer_fault_that_passes_is_retried_and_the_run_trains_as_if_it_nev
     """Step 3's scoring fails once, after its sampling ran: the step is produced again (same prompts,
     seed and weights), counted in `faults/producer_retries`, and the run ends on the weights of a run
     without the fault (async with η = 0 is synchronous training exactly)."""
-    clean = _final_weights(_run(tmp_path, micro_model_dir, "clean"))
+    clean = final_weights(train_tiny(tmp_path, micro_model_dir, "clean"))
     real_score = producer_module.score_rollouts
     calls: list[int] = []
 
@@ -133,9 +124,9 @@ def test_a_producer_fault_that_passes_is_retried_and_the_run_trains_as_if_it_nev
         return real_score(*args)
 
     monkeypatch.setattr(producer_module, "score_rollouts", flaky_score)
-    run = _run(tmp_path, micro_model_dir, "flaky", **{"trainer.mode": mode, "trainer.max_staleness": 0})
+    run = train_tiny(tmp_path, micro_model_dir, "flaky", **{"trainer.mode": mode, "trainer.max_staleness": 0})
     assert len(calls) == 4
-    faulty = _final_weights(run)
+    faulty = final_weights(run)
     assert clean.keys() == faulty.keys() and all(torch.equal(clean[k], faulty[k]) for k in clean)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
     assert [r["faults/producer_retries"] for r in rows] == [0.0, 0.0, 1.0]
@@ -151,7 +142,7 @@ def test_a_producer_that_keeps_failing_stops_the_run_in_one_line_after_its_retri
     mode: str,
 ) -> None:
     from hone.cli import main
-    from tests.test_cli import tiny_run
+    from tests.helpers import tiny_run
 
     real_produce = Producer.produce
     attempts: list[int] = []
@@ -190,7 +181,7 @@ def test_system_exit_in_the_producer_is_not_retried(
 
     monkeypatch.setattr(Producer, "produce", exiting)
     with pytest.raises(SystemExit):
-        _run(tmp_path, micro_model_dir, "exits", **{"trainer.mode": mode, "trainer.max_staleness": 0})
+        train_tiny(tmp_path, micro_model_dir, "exits", **{"trainer.mode": mode, "trainer.max_staleness": 0})
     assert attempts == [0]
     assert not _producer_threads()
 
@@ -204,7 +195,7 @@ def test_a_publish_the_producer_blocks_past_its_timeout_ends_the_run_in_one_line
     """The producer holds the sampler's weights for 3 s on step 2 (a wedged generation): the learner's
     publish after step 1 waits `trainer.publish_timeout_s` (0.2 s), and the CLI prints one line."""
     from hone.cli import main
-    from tests.test_cli import tiny_run
+    from tests.helpers import tiny_run
 
     real_produce = Producer.produce
 
@@ -235,7 +226,7 @@ def test_ctrl_c_in_async_mode_is_one_line_and_leaves_no_producer_thread(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from hone.cli import main
-    from tests.test_cli import tiny_run
+    from tests.helpers import tiny_run
 
     real_step = loop.rl_step
 
@@ -254,10 +245,10 @@ def test_ctrl_c_in_async_mode_is_one_line_and_leaves_no_producer_thread(
 def test_sigkill_and_resume_in_async_mode_logs_every_step_once(tmp_path: Path, micro_model_dir: Path) -> None:
     """The checkpoint holds the version counter beside the step; steps that were buffered or in flight at the
     kill are submitted again on resume, from the same prompts and seeds, so no row is lost or repeated
-    (`_killed_and_resumed` checks rows 0..8 and that the resumed steps trained)."""
-    from tests.test_orchestration import _killed_and_resumed
+    (`killed_and_resumed` checks rows 0..8 and that the resumed steps trained)."""
+    from tests.helpers import killed_and_resumed
 
-    _killed_and_resumed(tmp_path, micro_model_dir, **{"trainer.mode": "async", "trainer.max_staleness": 2})
+    killed_and_resumed(tmp_path, micro_model_dir, **{"trainer.mode": "async", "trainer.max_staleness": 2})
 
 
 class _Killed(BaseException):
@@ -349,7 +340,7 @@ def test_sigint_ends_an_async_run_within_seconds_with_its_last_checkpoint_intact
     running ahead: the process exits within 10 s with the one interrupted line, and its last checkpoint
     resumes."""
     from hone.cli import main
-    from tests.test_cli import REPO, tiny_run
+    from tests.helpers import REPO, tiny_run
 
     args = tiny_run(
         tmp_path,

@@ -20,12 +20,12 @@ from hone.orchestration.components import load_reference
 from hone.orchestration.loop import SetupError, train
 from hone.training.checkpoint import Checkpointer, damage
 from hone.training.policy import AdapterReference, LoraSettings, Policy, weights_digest
-from tests.conftest import tiny_qwen2
+from tests.conftest import char_tokenizer, tiny_qwen2
 
 
 def _new_policy(seed: int) -> Policy:
     torch.manual_seed(seed)
-    return Policy(tiny_qwen2(train_mode=True))
+    return Policy(tiny_qwen2(train_mode=True), char_tokenizer())
 
 
 def _trainer(policy: Policy) -> torch.optim.Optimizer:

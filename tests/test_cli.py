@@ -23,8 +23,7 @@ from hone.cli import _parse, main
 from hone.config import list_recipes
 from hone.orchestration import loop
 from hone.training.checkpoint import Checkpointer, damage
-
-REPO = Path(__file__).parents[1]
+from tests.helpers import REPO, tiny_run
 
 
 def test_help_lists_recipes_and_main_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,29 +129,6 @@ def test_unknown_option_is_an_argparse_error(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         _parse(["eval", "smollm2-math", "--modle", "m"])
     assert "unrecognized arguments: --modle" in capsys.readouterr().err
-
-
-def tiny_run(root: Path, model_dir: Path, name: str = "r", **extra: object) -> list[str]:
-    """Overrides for a run of a few seconds: micro model, 2 prompts x 2 samples, no SFT, no TensorBoard."""
-    base = {
-        "run.dir": root,
-        "run.name": name,
-        "run.threads": 1,
-        "run.time_limit_s": "null",
-        "run.steps": 2,
-        "run.save_every": 1,
-        "run.eval_every": 0,
-        "model.path": model_dir,
-        "data.train_size": 16,
-        "data.eval_size": 4,
-        "data.prompts_per_step": 2,
-        "rollout.n": 2,
-        "rollout.max_new_tokens": 4,
-        "sft.enabled": "false",
-        "logging.progress": "false",
-        "logging.tensorboard": "false",
-    }
-    return [f"{k}={v}" for k, v in (base | extra).items()]
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:

@@ -16,7 +16,7 @@ from hone.config import ConfigError, load_config
 from hone.orchestration.learner import compute_advantages
 from hone.orchestration.loop import train
 from hone.types import Batch, Rollout
-from tests.test_orchestration import _assert_same_weights, _killed_and_resumed, tiny_overrides
+from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
 
 PPO = {"algorithm.advantage": "gae", "critic.lr": 1e-3}
 VALUE_METRICS = ("value/loss", "value/clip_frac", "value/explained_variance", "value/mean", "returns/mean")
@@ -149,7 +149,7 @@ def test_ppo_run_logs_value_metrics_and_only_the_critic_trains_during_warm_up(
     assert all("loss/policy" not in row for row in rows[1:3]) and "loss/policy" in rows[3]
     checkpoints = run / "checkpoints"
     # Warm-up: the policy is the model it started from, and nothing was published (version 0).
-    _assert_same_weights(micro_model_dir, checkpoints / "step-2" / "model")
+    assert_same_weights(micro_model_dir, checkpoints / "step-2" / "model")
     state = [json.loads((checkpoints / f"step-{s}" / "state.json").read_text()) for s in (1, 2, 3)]
     assert [s["version"] for s in state] == [0, 0, 1]
     assert [s["critic"]["updates"] for s in state] == [1, 2, 3]
@@ -165,10 +165,10 @@ def test_a_resumed_ppo_run_ends_with_the_same_policy_and_critic(
 ) -> None:
     """SIGKILL between checkpoints 4 and 8, then `--resume`: the critic's weights, optimizer and update
     count come back with the policy's, so both end bit for bit as in an unbroken run."""
-    straight, killed = _killed_and_resumed(
+    straight, killed = killed_and_resumed(
         tmp_path, micro_model_dir, **PPO, **{"critic.warmup_steps": 2, "critic.value_clip": 0.2}
     )
-    _assert_same_weights(straight, killed)
-    _assert_same_weights(straight.parent / "critic", killed.parent / "critic")
+    assert_same_weights(straight, killed)
+    assert_same_weights(straight.parent / "critic", killed.parent / "critic")
     rows = [_rows(tmp_path / run) for run in ("straight", "killed")]
     assert [r.get("value/loss") for r in rows[0]] == [r.get("value/loss") for r in rows[1]]

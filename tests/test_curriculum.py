@@ -17,7 +17,7 @@ from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.rewards.scoring import CORRECTNESS
 from hone.types import Rollout, Sample
-from tests.test_orchestration import _assert_same_weights, _killed_and_resumed, tiny_overrides
+from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
 
 
 def samples(n: int) -> list[Sample]:
@@ -233,8 +233,8 @@ def test_difficulty_run_turns_to_intermediate_prompts(
 def test_difficulty_run_killed_and_resumed_equals_an_unbroken_one(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    _assert_same_weights(
-        *_killed_and_resumed(
+    assert_same_weights(
+        *killed_and_resumed(
             tmp_path,
             micro_model_dir,
             **{

@@ -9,16 +9,12 @@ from typing import Any
 import pytest
 
 from hone.data import HoneDataError, load_samples
+from tests.helpers import write_jsonl
 
 ROWS: list[dict[str, Any]] = [
     {"prompt": "1+1=", "answer": "2", "level": 1},
     {"prompt": "2*3=", "answer": 6, "level": 2},
 ]
-
-
-def write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_jsonl_rows_become_samples_with_extras_in_meta(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from hone.logging import read_metrics
 from hone.training.dpo import DPOSettings, encode_preference, reference_log_probs, run_dpo, sequence_log_probs
 from hone.training.policy import AdapterReference, LoraSettings, Policy
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
-from tests.test_orchestration import tiny_overrides
+from tests.helpers import tiny_overrides
 
 # "a=" prefers "bb" (the next letter) to "zz".
 PAIRS = [(f"{c}=", LETTERS[i + 1] * 2, "zz") for i, c in enumerate(LETTERS[:6])]

@@ -16,7 +16,7 @@ from hone.data import HoneDataError
 from hone.data.gym import ReasoningGymTask, extract_answer
 from hone.orchestration.components import load_data, load_reward
 from hone.orchestration.loop import SetupError, train
-from tests.test_orchestration import tiny_overrides
+from tests.helpers import tiny_overrides
 
 pytest.importorskip("reasoning_gym")
 

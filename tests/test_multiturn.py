@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import POLICY_LOSSES, aggregate_loss
 from hone.config import load_config
@@ -19,10 +18,11 @@ from hone.orchestration.components import all_assistant_text, load_reward
 from hone.orchestration.evaluate import evaluate
 from hone.rewards.env import env_reward
 from hone.rewards.math import math_verifier
-from hone.rollout import GenerationRequest, HFSampler
+from hone.rollout import HFSampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes, demonstration_tokens, run_episodes
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
+from tests.helpers import Scripted
 
 # Log-prob agreement of two computations of the same tokens, compared in float64: they differ only in
 # summation order (~1e-16 relative per operation, ~1e-14 over this 2-layer model), while a wrong token or
@@ -265,42 +265,6 @@ def test_the_sampled_eos_replaces_the_templates_end_of_turn_token(
     ]
 
 
-class Scripted:
-    """A sampler that answers turn k of every episode with `replies[k]` and `end` (default: the eos)."""
-
-    policy_version = 0
-
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        replies: list[str],
-        end: int | None = None,
-        eos_ids: frozenset[int] | None = None,
-    ) -> None:
-        self.tokenizer, self.replies, self.calls = tokenizer, replies, 0
-        self.end = tokenizer.eos_token_id if end is None else end
-        self.eos_token_ids = frozenset([tokenizer.eos_token_id]) if eos_ids is None else eos_ids
-
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
-        text, self.calls = self.replies[self.calls], self.calls + 1
-        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.end]
-        return [
-            Rollout(
-                r.sample_id,
-                r.group_id,
-                r.prompt_ids + ids,
-                len(r.prompt_ids),
-                [1] * len(ids),
-                [0.0] * len(ids),
-                text,
-            )
-            for r in requests
-        ]
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        raise NotImplementedError
-
-
 class ToolSays(Environment):
     """A tool result holding the sample's answer after turn 1; done after turn 2."""
 
@@ -462,7 +426,7 @@ def test_an_agent_recipe_trains_end_to_end_with_sft_from_demonstrations(
 ) -> None:
     from hone.config import load_config
     from hone.orchestration.loop import train
-    from tests.test_orchestration import tiny_overrides
+    from tests.helpers import tiny_overrides
 
     overrides = tiny_overrides(
         tmp_path,

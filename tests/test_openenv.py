@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import yaml
 from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env
 from hone.envs.openenv import _SERVERS
 from hone.types import Sample
+from tests.helpers import wait_for
 
 APP = "hone.envs.openenv_games:app"
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,10 +46,7 @@ def _serving(app: object) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the in-process OpenEnv server did not start within 30 s"
-            time.sleep(0.05)
+        assert wait_for(lambda: server.started, 30), "the in-process OpenEnv server did not start within 30 s"
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
@@ -300,10 +297,7 @@ def test_a_started_server_dies_with_a_killed_trainer(stand_in: list[str]) -> Non
         assert _alive(server_pid)
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while _alive(server_pid):
-            assert time.monotonic() < deadline, "the server outlived the killed trainer by 15 s"
-            time.sleep(0.1)
+        assert wait_for(lambda: not _alive(server_pid), 15), "the server outlived the killed trainer by 15 s"
     finally:
         trainer.kill()
         trainer.wait()
@@ -330,7 +324,7 @@ def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_
     from hone.rollout.multiturn import EpisodeLimits, run_episodes
     from hone.training.policy import Policy
     from hone.types import SamplingParams
-    from tests.test_multiturn import Scripted
+    from tests.helpers import Scripted
 
     tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
     samples = [Sample("ok", prompt="p"), Sample("broken", prompt="p"), Sample("steady", prompt="p")]
@@ -364,7 +358,7 @@ def test_training_through_the_adapter_equals_training_on_the_builtin_game(
     (the same games, demonstrations, sampled tokens and replies), except for the time they took."""
     from hone.config import load_config
     from hone.orchestration.loop import train
-    from tests.test_orchestration import tiny_overrides
+    from tests.helpers import tiny_overrides
 
     def run(recipe: str, game_args: str) -> list[dict[str, float]]:
         extra = {

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +30,7 @@ from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Batch, Rollout, Sample, SamplingParams
+from tests.helpers import RecordingTrainer, assert_same_weights, killed_and_resumed, tiny_overrides
 
 
 def rollout(prompt: list[int], response: list[int], group: int = 0, reward: float = 0.0) -> Rollout:
@@ -82,27 +79,6 @@ def test_zero_variance_groups_are_dropped() -> None:
     rs = [rollout([1], [2], group=g, reward=r) for g, r in [(0, 1), (0, 1), (1, 0), (1, 1)]]
     kept, frac = drop_zero_variance_groups(rs)
     assert [r.group_id for r in kept] == [1, 1] and frac == 0.5
-
-
-def tiny_overrides(run_dir: Path, model_dir: Path, name: str, **extra: object) -> list[str]:
-    base = {
-        "run.dir": str(run_dir),
-        "run.name": name,
-        "run.threads": 1,
-        "run.time_limit_s": "null",
-        "model.path": str(model_dir),
-        "data.eval_size": 16,
-        "data.train_size": 64,
-        "data.prompts_per_step": 4,
-        "rollout.n": 4,
-        "rollout.max_new_tokens": 5,
-        "sft.enabled": "false",
-        "logging.progress": "false",
-        "trainer.lr": 1e-3,
-        "algorithm.skip_zero_variance_groups": "false",
-    }
-    base.update(extra)
-    return [f"{k}={v}" for k, v in base.items()]
 
 
 REQUIRED_KEYS = {
@@ -208,79 +184,10 @@ def test_a_failing_reward_scores_zero_and_is_counted(tmp_path: Path, micro_model
     assert rows[1]["reward/errors"] > 0
 
 
-def _run_cli(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    return subprocess.Popen(
-        [sys.executable, "-m", "hone.cli", "train", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _killed_and_resumed(tmp_path: Path, model_dir: Path, **extra: object) -> tuple[Path, Path]:
-    """Run `straight` for 8 steps, and `killed` SIGKILLed between its checkpoints 4 and 8, then resumed with
-    a plain `--resume`; return both final checkpoints' `model/` directories."""
-    common = {
-        "run.steps": 8,
-        "run.save_every": 4,
-        "run.eval_every": 0,
-        # A gradient at every step, and steps of >= 0.2 s, so the 10 ms poll below kills between
-        # checkpoints 4 and 8 even on a loaded machine (a PPO run under the full suite once ran past 8).
-        "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
-        **extra,
-    }
-    straight = _run_cli(tiny_overrides(tmp_path, model_dir, "straight", **common), tmp_path)
-    assert straight.wait(timeout=300) == 0, straight.stderr.read().decode()  # type: ignore[union-attr]
-
-    killed = _run_cli(tiny_overrides(tmp_path, model_dir, "killed", **common), tmp_path)
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # kill as soon as step 5 is logged: after checkpoint 4, before 8
-        if metrics.exists() and any(
-            json.loads(x)["step"] == 5 for x in metrics.read_text().splitlines() if x
-        ):
-            break
-        time.sleep(0.01)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    checkpoints = sorted(
-        p.name for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith("step-")
-    )
-    assert checkpoints == ["step-4"], "the kill did not land between the two checkpoints"
-
-    resumed = subprocess.run(
-        [sys.executable, "-m", "hone.cli", "train", "--resume", str(tmp_path / "killed")],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
-        capture_output=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr.decode()
-    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
-    assert steps == list(range(9))  # no duplicate or missing rows after resume
-    saved = [
-        tmp_path / "killed" / "checkpoints" / f"step-{s}" / "model" / "model.safetensors" for s in (4, 8)
-    ]
-    before, after = (load_file(str(file)) for file in saved)
-    assert any(not torch.equal(before[k], after[k]) for k in before)  # steps 5-8 trained something
-    return tuple(tmp_path / run / "checkpoints" / "step-8" / "model" for run in ("straight", "killed"))  # type: ignore[return-value]
-
-
-def _assert_same_weights(a: Path, b: Path) -> None:
-    """Each safetensors file under `a` (merged weights, a LoRA adapter) equals its twin under `b`, bitwise."""
-    files = sorted(p.relative_to(a) for p in a.rglob("*.safetensors"))
-    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*.safetensors"))
-    for file in files:
-        x, y = load_file(str(a / file)), load_file(str(b / file))
-        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), file
-
-
 def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    _assert_same_weights(*_killed_and_resumed(tmp_path, micro_model_dir))
+    assert_same_weights(*killed_and_resumed(tmp_path, micro_model_dir))
 
 
 def test_resume_is_exact_with_lr_warmup_and_decay_kl_and_a_lora_warm_start(
@@ -288,7 +195,7 @@ def test_resume_is_exact_with_lr_warmup_and_decay_kl_and_a_lora_warm_start(
 ) -> None:
     """No time limit, so the LR is a function of the RL step: the resumed run must retrace the warm-up
     and cosine decay, keep the SFT adapter as its KL reference, and end on the same weights."""
-    straight, killed = _killed_and_resumed(
+    straight, killed = killed_and_resumed(
         tmp_path,
         micro_model_dir,
         **{
@@ -306,7 +213,7 @@ def test_resume_is_exact_with_lr_warmup_and_decay_kl_and_a_lora_warm_start(
         },
     )
     assert (straight / "adapter").is_dir() and (tmp_path / "killed" / "sft" / "adapter").is_dir()
-    _assert_same_weights(straight, killed)
+    assert_same_weights(straight, killed)
     rows = [
         [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         for run in ("straight", "killed")
@@ -361,17 +268,6 @@ def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: P
     with pytest.raises(SetupError, match="already holds a run"):
         train(load_config(None, overrides))
     assert (tmp_path / "once" / "metrics.jsonl").read_text() == before
-
-
-class RecordingTrainer:
-    """Stands in for `RLTrainer`: keeps the batches it is handed and takes no time."""
-
-    def __init__(self) -> None:
-        self.batches: list[Batch] = []
-
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
-        self.batches.append(batch)
-        return {}
 
 
 def one_step(

@@ -10,7 +10,7 @@ import pytest
 from hone.cli import main
 from hone.orchestration.pairs import pair_row, pairs_from_group
 from hone.types import Rollout, Sample
-from tests.test_orchestration import tiny_overrides
+from tests.helpers import tiny_overrides
 
 
 def _rollout(text: str, reward: float) -> Rollout:

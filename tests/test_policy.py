@@ -9,11 +9,11 @@ import pytest
 import torch
 import transformers
 
+from hone.training.logprobs import chunked_entropy
 from hone.training.policy import (
     AdapterReference,
     LoraSettings,
     Policy,
-    chunked_entropy,
     disable_dropout,
     first_response_column,
 )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hone.data import HoneDataError, load_preferences
-from tests.test_data import write_jsonl
+from tests.helpers import write_jsonl
 
 USER = {"role": "user", "content": "2+2="}
 

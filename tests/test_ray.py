@@ -22,9 +22,9 @@ ray = pytest.importorskip("ray")
 from hone.orchestration import ray_backend  # noqa: E402
 from hone.orchestration.producer import PromptBatch, ScoredGroups  # noqa: E402
 from hone.types import Rollout  # noqa: E402
-from tests.test_async import TOKEN_REWARD, _run  # noqa: E402
-from tests.test_orchestration import tiny_overrides  # noqa: E402
-from tests.test_weights import _final_weights  # noqa: E402
+from tests.helpers import TOKEN_REWARD, tiny_overrides  # noqa: E402
+from tests.helpers import final_weights as _final_weights  # noqa: E402
+from tests.helpers import train_tiny as _run  # noqa: E402
 
 # One pytest-xdist worker runs them all (`--dist loadgroup`): two Ray instances at once would see each
 # other's processes in the process-table checks.
@@ -274,7 +274,8 @@ def test_sigkill_and_resume_on_ray_logs_every_step_once_and_trains_like_a_straig
     """As locally (`_killed_and_resumed`): the driver SIGKILLed between checkpoints 4 and 8, resumed with
     a plain `--resume`; rows 0..8 once each, and at η = 0 the same final weights as an unbroken Ray run.
     Killing the driver that started Ray must not leave Ray's processes behind."""
-    from tests.test_orchestration import _assert_same_weights, _killed_and_resumed
+    from tests.helpers import assert_same_weights as _assert_same_weights
+    from tests.helpers import killed_and_resumed as _killed_and_resumed
 
     before = _ray_pids()
     straight, resumed = _killed_and_resumed(tmp_path, micro_model_dir, **{"cluster.backend": "ray"})
@@ -300,7 +301,7 @@ def _assert_no_ray_processes_soon(
 def test_ctrl_c_on_ray_is_one_line_within_seconds_and_leaves_no_ray_process(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    from tests.test_orchestration import _run_cli
+    from tests.helpers import run_cli as _run_cli
 
     before = _ray_pids()
     settings = {"run.steps": 200, "run.eval_every": 0, "cluster.backend": "ray", **TOKEN_REWARD}

@@ -10,27 +10,23 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from hone.rollout import GenerationRequest, HFSampler, Sampler
+from hone.rollout import HFSampler, Sampler
 from hone.rollout.hf import sample_next
-from hone.types import Rollout, SamplingParams
-from tests.conftest import char_tokenizer, tiny_qwen2
-
-CHARS = "abcdefghijklmnopqrstuvwxyz .!?"
-PAD, EOS = 0, 1
-PROMPTS = ["ab", "hello world", "x", "the quick brown", "zz top"]
-# Log-prob agreement between two ways of computing the same thing (cached decode vs one full forward, a
-# reused prefix vs a fresh prefill), compared in float64: the paths differ only in summation order, ~1e-16
-# relative per operation, so ~1e-14 at most after two layers over logits of magnitude ~10 (measured: under
-# 1e-15), while a real bug (a wrong position, an attended pad, a stale KV cache) moves log-probs by >= 1e-3.
-# In fp32 the same reordering gives ~1e-5 here, more or less with another CPU's kernels: not portable.
-ATOL = 1e-10
-
-
-def make_model(seed: int, dtype: torch.dtype = torch.float64) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    # A large init range: with the default one a tied tiny model just repeats its last input token, which
-    # would hide position and padding bugs.
-    return tiny_qwen2(initializer_range=0.3, pad_token_id=PAD, eos_token_id=EOS).to(dtype)
+from hone.types import SamplingParams
+from tests.conftest import char_tokenizer
+from tests.helpers import (
+    ATOL,
+    CHARS,
+    EOS,
+    PAD,
+    PROMPTS,
+    full_forward_logprobs,
+    greedy,
+    make_model,
+    next_turn,
+    prefill_widths,
+    requests,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +44,6 @@ def model() -> Qwen2ForCausalLM:
 @pytest.fixture()
 def sampler(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase) -> HFSampler:
     return HFSampler(model, tokenizer)
-
-
-def requests(tokenizer: PreTrainedTokenizerBase, prompts: list[str] = PROMPTS) -> list[GenerationRequest]:
-    return [GenerationRequest(f"s{i}", 10 + i, tokenizer(p)["input_ids"]) for i, p in enumerate(prompts)]
-
-
-def greedy(max_new_tokens: int = 12, **kwargs: object) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, **kwargs)
-
-
-def full_forward_logprobs(model: Qwen2ForCausalLM, rollout: Rollout, temperature: float) -> torch.Tensor:
-    """What the trainer computes: one unpadded forward over prompt + response."""
-    with torch.no_grad():
-        logits = model(torch.tensor([rollout.token_ids])).logits[0, rollout.prompt_len - 1 : -1]
-    if temperature > 0:
-        logits = logits / temperature
-    logprobs = torch.log_softmax(logits, -1)
-    return logprobs.gather(-1, torch.tensor(rollout.response_ids)[:, None]).squeeze(-1)
 
 
 def test_is_a_sampler(sampler: HFSampler) -> None:
@@ -309,28 +287,6 @@ def test_rejects_invalid_params(
         sampler.generate(requests(tokenizer), params)
 
 
-def _prefill_widths(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record the number of new tokens each prefill of `sampler` feeds per row."""
-    widths: list[int] = []
-    forward = sampler._forward
-
-    def spy(input_ids: torch.Tensor, *args: object, **kwargs: int) -> torch.Tensor:
-        if "logits_to_keep" in kwargs:
-            widths.append(input_ids.shape[1])
-        return forward(input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(sampler, "_forward", spy)
-    return widths
-
-
-def _next_turn(
-    tokenizer: PreTrainedTokenizerBase, rollouts: list[Rollout], reply: str
-) -> list[GenerationRequest]:
-    """Each rollout's whole sequence plus an observation, as the multi-turn loop sends it."""
-    obs = tokenizer(reply)["input_ids"]
-    return [GenerationRequest(r.sample_id, r.group_id, r.token_ids + obs) for r in rollouts]
-
-
 @pytest.mark.parametrize("max_batch_size", [256, 3])
 def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
     model: Qwen2ForCausalLM,
@@ -340,11 +296,11 @@ def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
 ) -> None:
     cached = HFSampler(model, tokenizer, max_batch_size=max_batch_size)
     fresh = HFSampler(model, tokenizer, max_batch_size=max_batch_size, prefix_cache=False)
-    widths = _prefill_widths(cached, monkeypatch)
+    widths = prefill_widths(cached, monkeypatch)
     first = cached.generate(requests(tokenizer), greedy(n=2))  # copies of a prompt share its prefill
     assert {r.finish_reason for r in first} == {"stop", "length"}  # both kinds of row end are stored
     # A prompt the cache has never seen rides in the same batch as the continuations.
-    second = [*_next_turn(tokenizer, first, " ok "), *requests(tokenizer, ["brand new"])]
+    second = [*next_turn(tokenizer, first, " ok "), *requests(tokenizer, ["brand new"])]
     widths.clear()
     params = greedy(max_new_tokens=8)
     reused, recomputed = cached.generate(second, params), fresh.generate(second, params)
@@ -370,7 +326,7 @@ def test_prefix_cache_is_dropped_when_weights_change_in_place_are_loaded_or_chan
 ) -> None:
     model = make_model(1, torch.float32)  # becomes float64 with the first change, where log-probs compare
     sampler = HFSampler(model, tokenizer)
-    widths = _prefill_widths(sampler, monkeypatch)
+    widths = prefill_widths(sampler, monkeypatch)
 
     def optimizer_step() -> None:  # a synchronous run's update: in place, no load_weights call
         with torch.no_grad():
@@ -379,7 +335,7 @@ def test_prefix_cache_is_dropped_when_weights_change_in_place_are_loaded_or_chan
     for change in (model.double, optimizer_step, lambda: sampler.load_weights({}, sampler.policy_version)):
         first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
         change()
-        second = _next_turn(tokenizer, first, " ok ")
+        second = next_turn(tokenizer, first, " ok ")
         widths.clear()
         after = sampler.generate(second, greedy(max_new_tokens=8))
         assert widths == [max(len(r.prompt_ids) for r in second)]  # everything prefilled again

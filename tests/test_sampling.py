@@ -25,10 +25,10 @@ from hone.rewards import RewardScorer
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Batch, Rollout, Sample, SamplingParams
-from tests.test_orchestration import (
+from tests.helpers import (
     RecordingTrainer,
-    _assert_same_weights,
-    _killed_and_resumed,
+    assert_same_weights,
+    killed_and_resumed,
     tiny_overrides,
 )
 
@@ -242,7 +242,7 @@ def test_a_run_with_refill_logs_its_rounds_and_async_equals_sync(
         assert [r["groups/resampled"] for r in _rows(tmp_path / "async")] == [
             r["groups/resampled"] for r in rows
         ]
-        _assert_same_weights(
+        assert_same_weights(
             sync / "checkpoints" / "step-3" / "model", tmp_path / "async" / "checkpoints" / "step-3" / "model"
         )
 
@@ -258,7 +258,7 @@ def test_async_refill_with_staleness_fills_every_step(tmp_path: Path, micro_mode
 def test_resume_with_refill_is_exact(tmp_path: Path, micro_model_dir: Path) -> None:
     """A run killed between checkpoints and resumed refills its steps again with the same prompts and
     seeds: it ends on the same weights as one never stopped."""
-    straight, killed = _killed_and_resumed(
+    straight, killed = killed_and_resumed(
         tmp_path,
         micro_model_dir,
         **{
@@ -267,7 +267,7 @@ def test_resume_with_refill_is_exact(tmp_path: Path, micro_model_dir: Path) -> N
             "algorithm.mask_truncated": "true",
         },
     )
-    _assert_same_weights(straight, killed)
+    assert_same_weights(straight, killed)
     resampled = [r["groups/resampled"] for r in _rows(tmp_path / "killed")]
     assert resampled == [r["groups/resampled"] for r in _rows(tmp_path / "straight")] and sum(resampled) > 0
 
@@ -338,7 +338,7 @@ def test_replay_off_and_replay_that_never_stores_train_alike(tmp_path: Path, mic
     train(
         load_config(None, tiny_overrides(tmp_path, micro_model_dir, "replay-never", **(REPLAY_RUN | never)))
     )
-    _assert_same_weights(
+    assert_same_weights(
         *(tmp_path / r / "checkpoints" / "step-4" / "model" for r in ("replay-off", "replay-never"))
     )
     assert all(r["replay/frac"] == 0 for r in _rows(tmp_path / "replay-never"))
@@ -350,7 +350,7 @@ def test_resume_with_replay_is_exact(tmp_path: Path, micro_model_dir: Path) -> N
     same successes and ends on the same weights. (Async mode with η > 0 is not bit-exact on resume
     anyway: which version samples a step depends on timing; the state's ahead-of-the-learner case is
     the unit test above.)"""
-    straight, killed = _killed_and_resumed(
+    straight, killed = killed_and_resumed(
         tmp_path,
         micro_model_dir,
         **{
@@ -360,7 +360,7 @@ def test_resume_with_replay_is_exact(tmp_path: Path, micro_model_dir: Path) -> N
             "data.train_size": 8,
         },
     )
-    _assert_same_weights(straight, killed)
+    assert_same_weights(straight, killed)
     frac = [r["replay/frac"] for r in _rows(tmp_path / "killed")]
     assert frac == [r["replay/frac"] for r in _rows(tmp_path / "straight")] and sum(frac[4:]) > 0
 

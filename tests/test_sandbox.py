@@ -11,6 +11,7 @@ alone; README "Reward sandbox" states that limit of `process` mode.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import signal
@@ -29,6 +30,7 @@ import pytest
 from hone.verifiers import sandbox
 from hone.verifiers.sandbox import SandboxOptions, run_python
 from tests.conftest import needs_sandbox, sandbox_unavailable
+from tests.helpers import wait_for
 
 MARGIN_S = 3.0  # interpreter start + kill + cleanup, generous for a loaded 2-core CI machine
 MODES = [
@@ -45,6 +47,7 @@ MODES = [
 ]
 BWRAP = [MODES[0]]
 PROCESS = [MODES[1]]
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
 def run(code: str, mode: str, timeout_s: float = 5, **kw: object) -> sandbox.SandboxResult:
@@ -55,8 +58,10 @@ def run(code: str, mode: str, timeout_s: float = 5, **kw: object) -> sandbox.San
 
 
 @pytest.fixture
-def leased_uids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The uids this test's calls ran programs as (root only)."""
+def leased_uids(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The uids this test's calls ran programs as (root only). Not root, this process is meanwhile a child
+    subreaper: whatever the calls' programs leave behind is re-parented to it, so `stray_processes` can
+    count its own descendants rather than every sandboxed program on the machine."""
     leased: list[int] = []
     real_lease = sandbox._uid_lease
 
@@ -68,7 +73,34 @@ def leased_uids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             yield uid
 
     monkeypatch.setattr(sandbox, "_uid_lease", recording_lease)
-    return leased
+    if os.geteuid() == 0:
+        yield leased
+        return
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield leased
+    finally:
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def descendants(root: int) -> set[int]:
+    """The pids of `root`'s live descendants (its children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def idle_uids(uids: list[int], held: contextlib.ExitStack) -> set[int]:
@@ -87,8 +119,10 @@ def idle_uids(uids: list[int], held: contextlib.ExitStack) -> set[int]:
 
 def stray_processes(uids: list[int]) -> list[str]:
     """Live processes left by this test's calls: as root, those of the uids they ran programs as;
-    otherwise, any running the sandbox's boot code on the machine."""
+    otherwise, those of this process's descendants running the sandbox's boot code (see `leased_uids`:
+    another pytest-xdist worker's programs are not ours)."""
     found = []
+    ours = descendants(os.getpid()) if not uids else set()
     with contextlib.ExitStack() as held:
         idle = idle_uids(uids, held)
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -100,16 +134,14 @@ def stray_processes(uids: list[int]) -> list[str]:
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             uid = int(fields["Uid"].split()[0])
             zombie = fields["State"].strip().startswith("Z")
-            if not zombie and (uid in idle if uids else b"solution.py" in cmdline):
+            if not zombie and (uid in idle if uids else int(pid) in ours and b"solution.py" in cmdline):
                 found.append(f"{pid} uid={uid} {cmdline[:80]!r}")
     return found
 
 
 def assert_no_strays(uids: list[int]) -> None:
-    deadline = time.monotonic() + 2.0  # SIGKILLed processes take a moment to leave /proc
-    while (left := stray_processes(uids)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert left == []
+    wait_for(lambda: not stray_processes(uids), 2.0)  # SIGKILLed processes take a moment to leave /proc
+    assert stray_processes(uids) == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -476,16 +508,13 @@ def test_sandboxed_programs_and_their_descendants_die_with_a_killed_trainer(mode
     script = TRAINER.format(path=sandbox.__file__, program=program, mode=mode)
     trainer = subprocess.Popen([sys.executable, "-c", script])
     try:
-        deadline = time.monotonic() + 30
-        while len(live_with(marker)) < 3 and time.monotonic() < deadline and trainer.poll() is None:
-            time.sleep(0.05)
+        wait_for(lambda: len(live_with(marker)) >= 3 or trainer.poll() is not None, 30)
         assert len(live_with(marker)) == 3
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
-    deadline = time.monotonic() + 3.0
-    while (left := live_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not live_with(marker), 3.0)
+    left = live_with(marker)
     for pid in left:  # don't leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert left == []
@@ -569,9 +598,7 @@ def test_a_call_never_kills_the_program_of_another_trainer_process(mode: str) ->
     script = TRAINER.format(path=sandbox.__file__, program=program, mode=mode)
     other = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not live_with(marker) and time.monotonic() < deadline and other.poll() is None:
-            time.sleep(0.05)
+        wait_for(lambda: live_with(marker) or other.poll() is not None, 30)
         limits = SandboxOptions(python=sandbox._interpreter(None, mode))
         ours = sandbox._run("print('ours')", "", limits, mode, 0)  # the other's first call has slot 0 too
         theirs = other.communicate(timeout=30)[0]

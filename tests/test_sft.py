@@ -22,7 +22,7 @@ from hone.training.policy import Policy
 from hone.training.sft import _batch_losses, _response_tokens, collate_sft, encode_pair, run_sft, sft_loss
 from hone.types import Sample
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
-from tests.test_orchestration import tiny_overrides
+from tests.helpers import tiny_overrides
 
 PAIRS = [(f"{c}=", LETTERS[(i + 1) % 26] * 2) for i, c in enumerate(LETTERS[:8])]  # "a=" -> "bb"
 

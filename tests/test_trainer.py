@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from hone.config import AlgorithmConfig, KLConfig, TrainerConfig
-from hone.orchestration.collate import collate
 from hone.training.policy import LoraSettings, Policy
 from hone.training.trainer import (
     NonFiniteGradientError,
@@ -21,24 +20,8 @@ from hone.training.trainer import (
     decay_factor,
     micro_batch_rows,
 )
-from hone.types import Batch, Rollout
 from tests.conftest import tiny_qwen2
-
-
-def make_batch(policy: Policy) -> Batch:
-    g = torch.Generator().manual_seed(0)
-    rollouts = []
-    for i in range(6):
-        prompt = torch.randint(2, 60, (3 + i % 2,), generator=g).tolist()
-        response = torch.randint(2, 60, (1 + (5 * i) % 7,), generator=g).tolist()  # uneven lengths
-        rollouts.append(
-            Rollout("s", i // 3, prompt + response, len(prompt), [1] * len(response), [0.0] * len(response))
-        )
-    batch = collate(rollouts, pad_id=0)
-    with torch.no_grad():
-        batch.old_log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
-    batch.advantages = torch.linspace(-1, 1, 6).unsqueeze(-1) * batch.response_mask
-    return batch
+from tests.helpers import make_batch
 
 
 def trained_weights(model_dir: Path, micro: int, agg: str, mini_batches: int = 1) -> dict[str, torch.Tensor]:
@@ -261,10 +244,10 @@ def test_recomputed_old_log_probs_use_the_updates_autocast(tmp_path: Path, micro
     sampler's log-probs differ from it by bf16 rounding (the mismatch metric sees it)."""
     import json
 
-    from tests.test_async import _run
+    from tests.helpers import train_tiny
 
     settings = {"trainer.autocast": "bfloat16", "algorithm.old_log_probs": "recompute"}
-    run = _run(tmp_path, micro_model_dir, "autocast", **settings)
+    run = train_tiny(tmp_path, micro_model_dir, "autocast", **settings)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
     assert len(rows) == 3
     assert all(r["approx_kl"] == 0.0 and r["mismatch/logprob_abs"] > 0 for r in rows)

@@ -13,7 +13,7 @@ from hone.config import AlgorithmConfig, OffPolicyConfig, TrainerConfig
 from hone.training.policy import Policy
 from hone.training.trainer import MicroBatch, RLTrainer
 from hone.types import Batch
-from tests.test_trainer import make_batch
+from tests.helpers import make_batch
 
 
 def _trainer(policy: Policy, off_policy: OffPolicyConfig, **algo: object) -> RLTrainer:

@@ -20,7 +20,7 @@ from hone.rewards import RewardScorer
 from hone.rewards.env import env_reward
 from hone.rollout.multiturn import EpisodeLimits, run_episodes
 from hone.types import Sample, SamplingParams
-from tests.test_multiturn import Scripted
+from tests.helpers import Scripted
 
 SINGLE = "verifiers:tests.vf_envs_for_tests"
 GUESS = "verifiers:hone.envs.vf_guess_number"
@@ -193,7 +193,7 @@ def test_agent_guess_verifiers_trains_a_few_steps_with_sft_from_the_ports_demons
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
     from hone.orchestration.loop import train
-    from tests.test_orchestration import tiny_overrides
+    from tests.helpers import tiny_overrides
 
     overrides = tiny_overrides(
         tmp_path,

@@ -34,8 +34,7 @@ from hone.rollout.base import GenerationRequest
 from hone.rollout.vllm import VLLMSampler
 from hone.training.policy import Policy
 from hone.types import Rollout, SamplingParams
-from tests.test_orchestration import tiny_overrides
-from tests.test_sampler import full_forward_logprobs
+from tests.helpers import full_forward_logprobs, tiny_overrides
 
 PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 pytestmark = [

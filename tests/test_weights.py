@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
 from hone.config import load_config
@@ -22,16 +21,17 @@ from hone.orchestration.producer import ScoredGroups
 from hone.orchestration.weights import LocalWeightChannel, WeightPublishTimeout
 from hone.rollout import HFSampler
 from tests.conftest import char_tokenizer
-from tests.test_orchestration import tiny_overrides
-from tests.test_sampler import (
+from tests.helpers import (
     ATOL,
     CHARS,
-    _next_turn,
-    _prefill_widths,
+    final_weights,
     full_forward_logprobs,
     greedy,
     make_model,
+    next_turn,
+    prefill_widths,
     requests,
+    tiny_overrides,
 )
 
 
@@ -50,19 +50,19 @@ def test_a_publish_drops_the_prefix_cache_and_the_next_turn_uses_the_new_weights
     learner_model = make_model(1)
     sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
     channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler, timeout_s=60)
-    widths = _prefill_widths(sampler, monkeypatch)
+    widths = prefill_widths(sampler, monkeypatch)
 
     first = sampler.generate(requests(tokenizer), greedy(max_new_tokens=6))
     with torch.no_grad():
         next(learner_model.parameters()).mul_(1.5)  # an update the sampler is not told of: owned weights
     widths.clear()
-    second = sampler.generate(_next_turn(tokenizer, first, " ok "), greedy(max_new_tokens=8))
+    second = sampler.generate(next_turn(tokenizer, first, " ok "), greedy(max_new_tokens=8))
     assert max(widths) < min(len(r.token_ids) for r in first)  # same version: the cache is reused
     assert all(r.policy_version == 0 for r in second)
 
     channel.publish(1)
     assert channel.version == 1
-    third_requests = _next_turn(tokenizer, second, " ok ")
+    third_requests = next_turn(tokenizer, second, " ok ")
     widths.clear()
     third = sampler.generate(third_requests, greedy(max_new_tokens=8))
     assert widths == [max(len(r.prompt_ids) for r in third_requests)]  # everything prefilled again
@@ -137,14 +137,6 @@ def test_a_publish_inside_the_publishers_own_hold_waits_for_the_outermost_entry(
     assert sampler.policy_version == 2
 
 
-def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    (checkpoint,) = [p for p in (run_dir / "checkpoints").iterdir() if p.name == "step-3"]
-    out: dict[str, torch.Tensor] = {}
-    for file in sorted((checkpoint / "model").rglob("*.safetensors")):
-        out |= {f"{file.name}/{k}": v for k, v in load_file(str(file)).items()}
-    return out
-
-
 RUNS: dict[str, dict[str, object]] = {
     "single-turn, KL, two epochs on the sampler's log-probs": {
         "trainer.ppo_epochs": 2,
@@ -216,7 +208,7 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
         extra = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **RUNS[name]}
         recipe = "agent-guess" if "env.name" in extra else None
         train(load_config(recipe, tiny_overrides(tmp_path, micro_model_dir, run, **extra)))
-        finals[share] = _final_weights(tmp_path / run)
+        finals[share] = final_weights(tmp_path / run)
         if not share:
             assert published[-3:] == [1, 2, 3]
             assert trained_versions == [(0, {0}), (1, {1}), (2, {2})]
@@ -230,7 +222,7 @@ def test_a_bf16_sampler_copy_gets_each_publish_cast_and_trains(tmp_path: Path, m
     import json
 
     from hone.orchestration.components import build_components
-    from tests.test_async import TOKEN_REWARD, _run
+    from tests.helpers import TOKEN_REWARD, train_tiny
 
     cfg = load_config(
         None, tiny_overrides(tmp_path, micro_model_dir, "parts", **{"rollout.dtype": "bfloat16"})
@@ -244,6 +236,6 @@ def test_a_bf16_sampler_copy_gets_each_publish_cast_and_trains(tmp_path: Path, m
     parts.weights.publish(1)
     for name, p in parts.policy.model.named_parameters():
         assert torch.equal(sampler_params[name], p.detach().to(torch.bfloat16))
-    run = _run(tmp_path, micro_model_dir, "bf16", **{"rollout.dtype": "bfloat16", **TOKEN_REWARD})
+    run = train_tiny(tmp_path, micro_model_dir, "bf16", **{"rollout.dtype": "bfloat16", **TOKEN_REWARD})
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
     assert len(rows) == 3 and all(0 < r["mismatch/logprob_abs"] < 0.05 for r in rows)

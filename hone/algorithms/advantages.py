@@ -13,6 +13,7 @@ discounts nor resets the return. Rewards placed on masked positions are ignored.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -24,7 +25,16 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 register_advantage = ADVANTAGE_ESTIMATORS.register
 
 
-def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+class GroupStats(NamedTuple):
+    """Per-row statistics of each row's group, all [B]."""
+
+    sum: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor  # unbiased
+    size: torch.Tensor  # long
+
+
+def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> GroupStats:
     """Per-row (group sum, group mean, unbiased group std, group size) of `scores` [B].
 
     The std of a singleton group, and of a group whose scores are all equal, is exactly 0 (a float mean
@@ -41,7 +51,7 @@ def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Te
     highest = torch.zeros_like(counts_f).scatter_reduce(0, inverse, scores, "amax", include_self=False)
     lowest = torch.zeros_like(counts_f).scatter_reduce(0, inverse, scores, "amin", include_self=False)
     stds = torch.where(highest == lowest, torch.zeros_like(stds), stds)
-    return sums[inverse], means[inverse], stds[inverse], counts[inverse]
+    return GroupStats(sums[inverse], means[inverse], stds[inverse], counts[inverse])
 
 
 def _broadcast(per_seq: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -71,12 +81,12 @@ def grpo(
     """
     group_ids = _require_groups(group_ids, "grpo")
     scores = sequence_scores(token_rewards, response_mask)
-    _, mean, std, count = group_stats(scores, group_ids)
-    adv = scores - mean
+    stats = group_stats(scores, group_ids)
+    adv = scores - stats.mean
     if norm_by_std:
-        adv = adv / (std + eps)
+        adv = adv / (stats.std + eps)
     # Singleton groups, and equal-reward groups even with eps=0 (0/0), carry no signal.
-    adv = torch.where((count > 1) & (std > 0), adv, torch.zeros_like(adv))
+    adv = torch.where((stats.size > 1) & (stats.std > 0), adv, torch.zeros_like(adv))
     advantages = _broadcast(adv, response_mask)
     return advantages, advantages.clone()
 
@@ -113,9 +123,10 @@ def rloo(
     """
     group_ids = _require_groups(group_ids, "rloo")
     scores = sequence_scores(token_rewards, response_mask)
-    total, _, _, count = group_stats(scores, group_ids)
-    others = (count - 1).to(scores.dtype)
-    adv = torch.where(count > 1, scores - (total - scores) / others.clamp(min=1), torch.zeros_like(scores))
+    stats = group_stats(scores, group_ids)
+    others = (stats.size - 1).to(scores.dtype)
+    baseline = (stats.sum - scores) / others.clamp(min=1)
+    adv = torch.where(stats.size > 1, scores - baseline, torch.zeros_like(scores))
     advantages = _broadcast(adv, response_mask)
     return advantages, advantages.clone()
 
@@ -165,8 +176,7 @@ def reinforce_pp_baseline(
     """
     group_ids = _require_groups(group_ids, "reinforce_pp_baseline")
     scores = sequence_scores(token_rewards, response_mask)
-    _, mean, _, _ = group_stats(scores, group_ids)
-    centred = _broadcast(scores - mean, response_mask)
+    centred = _broadcast(scores - group_stats(scores, group_ids).mean, response_mask)
     return masked_whiten(centred, response_mask, eps), centred
 
 
@@ -253,13 +263,13 @@ def turn_grpo(
     for k in reversed(range(rewards.shape[1])):  # turns are contiguous from 0: padding turns stay 0
         running = rewards[:, k] + gamma * running
         returns_to_go[:, k] = running
-    _, mean, std, count = group_stats(returns_to_go[:, 0], group_ids)
-    per_turn = returns_to_go - mean.unsqueeze(-1)
+    stats = group_stats(returns_to_go[:, 0], group_ids)
+    per_turn = returns_to_go - stats.mean.unsqueeze(-1)
     if norm_by_std:
-        per_turn = per_turn / (std.unsqueeze(-1) + eps)
+        per_turn = per_turn / (stats.std.unsqueeze(-1) + eps)
     # GRPO's rule: a singleton group, or one whose trajectory returns are all equal, carries no signal.
     # Without it, gamma < 1 or per-turn rewards give later turns G_k != mean while std = 0: A ~ 1/eps.
-    signal = ((count > 1) & (std > 0)).unsqueeze(-1)
+    signal = ((stats.size > 1) & (stats.std > 0)).unsqueeze(-1)
     per_turn = torch.where(signal, per_turn, torch.zeros_like(per_turn)) * turn_mask
     index = token_turns.clamp(min=0)
     advantages = per_turn.gather(1, index) * (token_turns >= 0).to(per_turn.dtype) * response_mask

@@ -50,6 +50,7 @@ class ToolEnv(Environment):
         self.parser = get_parser(parser)
         self.max_calls_per_turn = max_calls_per_turn
 
+    # A read-only property where `Environment` declares a plain attribute: mypy calls that an override.
     @property
     def tools(self) -> list[dict] | None:  # type: ignore[override]
         return [t.schema for t in self._tools.values()] or None

@@ -201,8 +201,9 @@ def _check_power(base: int | float, exponent: int | float) -> None:
     if abs(exponent) > _MAX_EXPONENT:
         raise ToolError(f"exponent larger than {_MAX_EXPONENT}")
     # Bound the work before doing it: int ** int has at least (bits(base) - 1) * exponent bits.
-    exact = isinstance(base, int) and isinstance(exponent, int)
-    if exact and (abs(base).bit_length() - 1) * exponent > _MAX_INT_BITS:
+    if not (isinstance(base, int) and isinstance(exponent, int)):
+        return
+    if (abs(base).bit_length() - 1) * exponent > _MAX_INT_BITS:
         raise ToolError("result too large")
 
 

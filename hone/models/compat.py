@@ -12,7 +12,8 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     """The forward's keyword for a KV cache: transformers 5 renamed `past_key_values` to `cache`. An unknown
     name would be swallowed by **kwargs and silently disable the cache, so the signature is asked (of the
     model a PEFT wrapper wraps: its forward takes **kwargs and passes them on)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    inner = get_base_model() if callable(get_base_model) else model
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 

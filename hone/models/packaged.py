@@ -58,8 +58,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model still carries the quantizer that read it, and `save_pretrained` refuses quantized
-    # models; the weights are plain fp32 tensors by now.
-    model.hf_quantizer = None
+    # models; the weights are plain fp32 tensors by now. (`hf_quantizer` is set at load time, undeclared on
+    # the class, so mypy sees nn.Module's `__setattr__`, typed for tensors and modules.)
+    model.hf_quantizer = None  # type: ignore[assignment]
     del model.config.quantization_config
     tokenizer.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unbounded (1e30)
     model.save_pretrained(out_dir)

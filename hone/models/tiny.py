@@ -14,13 +14,13 @@ thing under that loader and under the generic one (used for `llama`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
-    PreTrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
-_CONFIGS: dict[str, type[PreTrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+_CONFIGS: dict[str, type[Qwen2Config] | type[LlamaConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 
 
 def _byte_symbols() -> list[str]:
@@ -91,14 +91,17 @@ def build_tiny_model(
     if arch not in _CONFIGS:
         raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {sorted(_CONFIGS)}")
     tokenizer = build_byte_tokenizer(max_position_embeddings)
+    # `head_dim` is a declared field of LlamaConfig only; Qwen2Config takes it through its **kwargs (its
+    # attention reads `config.head_dim` when set), which its typed dataclass signature does not show.
+    extra: dict[str, Any] = {"head_dim": head_dim}
     config = _CONFIGS[arch](
+        **extra,
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
-        head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,

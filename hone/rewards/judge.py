@@ -34,8 +34,9 @@ import urllib.request
 from collections.abc import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
+from hone.models.chat import chat_text
 from hone.rewards.base import Score
 from hone.rewards.model import (
     batches,
@@ -265,15 +266,16 @@ class LocalJudge(_Judge):
         templated = bool(self.tokenizer.chat_template)
         if templated:
             prompts = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                )
+                chat_text(self.tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
                 for p in prompts
             ]
         encoded = [self.tokenizer(p, add_special_tokens=not templated)["input_ids"] for p in prompts]
         input_ids, attention_mask = pad(encoded, self.tokenizer)  # left-padded: generation appends
-        device = next(self.model.parameters()).device
-        output = self.model.generate(
+        model = self.model
+        if not isinstance(model, GenerationMixin):
+            raise TypeError(f"judge model {type(model).__name__} cannot generate (not a causal LM)")
+        device = next(model.parameters()).device
+        output = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             do_sample=False,
@@ -357,7 +359,8 @@ def _local_judge(
     resolved = resolve_path(path, "judge model")
     tokenizer = load_tokenizer(resolved, padding_side="left")
     lm = AutoModelForCausalLM.from_pretrained(resolved, dtype=resolve_dtype(dtype))
-    lm.to(resolve_device(device)).eval()
+    # transformers types `PreTrainedModel.to` as a bare functools.wraps wrapper (device reads as self).
+    lm.to(resolve_device(device)).eval()  # type: ignore[arg-type]
     return LocalJudge(
         rubric, max_score, model=lm, tokenizer=tokenizer, max_tokens=max_tokens, batch_size=batch_size
     )

@@ -32,6 +32,7 @@ from transformers import (
 )
 
 from hone.models import resolve_model
+from hone.models.chat import chat_text
 from hone.rewards.registry import register_reward
 from hone.types import Rollout, Sample
 
@@ -98,7 +99,7 @@ def scored_text(tokenizer: PreTrainedTokenizerBase, sample: Sample, response: st
     already has its special tokens). Reward-model training encodes its pairs with this too."""
     if sample.messages is not None and tokenizer.chat_template:
         turn = {"role": "assistant", "content": response}
-        return tokenizer.apply_chat_template([*sample.messages, turn], tokenize=False), True
+        return chat_text(tokenizer, [*sample.messages, turn]), True
     prompt = sample.prompt if sample.prompt is not None else render_messages(sample.messages or [])
     return prompt + response, False
 

@@ -12,20 +12,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hone.models.compat import cache_kwarg, checkpointing, output_cache
+from hone.training.logprobs import token_scores
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 DType = Literal["float32", "bfloat16", "auto"]
 Device = Literal["cpu", "cuda", "auto"]
 
 ADAPTER_DIR = "adapter"
-# Positions per softmax when entropy is a metric: a [1024, V] float temporary instead of a [B, T, V] one.
-ENTROPY_CHUNK = 1024
 
 
 @dataclass
@@ -70,33 +72,13 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(module, name, 0.0)
 
 
-@torch.no_grad()
-def chunked_entropy(logits: torch.Tensor, lse: torch.Tensor, chunk: int = ENTROPY_CHUNK) -> torch.Tensor:
-    """Entropy `lse - sum(softmax(z) * z)` of `[B, T, V]` logits `z` with `lse = logsumexp(z)`, no graph.
-
-    About `chunk` positions at a time, through views of `logits` (a strided slice is never copied), so the
-    peak extra memory is one `[chunk, V]` float tensor rather than a second `[B, T, V]` one.
-    """
-    rows, cols = logits.shape[:2]
-    out = torch.empty_like(lse)
-    step_rows, step_cols = max(1, chunk // max(cols, 1)), max(1, min(cols, chunk))
-    for r in range(0, rows, step_rows):
-        for c in range(0, cols, step_cols):
-            z = logits[r : r + step_rows, c : c + step_cols].to(lse.dtype)
-            part_lse = lse[r : r + step_rows, c : c + step_cols]
-            # One [chunk, V] temporary: the probabilities, then (in place) their products with z.
-            weighted = (z - part_lse.unsqueeze(-1)).exp_().mul_(z)
-            out[r : r + step_rows, c : c + step_cols] = part_lse - weighted.sum(-1)
-    return out
-
-
 def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
     """sha256 of named tensors (names, dtypes, shapes and bytes, in name order): which weights a run used."""
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name].detach().reshape(-1).contiguous().cpu()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensors[name].shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy())  # the buffer itself, no copy
+        digest.update(tensor.view(torch.uint8).numpy().data)  # the buffer itself, no copy
     return digest.hexdigest()
 
 
@@ -106,35 +88,18 @@ def first_response_column(response_mask: torch.Tensor) -> int:
     return int(columns[0]) if columns.numel() else 0
 
 
-def _token_scores(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    mask: torch.Tensor,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of `targets` [B, T] under fp32 `logits` [B, T, V] / temperature (and entropies), zero where
-    `mask` is 0."""
-    if temperature != 1.0:  # in place when no graph needs the original: one [B, T, V] tensor less
-        logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
-    target_mask = mask.to(logits.dtype)
-    # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
-    lse = torch.logsumexp(logits, dim=-1)
-    lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
-    ent = None
-    if with_entropy and entropy_grad and torch.is_grad_enabled():
-        # An entropy bonus needs the graph, which keeps the [B, T, V] softmax whatever we do.
-        ent = (lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * target_mask
-    elif with_entropy:
-        ent = chunked_entropy(logits.detach(), lse.detach()) * target_mask
-    return lp, ent
+@runtime_checkable
+class _LoraDelta(Protocol):
+    """What peft's concrete LoRA layers (`lora.Linear`, `lora.Embedding`...) add to the `LoraLayer` mixin."""
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
 
 
 class Policy:
-    """An HF causal LM and its tokenizer, with the scoring, export and save operations training needs."""
+    """An HF causal LM (a peft model with LoRA) and its tokenizer, with the scoring, export and save
+    operations training needs. The tokenizer is required: rendering, sampling and saving all need it."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    def __init__(self, model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model = model
         self.tokenizer = tokenizer
 
@@ -150,7 +115,8 @@ class Policy:
     ) -> Policy:
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
-        model.to(_resolve_device(device))
+        # transformers types `PreTrainedModel.to` as a bare functools.wraps wrapper (device reads as self).
+        model.to(_resolve_device(device))  # type: ignore[arg-type]
         model.config.use_cache = False  # training never reuses a KV cache; it only costs memory
         if gradient_checkpointing:
             enable_checkpointing(model)
@@ -164,12 +130,27 @@ class Policy:
                 target_modules=lora.target_modules,
                 task_type="CAUSAL_LM",
             )
-            model = get_peft_model(model, config)
+            return cls(get_peft_model(model, config), AutoTokenizer.from_pretrained(str(path)))
         return cls(model, AutoTokenizer.from_pretrained(str(path)))
 
     @property
     def is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
+
+    def peft_model(self) -> PeftModel:
+        """The model as the peft wrapper it is when `is_lora`; a clear error on a plain model."""
+        from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel):
+            raise TypeError(f"this policy has no LoRA adapter (its model is a {type(self.model).__name__})")
+        return self.model
+
+    def base_model(self) -> PreTrainedModel:
+        """The HF model under the LoRA wrapper (the model itself without LoRA)."""
+        base = self.peft_model().get_base_model() if self.is_lora else self.model
+        if not isinstance(base, PreTrainedModel):
+            raise TypeError(f"the policy's base model is a {type(base).__name__}, not a transformers model")
+        return base
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """A detached copy of the LoRA adapter's tensors (peft's names, as `adapter_model.safetensors`)."""
@@ -181,8 +162,10 @@ class Policy:
         from peft import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(self.model, state)
-        if result.unexpected_keys:
-            raise ValueError(f"adapter in {origin} does not fit this policy: {result.unexpected_keys}")
+        # peft annotates the result as a bare `namedtuple`; it is torch's `_IncompatibleKeys`.
+        unexpected: list[str] = result.unexpected_keys  # type: ignore[attr-defined]
+        if unexpected:
+            raise ValueError(f"adapter in {origin} does not fit this policy: {unexpected}")
 
     @property
     def device(self) -> torch.device:
@@ -266,7 +249,7 @@ class Policy:
             use_cache=False,
             logits_to_keep=keep - first,
         ).logits[:, :-1]
-        lp, ent = _token_scores(
+        lp, ent = token_scores(
             logits.float(), ids[:, first + 1 :], mask[:, first + 1 :], temperature, with_entropy, entropy_grad
         )
         pad = (first, full_len - keep)
@@ -340,7 +323,7 @@ class Policy:
             **{cache_kwarg(self.model): cache},
         ).logits[:, :-1]
         logits = torch.cat([first_logits.unsqueeze(1), rest.float()], dim=1)  # [B, answer, V]
-        lp, ent = _token_scores(logits, answer_ids, answer_mask, temperature, with_entropy, entropy_grad)
+        lp, ent = token_scores(logits, answer_ids, answer_mask, temperature, with_entropy, entropy_grad)
         # Back to `_score`'s layout: answer token j of row i is column lens[i] - 1 + j of [B, L-1].
         columns = torch.tensor(lens, device=device).unsqueeze(1) - 1 + torch.arange(answer, device=device)
         columns = columns.clamp(max=full_len - 2)  # padding past the row's end is masked to 0 anyway
@@ -361,11 +344,14 @@ class Policy:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         from peft.tuners.lora import LoraLayer
 
-        base = self.model.get_base_model()
+        base = self.base_model()
         merged: dict[str, torch.Tensor] = {}
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer):
-                weight = module.get_base_layer().weight.detach()
+                base_weight = module.get_base_layer().weight
+                if not isinstance(module, _LoraDelta) or not isinstance(base_weight, torch.Tensor):
+                    raise TypeError(f"cannot merge LoRA layer {name} ({type(module).__name__}): no delta")
+                weight = base_weight.detach()
                 for adapter in module.active_adapters:
                     weight = weight + module.get_delta_weight(adapter).detach().to(weight.dtype)
                 merged[f"{name}.weight"] = weight
@@ -386,20 +372,20 @@ class Policy:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self.is_lora:
-            self.model.get_base_model().save_pretrained(directory, state_dict=self.state_dict_for_sampler())
-            self.model.save_pretrained(directory / ADAPTER_DIR)
+            self.base_model().save_pretrained(directory, state_dict=self.state_dict_for_sampler())
+            self.peft_model().save_pretrained(str(directory / ADAPTER_DIR))
         else:
-            self.model.save_pretrained(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(directory)
+            self.base_model().save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
         return directory
 
     def load_weights(self, directory: str | Path) -> None:
         """Restore the trainable weights from a `save_pretrained` directory into this (same-shaped) policy."""
         directory = Path(directory)
         if self.is_lora:
-            state = load_file(directory / ADAPTER_DIR / "adapter_model.safetensors", device=str(self.device))
-            self.load_adapter_state(state, directory)
+            adapter_file = directory / ADAPTER_DIR / "adapter_model.safetensors"
+            adapter = load_file(adapter_file, device=str(self.device))
+            self.load_adapter_state(adapter, directory)
             return
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(directory.glob("*.safetensors")):
@@ -432,7 +418,7 @@ class AdapterReference(Policy):
     @contextmanager
     def _active(self) -> Iterator[None]:
         if self.adapter is None:
-            with self.model.disable_adapter():
+            with self.peft_model().disable_adapter():
                 yield
             return
         trained = self.adapter_state()

@@ -132,7 +132,7 @@ def extract_answer(response: str) -> str | None:
     found = [_clean(rule(response)) for rule in rules]
     candidates = [answer for answer in found if answer is not None]
     mathlike = [answer for answer in candidates if _MATHLIKE.search(answer)]
-    return (mathlike or candidates or [None])[0]
+    return next(iter(mathlike or candidates), None)
 
 
 def math_reward(response: str, answer: str, *, require_evaluated: bool = False) -> float:

@@ -638,9 +638,9 @@ def _remove_leftovers(uid: int) -> None:
                         os.unlink(entry.path)
 
 
-def _read(file: object, limit: int) -> tuple[str, bool]:
-    file.seek(0)  # type: ignore[attr-defined]
-    data = file.read(min(limit, _MAX_READ) + 1)  # type: ignore[attr-defined]
+def _read(file: IO[bytes], limit: int) -> tuple[str, bool]:
+    file.seek(0)
+    data = file.read(min(limit, _MAX_READ) + 1)
     return data[:limit].decode(errors="replace"), len(data) > limit
 
 
@@ -654,6 +654,9 @@ def _killed_reason(code: int | None, timed_out: bool, stderr: str) -> str | None
             return "cpu" if code != 137 else "signal 9"
         return None
     sig = -code
-    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "output/file size", signal.SIGKILL: "signal 9"}.get(
-        sig, f"signal {sig}"
-    )
+    names: dict[int, str] = {
+        signal.SIGXCPU: "cpu",
+        signal.SIGXFSZ: "output/file size",
+        signal.SIGKILL: "signal 9",
+    }
+    return names.get(sig, f"signal {sig}")

@@ -1,0 +1,307 @@
+"""Helpers shared by several test modules: run overrides and runners, weight comparisons, stand-in samplers
+and trainers, the HFSampler tests' tiny model. Fixtures live in conftest.py; a helper one module alone
+uses stays in that module. A flat module: add to it, one function (or constant, or small class) each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
+
+from hone.config import load_config
+from hone.orchestration.collate import collate
+from hone.orchestration.loop import train
+from hone.rollout import GenerationRequest, HFSampler
+from hone.training.policy import Policy
+from hone.types import Batch, Rollout, SamplingParams
+from tests.conftest import tiny_qwen2
+
+REPO = Path(__file__).parents[1]
+TOKEN_REWARD = {"reward.fn": "tests.rewards_for_tests:token_id_reward"}  # a gradient at every step
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll `condition` until it holds (True) or `timeout_s` passes (False): the one bounded wait for a
+    state another thread or process reaches (the caller asserts, with its own message)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
+def tiny_overrides(run_dir: Path, model_dir: Path, name: str, **extra: object) -> list[str]:
+    base = {
+        "run.dir": str(run_dir),
+        "run.name": name,
+        "run.threads": 1,
+        "run.time_limit_s": "null",
+        "model.path": str(model_dir),
+        "data.eval_size": 16,
+        "data.train_size": 64,
+        "data.prompts_per_step": 4,
+        "rollout.n": 4,
+        "rollout.max_new_tokens": 5,
+        "sft.enabled": "false",
+        "logging.progress": "false",
+        "trainer.lr": 1e-3,
+        "algorithm.skip_zero_variance_groups": "false",
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def tiny_run(root: Path, model_dir: Path, name: str = "r", **extra: object) -> list[str]:
+    """Overrides for a run of a few seconds: micro model, 2 prompts x 2 samples, no SFT, no TensorBoard."""
+    base = {
+        "run.dir": root,
+        "run.name": name,
+        "run.threads": 1,
+        "run.time_limit_s": "null",
+        "run.steps": 2,
+        "run.save_every": 1,
+        "run.eval_every": 0,
+        "model.path": model_dir,
+        "data.train_size": 16,
+        "data.eval_size": 4,
+        "data.prompts_per_step": 2,
+        "rollout.n": 2,
+        "rollout.max_new_tokens": 4,
+        "sft.enabled": "false",
+        "logging.progress": "false",
+        "logging.tensorboard": "false",
+    }
+    return [f"{k}={v}" for k, v in (base | extra).items()]
+
+
+def train_tiny(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
+    """A 3-step run in this process (`tiny_overrides`, a gradient at every step), saved at step 3; its
+    run directory (see `final_weights`)."""
+    settings = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **TOKEN_REWARD, **extra}
+    train(load_config(None, tiny_overrides(tmp_path, model_dir, name, **settings)))
+    return tmp_path / name
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a `train_tiny` run's step-3 checkpoint, keyed `file/name`."""
+    (checkpoint,) = [p for p in (run_dir / "checkpoints").iterdir() if p.name == "step-3"]
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted((checkpoint / "model").rglob("*.safetensors")):
+        out |= {f"{file.name}/{k}": v for k, v in load_file(str(file)).items()}
+    return out
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    """The steps of the complete rows of a metrics.jsonl that a running process may be writing: text after
+    the last newline is a row still being written (a reader can see part of a write), not a row yet."""
+    if not metrics.exists():
+        return []
+    text = metrics.read_text()
+    return [json.loads(line)["step"] for line in text[: text.rfind("\n") + 1].splitlines() if line]
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    """`hone train ARGS` in a child process (stdout dropped, stderr piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "hone.cli", "train", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def killed_and_resumed(tmp_path: Path, model_dir: Path, **extra: object) -> tuple[Path, Path]:
+    """Run `straight` for 8 steps, and `killed` SIGKILLed between its checkpoints 4 and 8, then resumed with
+    a plain `--resume`; return both final checkpoints' `model/` directories."""
+    common = {
+        "run.steps": 8,
+        "run.save_every": 4,
+        "run.eval_every": 0,
+        # A gradient at every step, and steps of >= 0.2 s, so the 10 ms poll below kills between
+        # checkpoints 4 and 8 even on a loaded machine (a PPO run under the full suite once ran past 8).
+        "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
+        **extra,
+    }
+    straight = run_cli(tiny_overrides(tmp_path, model_dir, "straight", **common), tmp_path)
+    _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err.decode()
+
+    killed = run_cli(tiny_overrides(tmp_path, model_dir, "killed", **common), tmp_path)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    # Kill as soon as step 5 is logged: after checkpoint 4, before 8.
+    wait_for(lambda: 5 in logged_steps(metrics) or killed.poll() is not None, 300, interval_s=0.01)
+    assert killed.poll() is None and 5 in logged_steps(metrics), "the run never logged step 5"
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
+    checkpoints = sorted(
+        p.name for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith("step-")
+    )
+    assert checkpoints == ["step-4"], "the kill did not land between the two checkpoints"
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hone.cli", "train", "--resume", str(tmp_path / "killed")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    assert logged_steps(metrics) == list(range(9))  # no duplicate or missing rows after resume
+    saved = [
+        tmp_path / "killed" / "checkpoints" / f"step-{s}" / "model" / "model.safetensors" for s in (4, 8)
+    ]
+    before, after = (load_file(str(file)) for file in saved)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # steps 5-8 trained something
+    final = [tmp_path / run / "checkpoints" / "step-8" / "model" for run in ("straight", "killed")]
+    return final[0], final[1]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """Each safetensors file under `a` (merged weights, a LoRA adapter) equals its twin under `b`, bitwise."""
+    files = sorted(p.relative_to(a) for p in a.rglob("*.safetensors"))
+    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*.safetensors"))
+    for file in files:
+        x, y = load_file(str(a / file)), load_file(str(b / file))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), file
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+class RecordingTrainer:
+    """Stands in for `RLTrainer`: keeps the batches it is handed and takes no time."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        self.batches.append(batch)
+        return {}
+
+
+def make_batch(policy: Policy) -> Batch:
+    """Six rollouts of uneven lengths in two groups, with `policy`'s old log-probs and fixed advantages."""
+    g = torch.Generator().manual_seed(0)
+    rollouts = []
+    for i in range(6):
+        prompt = torch.randint(2, 60, (3 + i % 2,), generator=g).tolist()
+        response = torch.randint(2, 60, (1 + (5 * i) % 7,), generator=g).tolist()  # uneven lengths
+        rollouts.append(
+            Rollout("s", i // 3, prompt + response, len(prompt), [1] * len(response), [0.0] * len(response))
+        )
+    batch = collate(rollouts, pad_id=0)
+    with torch.no_grad():
+        batch.old_log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
+    batch.advantages = torch.linspace(-1, 1, 6).unsqueeze(-1) * batch.response_mask
+    return batch
+
+
+class Scripted:
+    """A sampler that answers turn k of every episode with `replies[k]` and `end` (default: the eos)."""
+
+    policy_version = 0
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        replies: list[str],
+        end: int | None = None,
+        eos_ids: frozenset[int] | None = None,
+    ) -> None:
+        self.tokenizer, self.replies, self.calls = tokenizer, replies, 0
+        self.end = tokenizer.eos_token_id if end is None else end
+        self.eos_token_ids = frozenset([tokenizer.eos_token_id]) if eos_ids is None else eos_ids
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
+        text, self.calls = self.replies[self.calls], self.calls + 1
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.end]
+        return [
+            Rollout(
+                r.sample_id,
+                r.group_id,
+                r.prompt_ids + ids,
+                len(r.prompt_ids),
+                [1] * len(ids),
+                [0.0] * len(ids),
+                text,
+            )
+            for r in requests
+        ]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        raise NotImplementedError
+
+
+# The HFSampler tests' tiny model and prompts (test_sampler.py, test_weights.py, test_vllm.py).
+CHARS = "abcdefghijklmnopqrstuvwxyz .!?"
+PAD, EOS = 0, 1
+PROMPTS = ["ab", "hello world", "x", "the quick brown", "zz top"]
+# Log-prob agreement between two ways of computing the same thing (cached decode vs one full forward, a
+# reused prefix vs a fresh prefill), compared in float64: the paths differ only in summation order, ~1e-16
+# relative per operation, so ~1e-14 at most after two layers over logits of magnitude ~10 (measured: under
+# 1e-15), while a real bug (a wrong position, an attended pad, a stale KV cache) moves log-probs by >= 1e-3.
+# In fp32 the same reordering gives ~1e-5 here, more or less with another CPU's kernels: not portable.
+ATOL = 1e-10
+
+
+def make_model(seed: int, dtype: torch.dtype = torch.float64) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    # A large init range: with the default one a tied tiny model just repeats its last input token, which
+    # would hide position and padding bugs.
+    return tiny_qwen2(initializer_range=0.3, pad_token_id=PAD, eos_token_id=EOS).to(dtype)
+
+
+def requests(tokenizer: PreTrainedTokenizerBase, prompts: list[str] = PROMPTS) -> list[GenerationRequest]:
+    return [GenerationRequest(f"s{i}", 10 + i, tokenizer(p)["input_ids"]) for i, p in enumerate(prompts)]
+
+
+def greedy(max_new_tokens: int = 12, **kwargs: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, **kwargs)
+
+
+def full_forward_logprobs(model: Qwen2ForCausalLM, rollout: Rollout, temperature: float) -> torch.Tensor:
+    """What the trainer computes: one unpadded forward over prompt + response."""
+    with torch.no_grad():
+        logits = model(torch.tensor([rollout.token_ids])).logits[0, rollout.prompt_len - 1 : -1]
+    if temperature > 0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, -1)
+    return logprobs.gather(-1, torch.tensor(rollout.response_ids)[:, None]).squeeze(-1)
+
+
+def prefill_widths(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the number of new tokens each prefill of `sampler` feeds per row."""
+    widths: list[int] = []
+    forward = sampler._forward
+
+    def spy(input_ids: torch.Tensor, *args: object, **kwargs: int) -> torch.Tensor:
+        if "logits_to_keep" in kwargs:
+            widths.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(sampler, "_forward", spy)
+    return widths
+
+
+def next_turn(
+    tokenizer: PreTrainedTokenizerBase, rollouts: list[Rollout], reply: str
+) -> list[GenerationRequest]:
+    """Each rollout's whole sequence plus an observation, as the multi-turn loop sends it."""
+    obs = tokenizer(reply)["input_ids"]
+    return [GenerationRequest(r.sample_id, r.group_id, r.token_ids + obs) for r in rollouts]
