@@ -25,13 +25,14 @@ from hone.algorithms import (
 )
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
+from hone.errors import HoneError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
 _EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
-class ConfigError(ValueError):
+class ConfigError(HoneError, ValueError):
     """A recipe or override that cannot be used; the message is one line naming the key."""
 
 

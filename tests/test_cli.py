@@ -193,7 +193,11 @@ def test_config_error_exits_before_transformers_or_the_loop_is_imported() -> Non
 @pytest.mark.parametrize(
     ("key", "spec", "message"),
     [
-        ("reward.fn", "h7_broken_user_module:score", "cannot be imported: SyntaxError: "),
+        (
+            "reward.fn",
+            "h7_broken_user_module:score",
+            "cannot import 'score' from 'h7_broken_user_module': SyntaxError",
+        ),
         (
             "env.name",
             "h7_broken_user_module:Env",

@@ -100,7 +100,7 @@ def test_dotted_paths_are_reward_functions_or_factories_with_args() -> None:
         (["reward.fn=maths"], "unknown reward; built-in: code, env, format"),
         (["reward.fn=format", "reward.args={patern: x}"], "bad args"),
         (["reward.fn=format", "reward.args={pattern: '('}"], "pattern"),
-        (["reward.fn=no.such.module:fn"], "cannot be imported"),
+        (["reward.fn=no.such.module:fn"], "cannot import 'fn' from 'no.such.module'"),
     ],
 )
 def test_bad_reward_names_and_args_fail_with_one_line(overrides: list[str], message: str) -> None:

@@ -7,7 +7,6 @@ seconds with one clear line, before any model is loaded or trained.
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from hone.envs import make_env as _make_env
 from hone.envs.parsers import get_parser
 from hone.models import resolve_model
 from hone.orchestration.weights import LocalWeightChannel, WeightChannel
+from hone.plugins import load_object
 from hone.rewards import REWARDS, BatchRewardFn, RewardComponent, RewardScorer, task_reward
 from hone.rewards.registry import TEXT_REWARDS
 from hone.rollout import HFSampler, Sampler, eos_token_ids
@@ -190,11 +190,7 @@ def _reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) ->
             raise ValueError(f"{where} takes no args")
         return task_reward(task)
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            obj = getattr(importlib.import_module(module_name), attr)
-        except Exception as e:  # a missing module, a typo, or the module failing as it is imported
-            raise ValueError(f"{where} cannot be imported: {type(e).__name__}: {e}") from None
+        obj = load_object(spec, what=where)
         if not callable(obj):
             raise ValueError(f"{where} is not callable")
         factory = obj if args else None  # with args the object is a factory, as built-in rewards are

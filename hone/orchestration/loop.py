@@ -27,6 +27,7 @@ import torch
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum, build_curriculum
 from hone.envs import release_envs
+from hone.errors import HoneError
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
 from hone.orchestration.components import (
     RunComponents,
@@ -54,7 +55,7 @@ from hone.types import SamplingParams
 log = logging.getLogger("hone")
 
 
-class SetupError(RuntimeError):
+class SetupError(HoneError, RuntimeError):
     """Bad input found while building a run (before any training): one line, naming the thing."""
 
 

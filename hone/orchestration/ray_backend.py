@@ -52,6 +52,7 @@ import torch
 
 from hone.config import HoneConfig
 from hone.envs import make_env as _make_env
+from hone.errors import HoneError
 from hone.orchestration.components import (
     RunComponents,
     build_components,
@@ -72,7 +73,7 @@ _TAKE_TIMEOUT_S = 3600.0
 _KILL_TIMEOUT_S = 60.0
 
 
-class RayClusterError(RuntimeError):
+class RayClusterError(HoneError, RuntimeError):
     """The cluster could not host the actors the recipe asks for, or the learner died; one line."""
 
 

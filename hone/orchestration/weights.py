@@ -23,10 +23,11 @@ from typing import Protocol
 
 import torch
 
+from hone.errors import HoneError
 from hone.rollout import Sampler
 
 
-class WeightPublishTimeout(RuntimeError):
+class WeightPublishTimeout(HoneError, RuntimeError):
     """A published version did not reach the sampler within its timeout; the message is one line."""
 
 

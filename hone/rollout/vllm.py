@@ -41,6 +41,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
+from hone.errors import HoneError
 from hone.rollout.base import GenerationRequest
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams
@@ -52,7 +53,7 @@ DEFAULT_PYTHON = ".venv-vllm/bin/python"
 _PR_SET_PDEATHSIG = 1
 
 
-class VLLMEngineError(RuntimeError):
+class VLLMEngineError(HoneError, RuntimeError):
     """The engine failed to start, answer in time, or do what it was asked; the message is one line."""
 
 
