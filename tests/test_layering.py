@@ -42,6 +42,10 @@ KNOWN_EXCEPTIONS = {
     # A recipe is validated as it loads, with one error naming the key.
     ("config", "algorithms"): "advantage, policy-loss and KL names are checked against the registries",
     ("config", "rewards"): "reward.correctness_component applies the scorer's own rule",
+    (
+        "config",
+        "rollout",
+    ): "rollout.engine is checked against the engine registry (names only, no engine loads)",
 }
 
 
