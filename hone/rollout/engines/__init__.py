@@ -20,7 +20,7 @@ ENGINES: dict[str, str] = {
 def check_engine(name: str) -> str:
     """`name` if an engine is registered by it; a one-line `ValueError` naming the known ones otherwise."""
     if name not in ENGINES:
-        raise ValueError(f"unknown rollout.engine {name!r}; known engines: {', '.join(sorted(ENGINES))}")
+        raise ValueError(f"unknown engine {name!r}; registered: {', '.join(sorted(ENGINES))}")
     return name
 
 
