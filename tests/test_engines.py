@@ -40,7 +40,9 @@ def test_a_registered_engine_builds_the_runs_sampler_and_takes_its_publishes(
     try:
         sampler = parts.sampler
         assert isinstance(sampler, SGLangSampler) and isinstance(sampler, Sampler)
-        request = GenerationRequest("s0", 0, parts.policy.tokenizer("1+2=")["input_ids"])
+        tokenizer = parts.policy.tokenizer
+        assert tokenizer is not None
+        request = GenerationRequest("s0", 0, tokenizer("1+2=")["input_ids"])
         rollouts = sampler.generate([request], SamplingParams(n=2, max_new_tokens=4, seed=0))
         assert [r.policy_version for r in rollouts] == [0, 0] and all(r.token_ids for r in rollouts)
         parts.weights.publish(1)  # the engine's own weight source: the whole state dict, LoRA merged

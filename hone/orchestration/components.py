@@ -61,6 +61,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     policy = load_policy(cfg.model, model_path)
     check_tokenizer(policy, model_path)
     tokenizer = policy.tokenizer
+    assert tokenizer is not None  # check_tokenizer refuses a model without one
     pad_id = pad_token_id(tokenizer)
     sampler = build_sampler(cfg, policy, model_path)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from hone.models import resolve_model
 from hone.models.tokens import pad_token_id
 from hone.training.critic import ValueModel
-from hone.training.policy import ADAPTER_DIR, AdapterReference, LoraSettings, Policy, weights_digest
+from hone.training.policy import ADAPTER_DIR, AdapterReference, DType, LoraSettings, Policy, weights_digest
 
 if TYPE_CHECKING:
     from hone.config import CriticConfig, ModelConfig
@@ -50,8 +50,9 @@ def load_reference(
         if warm_started:
             adapter_file = Path(start_dir) / ADAPTER_DIR / "adapter_model.safetensors"
             adapter = load_file(adapter_file, device=str(policy.device))
-        ref: Policy = AdapterReference(policy, adapter)
-        tensors = ref.weights()
+        adapter_ref = AdapterReference(policy, adapter)
+        ref: Policy = adapter_ref
+        tensors = adapter_ref.weights()
     else:
         ref = load_policy(model, start_dir)
         ref.model.eval().requires_grad_(False)
@@ -59,7 +60,7 @@ def load_reference(
     return ref, {"path": str(start_dir), "sha256": weights_digest(tensors)}
 
 
-def load_critic(critic: CriticConfig, policy: Policy, start_dir: str, *, dtype: str) -> ValueModel:
+def load_critic(critic: CriticConfig, policy: Policy, start_dir: str, *, dtype: DType) -> ValueModel:
     """PPO's value model: the trunk of `critic.path` (a saved critic keeps its head), or by default of the
     policy where RL starts (`start_dir`: the SFT result after a warm start), with a new value head. A LoRA
     policy's start directory holds merged weights, so the critic is always a full model. `dtype` is
@@ -73,6 +74,8 @@ def check_tokenizer(policy: Policy, model_path: str) -> None:
     tokenizer files as an empty tokenizer (text encodes to no tokens), which would only fail at the
     first generate call, after the model loaded and an eval ran."""
     tokenizer = policy.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"model {model_path}: no tokenizer loaded with the model")
     if not tokenizer("The answer is 42.", add_special_tokens=False)["input_ids"]:
         local = Path(model_path)
         found = [f for f in TOKENIZER_FILES if (local / f).is_file()] if local.is_dir() else []
