@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from vs_trl import WORKLOADS, model_path
 
 from hone.rollout.base import GenerationRequest
-from hone.rollout.hf import HFSampler
+from hone.rollout.engines.hf import HFSampler
 from hone.types import SamplingParams
 
 ROWS_PER_PROMPT, PROMPTS, NEW = 8, 16, 128

@@ -1,6 +1,6 @@
 """Throughput of HFSampler vs `model.generate` on a ~1M-parameter model on CPU.
 
-Why: the hand-written decode loop in hone/rollout/hf.py is only worth keeping if it is at least as fast as
+Why: the hand-written decode loop in hone/rollout/engines/hf.py is worth keeping if it is at least as fast as
 transformers' own; it wins when responses end early (finished rows are dropped from the batch and the KV
 cache, while `generate` keeps decoding them) and when a prompt is sampled n times, as GRPO does (each
 prompt is prefilled once and its cache copied; `generate(num_return_sequences=n)` prefills n copies).
@@ -12,7 +12,7 @@ the last turn's whole sequences plus an observation. The peer is the same sample
 off, which re-encodes every context each turn as `generate` would.
 
 The third part (`--vllm`, needs `make setup-smollm2 setup-vllm`) is the vLLM engine (`rollout.engine:
-vllm`, hone/rollout/vllm.py) against `HFSampler` on SmolLM2-135M-Instruct, fp32: a GRPO-shaped batch
+vllm`, hone/rollout/engines/vllm.py) against `HFSampler` on SmolLM2-135M-Instruct, fp32: a GRPO-shaped batch
 (8 word problems x 8 samples x 64 new tokens, temperature 1) and multi-turn traffic (8 prompts x 4
 samples, 4 turns of 16 tokens, a 20-token observation between turns), each engine with its prefix cache;
 and the time of a weight sync (the full state dict written to /dev/shm and loaded into the running
@@ -140,7 +140,7 @@ def vllm_rows() -> None:
     from hone.data import get_task
     from hone.models import resolve_model
     from hone.rollout import eos_token_ids
-    from hone.rollout.vllm import VLLMSampler
+    from hone.rollout.engines.vllm import VLLMSampler
 
     path = resolve_model("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -267,11 +267,11 @@ def hone_config(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> l
 def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> list[dict[str, str]]:
     """The prompts Hone's run draws, in its order (its `PromptStream`), with their answers."""
     from hone.config import load_config
-    from hone.orchestration.components import load_data
+    from hone.data.splits import load_data
     from hone.orchestration.prompts import PromptStream
 
     cfg = load_config(None, hone_config(w, run_dir, dtype, device))
-    task, train, _ = load_data(cfg)
+    task, train, _ = load_data(cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed)
     stream = PromptStream(train, w.prompts_per_step, SEED)
     require = bool(task.reward_args.get("require_evaluated", False)) if task is not None else False
     return [

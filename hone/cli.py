@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES
 from hone.config import ConfigError, HoneConfig, list_recipes, load_config
+from hone.errors import HoneError
 
 if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
@@ -256,26 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from hone.orchestration.loop import RunInterrupted, SetupError
-    from hone.orchestration.ray_backend import RayClusterError
-    from hone.orchestration.rollouts import ProducerError
-    from hone.orchestration.weights import WeightPublishTimeout
-    from hone.rewards.scoring import RewardOutageError
-    from hone.training.trainer import NonFiniteGradientError
+    from hone.orchestration.loop import RunInterrupted
 
     handlers = {"train": _train, "sft": _sft, "eval": _eval, "pairs": _pairs, "dpo": _dpo, "rm": _rm}
     with _signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)
-        except (
-            ConfigError,
-            SetupError,
-            NonFiniteGradientError,
-            RewardOutageError,
-            WeightPublishTimeout,
-            RayClusterError,
-            ProducerError,
-        ) as e:
+        except HoneError as e:  # bad input or a run that cannot go on: one line, no traceback
             return _error(e)
         except (RunInterrupted, KeyboardInterrupt) as e:
             if os.environ.get("HONE_DEBUG"):

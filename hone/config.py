@@ -25,13 +25,15 @@ from hone.algorithms import (
 )
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
+from hone.errors import HoneError
+from hone.rollout.engines import check_engine
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
 _EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
-class ConfigError(ValueError):
+class ConfigError(HoneError, ValueError):
     """A recipe or override that cannot be used; the message is one line naming the key."""
 
 
@@ -145,8 +147,10 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "vllm"] = Field(
-        "hf", description="hf: transformers in this process; vllm: a vLLM engine in its own environment"
+    engine: str = Field(
+        "hf",
+        description="a registered engine (hone.rollout.engines.ENGINES): hf: transformers in this process; "
+        "vllm: a vLLM engine in its own environment",
     )
     n: int = Field(8, ge=1, description="samples per prompt (the group size)")
     temperature: float = Field(1.0, gt=0, description="> 0: the trainer scores logits / temperature")
@@ -190,6 +194,11 @@ class RolloutConfig(Section):
     agent_port: int = Field(
         0, ge=0, le=65535, description="the endpoint's port on 127.0.0.1; 0 = any free one"
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_registered(cls, v: str) -> str:
+        return check_engine(v)
 
     @model_validator(mode="after")
     def _dtype_for_hf(self) -> RolloutConfig:

@@ -20,12 +20,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from hone.config import load_config
+from hone.config import HoneConfig, load_config
+from hone.data import Task
+from hone.data.splits import load_data, validation_samples
 from hone.orchestration.collate import collate
 from hone.orchestration.loop import train
 from hone.rollout import GenerationRequest, HFSampler
 from hone.training.policy import Policy
-from hone.types import Batch, Rollout, SamplingParams
+from hone.types import Batch, Rollout, Sample, SamplingParams
 from tests.conftest import tiny_qwen2
 
 REPO = Path(__file__).parents[1]
@@ -305,3 +307,25 @@ def next_turn(
     """Each rollout's whole sequence plus an observation, as the multi-turn loop sends it."""
     obs = tokenizer(reply)["input_ids"]
     return [GenerationRequest(r.sample_id, r.group_id, r.token_ids + obs) for r in rollouts]
+
+
+def run_splits(
+    cfg: HoneConfig, make_env: Callable[[], Any] | None = None
+) -> tuple[Task | None, list[Sample], list[Sample]]:
+    """`load_data` with the values a run passes it from its config (as `build_components` does)."""
+    return load_data(
+        cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
+    )
+
+
+def run_validation(
+    cfg: HoneConfig,
+    task: Task | None,
+    make_env: Callable[[], Any] | None,
+    train: list[Sample],
+    eval_set: list[Sample],
+) -> list[Sample]:
+    """`validation_samples` with the values a run's SFT warm start passes it from its config."""
+    return validation_samples(
+        cfg.data, task, train, eval_set, val_size=cfg.sft.val_size, make_env=make_env, env_args=cfg.env.args
+    )

@@ -274,7 +274,11 @@ async def three_args(client: object, sample: Sample, extra: int) -> float:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("no_such_module:run", r"rollout.agent 'no_such_module:run': cannot import: ModuleNotFoundError"),
+        (
+            "no_such_module:run",
+            r"rollout.agent 'no_such_module:run': cannot import 'run' from 'no_such_module': "
+            "ModuleNotFoundError",
+        ),
         ("tests.test_agent_endpoint", r"expected 'pkg.module:function'"),
         ("tests.test_agent_endpoint:sync_agent", r"is not an async function; define it as `async def"),
         ("tests.test_agent_endpoint:three_args", r"must take two arguments .*: client, sample, extra$"),

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 from hone.cli import main
 from hone.config import load_config
 from hone.orchestration import learner
-from hone.orchestration.components import load_reference
 from hone.orchestration.loop import SetupError, train
 from hone.training.checkpoint import Checkpointer, damage
+from hone.training.models import load_reference
 from hone.training.policy import AdapterReference, LoraSettings, Policy, weights_digest
 from tests.conftest import char_tokenizer, tiny_qwen2
 
@@ -240,7 +240,7 @@ def test_a_resumed_run_refuses_a_different_kl_reference(tmp_path: Path, micro_mo
 def test_lora_reference_is_the_policy_itself_and_its_record_names_the_base(micro_model_dir: Path) -> None:
     cfg = load_config(None, ["model.lora.r=4", "model.lora.alpha=8", f"model.path={micro_model_dir}"])
     policy = Policy.from_pretrained(micro_model_dir, lora=LoraSettings(r=4, alpha=8))
-    ref, record = load_reference(cfg, policy, str(micro_model_dir), warm_started=False)
+    ref, record = load_reference(cfg.model, policy, str(micro_model_dir), warm_started=False)
     assert isinstance(ref, AdapterReference) and ref.model is policy.model and ref.adapter is None
     assert record == {"path": str(micro_model_dir), "sha256": weights_digest(ref.weights())}
     # The record is the base's content: training the adapter does not change it, a different base does.
@@ -248,7 +248,7 @@ def test_lora_reference_is_the_policy_itself_and_its_record_names_the_base(micro
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
                 param.add_(1.0)
-    assert load_reference(cfg, policy, str(micro_model_dir), warm_started=False)[1] == record
+    assert load_reference(cfg.model, policy, str(micro_model_dir), warm_started=False)[1] == record
 
 
 def test_lora_reference_after_a_warm_start_is_the_sft_adapter(tmp_path: Path, micro_model_dir: Path) -> None:
@@ -262,7 +262,7 @@ def test_lora_reference_after_a_warm_start_is_the_sft_adapter(tmp_path: Path, mi
     ids = torch.randint(3, 200, (2, 7))
     with torch.no_grad():
         at_sft, _ = policy.token_log_probs(ids, torch.ones_like(ids))
-        ref, record = load_reference(cfg, policy, str(sft_dir), warm_started=True)
+        ref, record = load_reference(cfg.model, policy, str(sft_dir), warm_started=True)
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
                 param.add_(0.5)  # RL moves the adapter on; the reference stays at the SFT adapter

@@ -169,7 +169,11 @@ def test_config_error_exits_before_transformers_or_the_loop_is_imported() -> Non
 @pytest.mark.parametrize(
     ("key", "spec", "message"),
     [
-        ("reward.fn", "h7_broken_user_module:score", "cannot be imported: SyntaxError: "),
+        (
+            "reward.fn",
+            "h7_broken_user_module:score",
+            "cannot import 'score' from 'h7_broken_user_module': SyntaxError",
+        ),
         (
             "env.name",
             "h7_broken_user_module:Env",
@@ -362,3 +366,44 @@ def test_http_clients_do_not_log_each_request_under_hones_prefix(monkeypatch: py
     assert main(["train", "run.no_such_key=1"]) != 0  # a config error: main returns after logging is set
     for name in ("httpx", "httpcore", "openai"):
         assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "base"),
+    [
+        ("hone.config", "ConfigError", ValueError),
+        ("hone.data", "HoneDataError", ValueError),
+        ("hone.plugins", "PluginError", ValueError),
+        ("hone.orchestration.loop", "SetupError", RuntimeError),
+        ("hone.orchestration.rollouts", "ProducerError", RuntimeError),
+        ("hone.orchestration.ray_backend", "RayClusterError", RuntimeError),
+        ("hone.orchestration.weights", "WeightPublishTimeout", RuntimeError),
+        ("hone.rewards.scoring", "RewardOutageError", RuntimeError),
+        ("hone.training.optim", "NonFiniteGradientError", RuntimeError),
+        ("hone.rollout.engines.vllm", "VLLMEngineError", RuntimeError),
+    ],
+)
+def test_every_one_line_error_is_a_hone_error_the_cli_catches(module: str, name: str, base: type) -> None:
+    """The CLI prints any `HoneError` as one line; each keeps the standard base callers catch it by."""
+    import importlib
+
+    from hone.errors import HoneError
+
+    error = getattr(importlib.import_module(module), name)
+    assert issubclass(error, HoneError) and issubclass(error, base)
+
+
+def test_a_hone_error_raised_in_a_run_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not only the errors the CLI once listed: any `HoneError` (here bad data found mid-run) is one line."""
+    from hone.data import HoneDataError
+
+    def bad_rows(*args: object, **kwargs: object) -> None:
+        raise HoneDataError("data.jsonl row 3: field 'prompt' is missing\n(a second line of detail)")
+
+    monkeypatch.setattr(loop, "train", bad_rows)
+    assert main(["train", f"run.dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (
+        "hone: error: data.jsonl row 3: field 'prompt' is missing; (a second line of detail)\n"
+    )

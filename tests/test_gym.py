@@ -14,9 +14,9 @@ import pytest
 from hone.config import ConfigError, load_config
 from hone.data import HoneDataError
 from hone.data.gym import ReasoningGymTask, extract_answer
-from hone.orchestration.components import load_data, load_reward
 from hone.orchestration.loop import SetupError, train
-from tests.helpers import tiny_overrides
+from hone.rewards.resolve import load_reward
+from tests.helpers import run_splits, tiny_overrides
 
 pytest.importorskip("reasoning_gym")
 
@@ -146,10 +146,10 @@ def test_the_config_wires_the_source_to_the_task_reward(micro_model_dir: Path, t
             **{"data.task": "null", "data.source": "reasoning_gym:chain_sum", "reward.fn": "task"},
         ),
     )
-    task, train_set, eval_set = load_data(cfg)
+    task, train_set, eval_set = run_splits(cfg)
     assert isinstance(task, ReasoningGymTask) and len(train_set) == 64 and len(eval_set) == 16
     assert not {s.prompt for s in train_set} & {s.prompt for s in eval_set}
-    scorer = load_reward(cfg, task)
+    scorer = load_reward(cfg.reward, task)
     assert scorer.components[0].correctness
     with pytest.raises(ConfigError, match=r"data\.args is the config of data\.source reasoning_gym"):
         load_config(None, ["data.args={min_terms: 2}"])  # on the default arithmetic task: refused

@@ -14,11 +14,11 @@ from hone.algorithms import POLICY_LOSSES, aggregate_loss
 from hone.config import load_config
 from hone.envs import Environment, StepResult, make_env
 from hone.orchestration.collate import collate, turn_tensors
-from hone.orchestration.components import all_assistant_text, load_reward
 from hone.orchestration.evaluate import evaluate
 from hone.rewards.env import env_reward
 from hone.rewards.math import math_verifier
-from hone.rollout import HFSampler
+from hone.rewards.resolve import all_assistant_text, load_reward
+from hone.rollout import GenerationRequest, HFSampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes, demonstration_tokens, run_episodes
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
@@ -309,14 +309,17 @@ def test_text_rewards_with_text_all_score_every_assistant_message(
     (rollout,) = run_episodes(sampler, policy.tokenizer, ToolSays, [sample], SamplingParams(n=1), limits)
     assert rollout.assistant_text("all") == "\n".join(replies)
     for args, expected in (("{}", final), ("{text: final}", final), ("{text: all}", all_)):
-        scorer = load_reward(load_config(None, ["reward.fn=math", f"reward.args={args}"]), None)
+        scorer = load_reward(load_config(None, ["reward.fn=math", f"reward.args={args}"]).reward, None)
         scorer.score([rollout], {"s": sample})
         assert rollout.reward == expected
     with pytest.raises(ValueError, match="text must be 'final'"):
-        load_reward(load_config(None, ["reward.fn=format", "reward.args={text: every}"]), None)
+        load_reward(load_config(None, ["reward.fn=format", "reward.args={text: every}"]).reward, None)
     with pytest.raises(ValueError, match="bad args"):  # a reward that reads no text takes no `text`
         load_reward(
-            load_config(None, ["reward.fn=overlong", "reward.args={max_len: 8, buffer: 2, text: all}"]), None
+            load_config(
+                None, ["reward.fn=overlong", "reward.args={max_len: 8, buffer: 2, text: all}"]
+            ).reward,
+            None,
         )
 
 
@@ -461,10 +464,10 @@ def test_an_agent_recipe_trains_end_to_end_with_sft_from_demonstrations(
 def test_the_environments_args_shape_the_runs_samples() -> None:
     from hone.config import load_config
     from hone.envs import make_env as build_env
-    from hone.orchestration.components import load_data
+    from tests.helpers import run_splits
 
     cfg = load_config("agent-retry", ["data.train_size=50", "data.eval_size=20"])
-    _, train, held_out = load_data(cfg, build_env(cfg.env.name, cfg.env.args))
+    _, train, held_out = run_splits(cfg, build_env(cfg.env.name, cfg.env.args))
     # agent-retry asks for zero-padded 2–3-digit additions: "045+367=" → "0412"
     assert all(len(s.prompt or "") == 8 and "+" in (s.prompt or "") for s in train + held_out)
     assert all(len(s.answer or "") == 4 for s in train + held_out)

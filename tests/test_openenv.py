@@ -201,7 +201,7 @@ def test_bad_args_and_an_unreachable_server_fail_at_set_up_in_one_line(url: str)
         "observation field 'score'": {"url": url, "info_fields": ["score"]},
         "must contain '\\{port\\}'": {"command": ["python", "-m", "my_env"]},
         "unknown environment 'no_such_game'": {"url": url, "samples": "no_such_game"},
-        "env.args.action: cannot import 'nowhere:fn'": {"url": url, "action": "nowhere:fn"},
+        "env.args.action: cannot import 'fn' from 'nowhere'": {"url": url, "action": "nowhere:fn"},
     }
     for message, args in cases.items():
         with pytest.raises(ValueError, match=message) as info:

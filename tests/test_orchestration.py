@@ -17,7 +17,7 @@ from hone.orchestration import evaluate as evaluate_module
 from hone.orchestration import loop
 from hone.orchestration import producer as producer_module
 from hone.orchestration.collate import collate
-from hone.orchestration.components import RunComponents, load_reward
+from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import SetupError, rl_step, train
 from hone.orchestration.producer import Producer, PromptBatch, drop_zero_variance_groups
@@ -25,6 +25,7 @@ from hone.orchestration.prompts import PromptStream
 from hone.orchestration.rollouts import SyncRollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
+from hone.rewards.resolve import load_reward
 from hone.rewards.scoring import RewardOutageError
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
@@ -397,7 +398,7 @@ def test_eval_accuracy_counts_the_correctness_component_not_the_shaped_total(
         sampler,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         [Sample("s", prompt="What is 6*7?", answer="42")],
-        load_reward(cfg, None),
+        load_reward(cfg.reward, None),
         SamplingParams(n=3, temperature=1.0),
         ks=[1],
     )

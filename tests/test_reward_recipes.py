@@ -9,8 +9,8 @@ import pytest
 
 from hone.config import ConfigError, load_config
 from hone.data import get_task
-from hone.orchestration.components import load_reward
 from hone.rewards import scoring
+from hone.rewards.resolve import load_reward
 from hone.types import Rollout, Sample
 
 
@@ -23,7 +23,7 @@ SAMPLES = {"s": Sample("s", prompt="What is 6*7?", answer="42")}
 
 def test_a_built_in_reward_by_name_with_args() -> None:
     cfg = load_config(None, ["reward.fn=math", "reward.timeout_s=5"])
-    scorer = load_reward(cfg, None)
+    scorer = load_reward(cfg.reward, None)
     rollouts = [rollout("so \\boxed{42}"), rollout("the answer is 41"), rollout("I don't know")]
     metrics = scorer.score(rollouts, SAMPLES)
     assert [r.reward for r in rollouts] == [1.0, 0.0, 0.0] and metrics["reward/errors"] == 0.0
@@ -39,7 +39,7 @@ def test_weighted_components_from_a_recipe_file(tmp_path: Path) -> None:
         "    format: {fn: format, weight: 0.2, args: {pattern: '<answer>.*</answer>'}}\n"
         "    overlong: {fn: overlong, args: {max_len: 8, buffer: 4}}\n"
     )
-    scorer = load_reward(load_config(recipe), None)
+    scorer = load_reward(load_config(recipe).reward, None)
     rollouts = [
         rollout("<answer>42</answer>", response_len=4),  # right, formatted, short
         rollout("42", response_len=6),  # right, unformatted, 2 tokens into the 4-token buffer: -0.5
@@ -55,10 +55,10 @@ def test_weighted_components_from_a_recipe_file(tmp_path: Path) -> None:
 
 def test_the_task_reward_is_the_default_and_needs_a_task() -> None:
     cfg = load_config(None, ["reward.fn=null"])
-    scorer = load_reward(cfg, get_task("arithmetic"))
+    scorer = load_reward(cfg.reward, get_task("arithmetic"))
     assert [c.name for c in scorer.components] == ["task"]
     with pytest.raises(ValueError, match=r"needs data\.task"):
-        load_reward(cfg, None)
+        load_reward(cfg.reward, None)
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_the_task_reward_is_the_default_and_needs_a_task() -> None:
 def test_a_task_sets_its_defaults_for_the_math_reward(
     task: str | None, overrides: list[str], rewards: list[float]
 ) -> None:
-    scorer = load_reward(load_config(None, ["reward.fn=math", *overrides]), task and get_task(task))
+    scorer = load_reward(load_config(None, ["reward.fn=math", *overrides]).reward, task and get_task(task))
     samples = {"s": Sample("s", prompt="45+367=", answer="412")}
     rollouts = [rollout("\\boxed{412}"), rollout("\\boxed{45+367}"), rollout("The answer is 400 + 12.")]
     scorer.score(rollouts, samples)
@@ -84,10 +84,11 @@ def test_a_task_sets_its_defaults_for_the_math_reward(
 
 
 def test_dotted_paths_are_reward_functions_or_factories_with_args() -> None:
-    plain = load_reward(load_config(None, ["reward.fn=tests.rewards_for_tests:token_id_reward"]), None)
+    plain = load_reward(load_config(None, ["reward.fn=tests.rewards_for_tests:token_id_reward"]).reward, None)
     assert plain.components[0].name == "token_id_reward"
     factory = load_reward(
-        load_config(None, ["reward.fn=hone.rewards.shaping:length_reward", "reward.args={target: 2}"]), None
+        load_config(None, ["reward.fn=hone.rewards.shaping:length_reward", "reward.args={target: 2}"]).reward,
+        None,
     )
     rollouts = [rollout("x", response_len=4)]
     factory.score(rollouts, SAMPLES)
@@ -100,12 +101,12 @@ def test_dotted_paths_are_reward_functions_or_factories_with_args() -> None:
         (["reward.fn=maths"], "unknown reward; built-in: code, env, format"),
         (["reward.fn=format", "reward.args={patern: x}"], "bad args"),
         (["reward.fn=format", "reward.args={pattern: '('}"], "pattern"),
-        (["reward.fn=no.such.module:fn"], "cannot be imported"),
+        (["reward.fn=no.such.module:fn"], "cannot import 'fn' from 'no.such.module'"),
     ],
 )
 def test_bad_reward_names_and_args_fail_with_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        load_reward(load_config(None, overrides), None)
+        load_reward(load_config(None, overrides).reward, None)
 
 
 def test_fn_and_components_are_exclusive() -> None:
@@ -133,7 +134,7 @@ def test_the_correctness_component_is_the_marked_one_else_the_only_one_else_the_
 ) -> None:
     cfg = load_config(None, ["reward.fn=null", f"reward.components={components}"])
     assert cfg.reward.correctness_component() == expected
-    assert load_reward(cfg, None).correctness == expected
+    assert load_reward(cfg.reward, None).correctness == expected
     assert load_config(None, ["reward.fn=math"]).reward.correctness_component() == "math"
 
 

@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from hone.rollout import HFSampler, Sampler
-from hone.rollout.hf import sample_next
+from hone.rollout.engines.hf import sample_next
 from hone.types import SamplingParams
 from tests.conftest import char_tokenizer
 from tests.helpers import (

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hone.config import HoneConfig, load_config
+from hone.data.splits import held_out_samples, problem_key
 from hone.envs import make_env
 from hone.orchestration import warmstart
-from hone.orchestration.components import held_out_samples, load_data, problem_key, validation_samples
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.loop import train
 from hone.training import sft as sft_module
@@ -22,7 +22,7 @@ from hone.training.policy import Policy
 from hone.training.sft import _batch_losses, _response_tokens, collate_sft, encode_pair, run_sft, sft_loss
 from hone.types import Sample
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
-from tests.helpers import tiny_overrides
+from tests.helpers import run_splits, run_validation, tiny_overrides
 
 PAIRS = [(f"{c}=", LETTERS[(i + 1) % 26] * 2) for i, c in enumerate(LETTERS[:8])]  # "a=" -> "bb"
 
@@ -207,7 +207,7 @@ def test_train_validates_sft_on_held_out_problems_in_micro_batches(
     cfg = _sft_run(tmp_path, micro_model_dir, "held-out", **{"sft.micro_batch_size": 3})
     train(cfg)
     assert rows_per_forward == [3, 3, 2, 3, 3, 2]  # 2 steps of 8 rows, micro-batches of 3
-    task, train_set, eval_set = load_data(cfg)
+    task, train_set, eval_set = run_splits(cfg)
     assert task is not None and len(validated) == 1 and len(validated[0]) == 6
     val = validated[0]
     assert all(task.is_eval(s) for s in val)  # the hash split: never an RL training prompt
@@ -218,8 +218,8 @@ def test_train_validates_sft_on_held_out_problems_in_micro_batches(
 def test_validation_for_games_and_datasets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     game = {"data.task": "null", "env.name": "arithmetic_retry", "env.args": "{pad: true}"}
     cfg = load_config(None, [f"{k}={v}" for k, v in {**game, "data.eval_size": 20}.items()])
-    task, train_set, eval_set = load_data(cfg, make_env(cfg.env.name, cfg.env.args))
-    val = validation_samples(cfg, task, make_env(cfg.env.name, cfg.env.args), train_set, eval_set)
+    task, train_set, eval_set = run_splits(cfg, make_env(cfg.env.name, cfg.env.args))
+    val = run_validation(cfg, task, make_env(cfg.env.name, cfg.env.args), train_set, eval_set)
     assert len(val) == cfg.sft.val_size
     assert not {problem_key(s) for s in val} & {problem_key(s) for s in train_set + eval_set}
     # A dataset validates on the eval file's rows after the eval set's.
@@ -227,16 +227,16 @@ def test_validation_for_games_and_datasets(tmp_path: Path, caplog: pytest.LogCap
     rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(10)))
     dataset = {"data.task": "null", "data.source": str(rows), "data.eval_source": str(rows)}
     cfg = load_config(None, [f"{k}={v}" for k, v in {**dataset, "data.eval_size": 4}.items()])
-    eval_set = held_out_samples(cfg, None, None, 4)
-    val = validation_samples(cfg, None, None, [], eval_set)
+    eval_set = held_out_samples(cfg.data, None, 4)
+    val = run_validation(cfg, None, None, [], eval_set)
     assert [s.prompt for s in val] == ["q4", "q5", "q6", "q7", "q8", "q9"]
     # Guess-the-number's held-out split (a quarter of 1..8) is all in the eval set: say so, use it.
     game = {"data.task": "null", "env.name": "guess_number", "env.args": "{high: 8}"}
     cfg = load_config(None, [f"{k}={v}" for k, v in {**game, "data.eval_size": 16}.items()])
     env = make_env(cfg.env.name, cfg.env.args)
-    _, train_set, eval_set = load_data(cfg, env)
+    _, train_set, eval_set = run_splits(cfg, env)
     with caplog.at_level(logging.WARNING, logger="hone"):
-        val = validation_samples(cfg, None, env, train_set, eval_set)
+        val = run_validation(cfg, None, env, train_set, eval_set)
     assert "validating on eval problems" in caplog.text
     assert {s.answer for s in val} <= {s.answer for s in eval_set}
 
@@ -248,9 +248,9 @@ def test_validation_takes_what_a_small_task_split_has(caplog: pytest.LogCaptureF
 
     def held_out(eval_size: int) -> tuple[list[Sample], list[Sample]]:
         cfg = load_config(None, [*one_digit, f"data.eval_size={eval_size}"])
-        task, train_set, eval_set = load_data(cfg)
+        task, train_set, eval_set = run_splits(cfg)
         with caplog.at_level(logging.WARNING, logger="hone"):
-            return eval_set, validation_samples(cfg, task, None, train_set, eval_set)
+            return eval_set, run_validation(cfg, task, None, train_set, eval_set)
 
     eval_set, val = held_out(4)
     assert len(val) == 2 and not {problem_key(s) for s in val} & {problem_key(s) for s in eval_set}

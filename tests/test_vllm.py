@@ -31,7 +31,7 @@ from hone.orchestration.loop import train
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rollout import HFSampler, eos_token_ids
 from hone.rollout.base import GenerationRequest
-from hone.rollout.vllm import VLLMSampler
+from hone.rollout.engines.vllm import VLLMSampler
 from hone.training.policy import Policy
 from hone.types import Rollout, SamplingParams
 from tests.helpers import full_forward_logprobs, tiny_overrides
@@ -211,7 +211,7 @@ def test_the_engine_does_not_outlive_a_trainer_killed_with_sigkill(tmp_path: Pat
     script.write_text(
         "import sys, time\n"
         "from transformers import AutoTokenizer\n"
-        "from hone.rollout.vllm import VLLMSampler\n"
+        "from hone.rollout.engines.vllm import VLLMSampler\n"
         "if __name__ == '__main__':\n"
         f"    tok = AutoTokenizer.from_pretrained({str(model_dir)!r})\n"
         f"    s = VLLMSampler({str(model_dir)!r}, tok, frozenset([1]), python={str(PYTHON)!r})\n"

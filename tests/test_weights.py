@@ -20,6 +20,7 @@ from hone.orchestration.loop import train
 from hone.orchestration.producer import ScoredGroups
 from hone.orchestration.weights import LocalWeightChannel, WeightPublishTimeout
 from hone.rollout import HFSampler
+from hone.rollout.engines import hf as hf_engine
 from tests.conftest import char_tokenizer
 from tests.helpers import (
     ATOL,
@@ -203,7 +204,7 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
     finals = {}
     for share in (False, True):
         if share:
-            monkeypatch.setattr(components, "sampler_model", lambda policy, dtype="model": policy.model)
+            monkeypatch.setattr(hf_engine, "sampler_model", lambda policy, dtype="model": policy.model)
         run = f"shared-{share}"
         extra = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **RUNS[name]}
         recipe = "agent-guess" if "env.name" in extra else None

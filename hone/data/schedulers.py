@@ -7,7 +7,6 @@ that prefers prompts of intermediate estimated pass rate; a user scheduler is an
 
 from __future__ import annotations
 
-import importlib
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hone.data.passrates import CoolDown, Outcome, PassRates
+from hone.plugins import load_object
 from hone.types import Sample
 
 
@@ -229,13 +229,7 @@ def resolve_scheduler(spec: str) -> type:
             f"data.scheduler: unknown scheduler {spec!r}; built-in: {', '.join(sorted(SCHEDULERS))}, "
             "or a dotted path 'pkg.mod:Class'"
         )
-    module_name, _, attr = spec.partition(":")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:  # a missing module or name, or the user's module failing as it is imported
-        raise ValueError(
-            f"data.scheduler: cannot import {attr!r} from {module_name!r}: {type(e).__name__}: {e}"
-        ) from e
+    target = load_object(spec, what="data.scheduler")
     if not isinstance(target, type):
         raise ValueError(f"data.scheduler: {spec!r} is a {type(target).__name__}, not a class")
     return target

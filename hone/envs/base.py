@@ -15,12 +15,12 @@ a run share (a server process) is released by `release_envs()` when the run ends
 from __future__ import annotations
 
 import functools
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hone.plugins import load_object
 from hone.registry import Registry
 from hone.types import Sample
 
@@ -137,13 +137,8 @@ def resolve_env(spec: str) -> Callable[..., Environment]:
         if spec not in ENVIRONMENTS:
             raise ValueError(f"unknown environment {spec!r}; registered: {', '.join(sorted(ENVIRONMENTS))}")
         return ENVIRONMENTS[spec]
-    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # a missing name, or the user's module failing in any way as it is imported
-        raise ValueError(
-            f"environment {spec!r}: cannot import {attr!r} from {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")  # or pkg.mod.Class
+    target = load_object(f"{module_name}:{attr}", what=f"environment {spec!r}")
     if not callable(target):
         raise ValueError(f"environment {spec!r} is a {type(target).__name__}, not a class or factory")
     return target

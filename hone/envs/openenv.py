@@ -35,7 +35,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import importlib
 import importlib.util
 import json
 import os
@@ -51,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hone.envs.base import Environment, Message, StepResult, register_env, register_release, resolve_env
+from hone.plugins import load_object
 from hone.types import Sample
 
 _PR_SET_PDEATHSIG = 1
@@ -212,11 +212,7 @@ def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> N
 
 
 def _function(spec: str, what: str) -> Callable[..., Any]:
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except Exception as e:  # a missing module or name, or the user's module failing as it is imported
-        raise ValueError(f"env.args.{what}: cannot import {spec!r}: {type(e).__name__}: {e}") from e
+    fn = load_object(spec, what=f"env.args.{what}")
     if not callable(fn):
         raise ValueError(f"env.args.{what}: {spec!r} is not callable")
     return fn

@@ -27,13 +27,12 @@ import torch
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum, build_curriculum
 from hone.envs import release_envs
+from hone.errors import HoneError
 from hone.logging import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
 from hone.orchestration.components import (
     RunComponents,
     build_components,
     close_samplers,
-    load_critic,
-    load_reference,
     producer_replica,
 )
 from hone.orchestration.curriculum import CurriculumRollouts
@@ -47,6 +46,7 @@ from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.rollout.multiturn import Episodes
 from hone.training.checkpoint import Checkpointer
 from hone.training.critic import CriticTrainer
+from hone.training.models import load_critic, load_reference
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import SamplingParams
@@ -54,7 +54,7 @@ from hone.types import SamplingParams
 log = logging.getLogger("hone")
 
 
-class SetupError(RuntimeError):
+class SetupError(HoneError, RuntimeError):
     """Bad input found while building a run (before any training): one line, naming the thing."""
 
 
@@ -287,7 +287,7 @@ def critic_trainer(cfg: HoneConfig, parts: RunComponents, run_dir: Path) -> Crit
     """PPO's critic and its trainer (`algorithm.advantage: gae`), initialised where the policy starts RL."""
     if cfg.critic is None:
         return None
-    model = load_critic(cfg, parts.policy, rl_start_dir(parts, run_dir)[0])
+    model = load_critic(cfg.critic, parts.policy, rl_start_dir(parts, run_dir)[0], dtype=cfg.model.dtype)
     return CriticTrainer(model, cfg.critic, cfg.trainer, total_rl_steps=cfg.run.steps, seed=cfg.run.seed)
 
 
@@ -296,7 +296,7 @@ def _reference(cfg: HoneConfig, parts: RunComponents, run_dir: Path) -> dict[str
     if cfg.algorithm.kl.coef <= 0:
         return None
     start, warm = rl_start_dir(parts, run_dir)
-    parts.ref_policy, reference = load_reference(cfg, parts.policy, start, warm_started=warm)
+    parts.ref_policy, reference = load_reference(cfg.model, parts.policy, start, warm_started=warm)
     return reference
 
 

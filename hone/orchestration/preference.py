@@ -24,11 +24,11 @@ from hone.config import HoneConfig, PreferenceDataConfig
 from hone.data import HoneDataError, PreferencePair, load_preferences
 from hone.logging import METRICS_FILE, MetricsLogger, Progress
 from hone.models import resolve_model
-from hone.orchestration.components import check_tokenizer, load_policy, load_reference
 from hone.orchestration.loop import SetupError, run_eval, setup_components, write_run_config
 from hone.orchestration.prompts import render_prompt
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
+from hone.training.models import check_tokenizer, load_policy, load_reference
 from hone.training.policy import disable_dropout, enable_checkpointing
 from hone.training.reward_model import EncodedComparison, RMSettings, load_score_model, run_reward_model
 
@@ -96,7 +96,7 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     parts = setup_components(cfg) if cfg.dpo.eval else None
     try:
         model_path = resolve_model(cfg.model.path) if parts is None else parts.model_path
-        policy = load_policy(cfg, model_path) if parts is None else parts.policy
+        policy = load_policy(cfg.model, model_path) if parts is None else parts.policy
         check_tokenizer(policy, model_path)
         tokenizer = policy.tokenizer
         encoded = [
@@ -129,7 +129,7 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
                 settings,
                 reference=None
                 if settings.loss in REFERENCE_FREE
-                else load_reference(cfg, policy, model_path, warm_started=False)[0],
+                else load_reference(cfg.model, policy, model_path, warm_started=False)[0],
                 log=_logger(metrics_log, progress),
                 deadline=_deadline(cfg, started),
             )

@@ -51,17 +51,14 @@ from typing import Any
 import torch
 
 from hone.config import HoneConfig
+from hone.data.splits import load_data
 from hone.envs import make_env as _make_env
-from hone.orchestration.components import (
-    RunComponents,
-    build_components,
-    load_data,
-    load_reward,
-    weight_source,
-)
+from hone.errors import HoneError
+from hone.orchestration.components import RunComponents, build_components, weight_source
 from hone.orchestration.loop import RunInterrupted, RunResult, where_stopped
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.rollouts import ProducerError
+from hone.rewards.resolve import load_reward
 from hone.types import Rollout, Sample
 
 log = logging.getLogger("hone")
@@ -72,7 +69,7 @@ _TAKE_TIMEOUT_S = 3600.0
 _KILL_TIMEOUT_S = 60.0
 
 
-class RayClusterError(RuntimeError):
+class RayClusterError(HoneError, RuntimeError):
     """The cluster could not host the actors the recipe asks for, or the learner died; one line."""
 
 
@@ -292,8 +289,14 @@ class RewardActor:
         _enter(cwd, threads)
         config = HoneConfig.model_validate(cfg)
         make_env = _make_env(config.env.name, config.env.args) if config.env.name else None
-        task, _, _ = load_data(config, make_env)
-        self.scorer = load_reward(config, task)
+        task, _, _ = load_data(
+            config.data,
+            eval_size=config.eval.size,
+            seed=config.run.seed,
+            make_env=make_env,
+            env_args=config.env.args,
+        )
+        self.scorer = load_reward(config.reward, task)
 
     def __repr__(self) -> str:
         return "reward-worker"

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from hone.errors import HoneError
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.replay import is_replayed
 from hone.orchestration.weights import WeightChannel
@@ -45,7 +46,7 @@ class RolloutSource(Protocol):
     def close(self) -> None: ...
 
 
-class ProducerError(RuntimeError):
+class ProducerError(HoneError, RuntimeError):
     """A step's producing raised on every attempt (`trainer.producer_retries` + 1); the message is one
     line naming the step and the last error."""
 

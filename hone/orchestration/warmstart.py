@@ -13,7 +13,8 @@ from pathlib import Path
 
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
-from hone.orchestration.components import RunComponents, validation_samples
+from hone.data.splits import validation_samples
+from hone.orchestration.components import RunComponents
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.prompts import render_prompt
 from hone.orchestration.weights import WeightChannel
@@ -43,11 +44,13 @@ def sft_data(cfg: HoneConfig, parts: RunComponents) -> SFTData:
     held-out problems that are neither RL training prompts nor eval problems (`validation_samples`)."""
     episodes = parts.episodes
     val = validation_samples(
-        cfg,
+        cfg.data,
         parts.task,
-        None if episodes is None else episodes.make_env,
         parts.train_samples,
         parts.eval_samples,
+        val_size=cfg.sft.val_size,
+        make_env=None if episodes is None else episodes.make_env,
+        env_args=cfg.env.args,
     )
     if episodes is None or cfg.sft.data is not None:
         return SFTData(pairs=sft_pairs(cfg, parts.task), val=val)

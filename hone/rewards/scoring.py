@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hone.aio import run_coroutine
+from hone.errors import HoneError
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
 from hone.types import Rollout, Sample
 from hone.verifiers.budget import call_deadline
@@ -229,7 +230,7 @@ def correctness_component(
     return verifiers[0] if verifiers else None
 
 
-class RewardOutageError(RuntimeError):
+class RewardOutageError(HoneError, RuntimeError):
     """Every rollout's reward failed on `reward.max_failed_steps` training steps in a row."""
 
 

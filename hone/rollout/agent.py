@@ -18,7 +18,6 @@ dropped; the run goes on. Only a step whose every episode failed raises (a broke
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hone.aio import run_coroutine
+from hone.plugins import load_object
 from hone.types import Rollout, Sample, SamplingParams
 
 if TYPE_CHECKING:  # the server needs aiohttp (the `agents` extra): imported where one is started
@@ -48,10 +48,7 @@ def load_agent(spec: str) -> AgentSpec:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{where}: expected 'pkg.module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:  # a missing module or name, or the module failing as it is imported
-        raise ValueError(f"{where}: cannot import: {type(e).__name__}: {e}") from None
+    fn = load_object(spec, what=where)
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"{where} is not an async function; define it as `async def {attr}(client, sample)`")
     params = [

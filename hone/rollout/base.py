@@ -7,13 +7,14 @@ remote server) changes a config string, not the training loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-import torch
-from torch import nn
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from hone.types import Rollout, SamplingParams
+
+if TYPE_CHECKING:  # annotations only: validating a recipe's `rollout.engine` imports this, not transformers
+    import torch
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -46,7 +47,9 @@ class Sampler(Protocol):
     """
 
     policy_version: int
-    eos_token_ids: frozenset[int]
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...  # read-only: an attribute or a property satisfies it
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]: ...
 

@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
+from hone.models.tokens import pad_token_id
 from hone.training.pair_steps import run_pair_steps
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
@@ -114,7 +115,7 @@ def run_dpo(
     if needs_reference and reference is None:
         raise ValueError(f"preference loss {settings.loss!r} needs a reference policy")
     tokenizer = policy.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     cached = None
     if needs_reference and settings.cache_reference:
         assert reference is not None

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from hone.errors import HoneError
+
 
 def epoch_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
     """Indices into `n` examples, `batch_size` a step, reshuffled every epoch with `seed`; a batch at an
@@ -54,7 +56,7 @@ def adamw_stepper(
     return optimizer, stepper
 
 
-class NonFiniteGradientError(RuntimeError):
+class NonFiniteGradientError(HoneError, RuntimeError):
     """Too many optimizer steps in a row had a non-finite gradient norm; the message is one line."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hone.models.tokens import pad_token_id
 from hone.training.optim import adamw_stepper, epoch_batches
 from hone.training.policy import Policy
 from hone.training.trainer import build_scheduler
@@ -114,7 +115,7 @@ def run_sft(
     if not pairs and not examples:
         raise ValueError("run_sft needs at least one (prompt, response) pair or tokenised example")
     tokenizer = policy.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     encoded: list[tuple[list[int], int | list[int]]] = [encode_pair(tokenizer, p, r) for p, r in pairs]
     encoded += list(examples)
     params = policy.trainable_parameters()

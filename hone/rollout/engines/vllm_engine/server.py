@@ -1,7 +1,7 @@
 """The vLLM engine server: runs in the vLLM environment's Python, never imports Hone.
 
 vLLM pins a transformers older than Hone's, so the engine lives in a process of its own, started by
-`hone.rollout.vllm.VLLMSampler` as `<vllm python> -I server.py` with one end of a socket pair as fd
+`hone.rollout.engines.vllm.VLLMSampler` as `<vllm python> -I server.py` with one end of a socket pair as fd
 `HONE_VLLM_FD`. Messages are plain dicts (`multiprocessing.connection`: the trainer's own child, the same
 Python), one reply per request, protocol version `PROTOCOL`:
 

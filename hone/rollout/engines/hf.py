@@ -24,9 +24,12 @@ traffic, 2.2x over 6 turns.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,8 +37,14 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from hone.models.compat import cache_kwarg
+from hone.models.tokens import pad_token_id
 from hone.rollout.base import GenerationRequest, eos_token_ids
+from hone.rollout.engines.prefix_cache import PrefixStore
 from hone.types import Rollout, SamplingParams
+
+if TYPE_CHECKING:
+    from hone.config import RolloutConfig
+    from hone.rollout.engines.base import TrainedModel, WeightSource
 
 # A stop string of m characters is at most 4m UTF-8 bytes and every non-special token carries at least one
 # byte, so it lies within the last 4m tokens; a few more tokens of left context keep decoders that strip a
@@ -45,81 +54,6 @@ _STOP_CONTEXT_TOKENS = 4
 # measured, compacting at every finish was slower than never on 256 x 8 tokens; a quarter was at or near
 # the best on every workload tried (bench/sampler_bench.py shapes and 256 x 64).
 _COMPACT_FRACTION = 0.25
-
-# One layer's cached keys and values, each [rows, kv_heads, tokens, head_dim].
-LayerKV = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass
-class _Stored:
-    """Where one stored sequence's KV lives: row `row` of `block`, at `columns` (its unmasked ones)."""
-
-    block: list[LayerKV]
-    row: int
-    columns: list[int]
-
-
-class _PrefixStore:
-    """KV caches of whole sequences, found by the longest stored sequence a prompt starts with.
-
-    Rows that end at the same decode step are kept as one block (a gather per layer, not per row), and a
-    sequence's real columns are gathered into place only when a later prompt reuses it: storing stays
-    cheap for single-turn traffic that never comes back. Entries are keyed by the token tuple, with the
-    stored lengths kept longest first: a lookup hashes one slice per distinct length until it hits (a
-    multi-turn prompt usually hits on the first).
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[int, ...], _Stored] = {}
-        self._lengths: list[int] = []  # distinct stored lengths, longest first
-
-    def keep(
-        self, sequences: list[list[int]], rows: list[int], cache: DynamicCache, mask: torch.Tensor
-    ) -> None:
-        """Store `rows` of `cache`, each under `sequences[k]`, the tokens it holds (its mask's ones)."""
-        index = torch.tensor(rows, device=mask.device)
-        block = [(layer.keys[index], layer.values[index]) for layer in cache.layers]
-        for k, (tokens, row_mask) in enumerate(zip(sequences, mask[index].tolist(), strict=True)):
-            columns = [c for c, real in enumerate(row_mask) if real]
-            if len(columns) != len(tokens):
-                raise RuntimeError(f"prefix cache: a row holds {len(columns)} tokens, expected {len(tokens)}")
-            if len(tokens) not in self._lengths:
-                self._lengths = sorted([*self._lengths, len(tokens)], reverse=True)
-            self._entries[tuple(tokens)] = _Stored(block, k, columns)
-
-    def longest(self, tokens: list[int]) -> _Stored | None:
-        """The longest stored sequence that `tokens` starts with (None if none)."""
-        for length in self._lengths:
-            if length <= len(tokens) and (stored := self._entries.get(tuple(tokens[:length]))) is not None:
-                return stored
-        return None
-
-    @staticmethod
-    def stack(hits: list[_Stored | None], width: int) -> list[LayerKV]:
-        """The hits' KV right-aligned in `width` columns, one [rows, heads, width, dim] pair per layer (the
-        columns left of a sequence repeat its first one; the attention mask hides them)."""
-        found = [(row, stored) for row, stored in enumerate(hits) if stored is not None]
-        if not found:
-            return []
-        by_block: dict[int, list[tuple[int, _Stored]]] = {}
-        for row, stored in found:
-            by_block.setdefault(id(stored.block), []).append((row, stored))
-        shapes = [(len(hits), keys.shape[1], width, keys.shape[3]) for keys, _ in found[0][1].block]
-        example = found[0][1].block[0][0]
-        layers = [(example.new_zeros(shape), example.new_zeros(shape)) for shape in shapes]
-        for group in by_block.values():
-            block = group[0][1].block
-            device = block[0][0].device
-            dest = torch.tensor([row for row, _ in group], device=device)
-            picks = torch.tensor([s.row for _, s in group], device=device)
-            columns = torch.tensor(
-                [[s.columns[0]] * (width - len(s.columns)) + s.columns for _, s in group], device=device
-            )
-            for (keys, values), (src_keys, src_values) in zip(layers, block, strict=True):
-                index = columns[:, None, :, None].expand(-1, src_keys.shape[1], -1, src_keys.shape[3])
-                keys[dest] = src_keys[picks].gather(2, index)
-                values[dest] = src_values[picks].gather(2, index)
-        return layers
 
 
 @dataclass
@@ -133,7 +67,7 @@ class _Sequence:
 
 class HFSampler:
     """`Sampler` over an in-process transformers model. In a run it owns its model (a copy of the
-    policy's, `orchestration.components.sampler_model`) and takes new weights only through
+    policy's, `sampler_model`) and takes new weights only through
     `load_weights` (`orchestration.weights`); sharing a trainer's model object works too (see the prefix
     cache in the module docstring).
 
@@ -158,7 +92,7 @@ class HFSampler:
         self.max_batch_size = max_batch_size
         self.prefix_cache = prefix_cache
         self.policy_version = 0
-        self._prefixes: _PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
+        self._prefixes: PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
         self._prefixes_for: tuple[int, tuple[object, ...]] | None = None  # (version, weights fingerprint)
         self._cache_kwarg = cache_kwarg(model)
 
@@ -178,7 +112,7 @@ class HFSampler:
         key = (self.policy_version, self._weights_fingerprint()) if self.prefix_cache else None
         previous = self._prefixes if key is not None and self._prefixes_for == key else None
         self._prefixes = None  # a stale store is freed before this call's cache is built
-        store = _PrefixStore() if self.prefix_cache else None
+        store = PrefixStore() if self.prefix_cache else None
         sequences: list[_Sequence] = []
         with torch.inference_mode(), _eval_mode(self.model):
             # Chunks hold whole groups where they can, so every copy of a prompt shares one prefill.
@@ -241,7 +175,7 @@ class HFSampler:
         return (id(self.model), *((p.data_ptr(), p.dtype, p._version) for p in params))
 
     def _prefill(
-        self, prompts: list[list[int]], previous: _PrefixStore | None, pad: int, device: torch.device
+        self, prompts: list[list[int]], previous: PrefixStore | None, pad: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """Run `prompts` through the model into a new cache, reusing `previous` KV where a prompt extends a
         stored sequence; return the last position's logits, the attention mask and the cache."""
@@ -255,7 +189,7 @@ class HFSampler:
         # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
         position_ids = torch.tensor(reused, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0)
         old_mask = torch.tensor([[0] * (cached_width - n) + [1] * n for n in reused], device=device)
-        cache = DynamicCache(_PrefixStore.stack(hits, cached_width) or None, config=self.model.config)
+        cache = DynamicCache(PrefixStore.stack(hits, cached_width) or None, config=self.model.config)
         mask = torch.cat([old_mask, new_mask], dim=1)
         return self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1), mask, cache
 
@@ -266,13 +200,13 @@ class HFSampler:
         params: SamplingParams,
         generator: torch.Generator | None,
         device: torch.device,
-        previous: _PrefixStore | None = None,
-        store: _PrefixStore | None = None,
+        previous: PrefixStore | None = None,
+        store: PrefixStore | None = None,
     ) -> list[_Sequence]:
         """Generate for one batch of prompts (at most `max_batch_size` rows), each up to its own budget of
         new tokens; reuse KV from `previous` and add every finished sequence's KV to `store` (when given)."""
         eos = self.eos_token_ids
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        pad = pad_token_id(self.tokenizer)
         # A group's n rows repeat one prompt back to back: prefill each distinct prompt once, then copy its
         # KV cache to its rows (prefix sharing, as vLLM's prefix cache does; prefill is n times cheaper).
         distinct = [i for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
@@ -360,6 +294,42 @@ class HFSampler:
         window = 4 * max(len(s) for s in stop) + _STOP_CONTEXT_TOKENS
         texts = self.tokenizer.batch_decode([s.tokens[-window:] for s in sequences], skip_special_tokens=True)
         return [any(s in text for s in stop) for text in texts]
+
+
+class HFEngine:
+    """`rollout.engine: hf`: an `HFSampler` over the sampler's own copy of the policy's model
+    (`sampler_model`); a publish copies the trainable tensors into that copy (`sampler_tensors`)."""
+
+    def build(
+        self, rollout: RolloutConfig, policy: TrainedModel, model_path: str, *, model_dtype: str
+    ) -> HFSampler:
+        return HFSampler(
+            sampler_model(policy, rollout.dtype),
+            policy.tokenizer,
+            max_batch_size=rollout.max_batch_size,
+            prefix_cache=rollout.prefix_cache,
+        )
+
+    def weight_source(self, policy: TrainedModel) -> WeightSource:
+        return partial(sampler_tensors, policy)
+
+
+def sampler_model(policy: TrainedModel, dtype: str = "model") -> nn.Module:
+    """The sampler's own copy of the policy's model (LoRA wrapper included, so it computes exactly what
+    the policy does). It costs one more copy of the weights (two in all: 2 x 4 bytes/parameter in fp32)
+    and keeps a learner update from ever changing weights under a generation. Its parameters keep the
+    policy's `requires_grad` flags although nothing backpropagates through them: with them off, CPU
+    inference ran other kernels (log-probs differed in the last bit, measured on the tiny Qwen2), and a
+    synchronous run must sample exactly what it did when the sampler shared the policy's model.
+    `rollout.dtype: bfloat16` casts the copy (each publish then casts as it copies: `copy_`)."""
+    model = copy.deepcopy(policy.model)
+    return model.to(torch.bfloat16) if dtype == "bfloat16" else model
+
+
+def sampler_tensors(policy: TrainedModel) -> dict[str, torch.Tensor]:
+    """What a publish copies into `sampler_model`'s copy: the policy's trainable parameters (a LoRA run:
+    the adapter), by the names both models share. Frozen tensors were copied at set-up and never change."""
+    return {name: p.detach() for name, p in policy.model.named_parameters() if p.requires_grad}
 
 
 def sample_next(

@@ -36,14 +36,20 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
-from hone.rollout.base import GenerationRequest
+from hone.errors import HoneError
+from hone.rollout.base import GenerationRequest, eos_token_ids
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams
+
+if TYPE_CHECKING:
+    from hone.config import RolloutConfig
+    from hone.rollout.engines.base import TrainedModel, WeightSource
 
 PROTOCOL = 1
 SERVER = Path(__file__).parent / "vllm_engine" / "server.py"
@@ -52,8 +58,29 @@ DEFAULT_PYTHON = ".venv-vllm/bin/python"
 _PR_SET_PDEATHSIG = 1
 
 
-class VLLMEngineError(RuntimeError):
+class VLLMEngineError(HoneError, RuntimeError):
     """The engine failed to start, answer in time, or do what it was asked; the message is one line."""
+
+
+class VLLMEngine:
+    """`rollout.engine: vllm`: a `VLLMSampler` that starts from the model directory; a publish sends the
+    whole HF-named state dict, LoRA merged (`Policy.state_dict_for_sampler`), which vLLM loads in place."""
+
+    def build(
+        self, rollout: RolloutConfig, policy: TrainedModel, model_path: str, *, model_dtype: str
+    ) -> VLLMSampler:
+        return VLLMSampler(
+            model_path,
+            policy.tokenizer,
+            eos_token_ids(policy.model, policy.tokenizer),
+            python=rollout.vllm_python,
+            dtype=model_dtype,
+            kv_cache_gib=rollout.vllm_kv_cache_gib,
+            timeout_s=rollout.vllm_timeout_s,
+        )
+
+    def weight_source(self, policy: TrainedModel) -> WeightSource:
+        return policy.state_dict_for_sampler
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -1,0 +1,141 @@
+"""A run's problem splits: what it trains on, what it evaluates on, and what SFT validates on.
+
+The three come from one of: a built-in task (`data.task`), a reasoning-gym task (`data.source:
+reasoning_gym:<name>`), a dataset file or hub name (`data.source` + `data.eval_source`), or a
+self-contained game (an environment that makes its own problems). `data` sits below `envs`, so a game is
+passed in as a plain factory (`make_env`, its instances' class having `make_samples(n, seed, split,
+**env_args)`), not imported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from hone.data.datasets import load_samples
+from hone.data.gym import PREFIX as GYM_PREFIX
+from hone.data.gym import ReasoningGymTask
+from hone.data.tasks import Task, get_task
+from hone.types import Sample
+
+if TYPE_CHECKING:  # config imports rewards, which import data: a runtime import here would be a cycle
+    from hone.config import DataConfig
+
+log = logging.getLogger("hone")
+
+EVAL_SEED = 0  # fixed, so every run of a task is scored on the same held-out problems
+
+# A self-contained game's environment factory: `type(make_env()).make_samples(n, seed, split, **args)`.
+EnvFactory = Callable[[], Any]
+
+
+def load_data(
+    data: DataConfig,
+    *,
+    eval_size: int | None,
+    seed: int,
+    make_env: EnvFactory | None = None,
+    env_args: Mapping[str, Any] | None = None,
+) -> tuple[Task | None, list[Sample], list[Sample]]:
+    """The run's task (None for a file or a game), its `data.train_size` training problems drawn with
+    `seed` (`run.seed`), and its `eval_size` (`eval.size`; None: `data.eval_size`) held-out ones."""
+    n_eval = eval_size or data.eval_size
+    args = dict(env_args or {})
+    if make_env is not None and data.task is None and data.source is None:  # a self-contained game
+        game = type(make_env())
+        train = game.make_samples(data.train_size, seed, "train", **args)
+        return None, train, held_out_samples(data, None, n_eval, make_env=make_env, env_args=args)
+    task = load_task(data)
+    if task is not None:
+        train = task.train_samples(data.train_size, seed=seed)
+        return task, train, held_out_samples(data, task, n_eval)
+    assert data.source is not None
+    train = load_samples(data.source, split="train", **_dataset_fields(data))
+    return None, train, held_out_samples(data, None, n_eval, make_env=make_env, env_args=args)
+
+
+def load_task(data: DataConfig) -> Task | None:
+    """The task `data.task` or a `reasoning_gym:<name>` source names; None for a dataset or a game."""
+    if data.task is not None:
+        return get_task(data.task, **data.task_args)
+    if data.source is not None and data.source.startswith(GYM_PREFIX):
+        return ReasoningGymTask(data.source.removeprefix(GYM_PREFIX), data.args)
+    return None
+
+
+def held_out_samples(
+    data: DataConfig,
+    task: Task | None,
+    n: int,
+    *,
+    make_env: EnvFactory | None = None,
+    env_args: Mapping[str, Any] | None = None,
+    at_most: bool = False,
+) -> list[Sample]:
+    """The first `n` problems of the run's held-out stream, which it never trains on: the task's or the
+    game's eval split (drawn with `EVAL_SEED`), or the rows of `data.eval_source`. A longer stream starts
+    with a shorter one, so the eval set and SFT validation take consecutive, disjoint stretches of it.
+    A task whose eval split has fewer than `n` distinct problems is an error, or with `at_most` gives
+    the ones it has (a game's split and a file's rows never fail for being short)."""
+    if task is not None:
+        return task.eval_samples(n, EVAL_SEED, at_most=at_most)
+    if make_env is not None and data.source is None:
+        return type(make_env()).make_samples(n, EVAL_SEED, "eval", **(env_args or {}))
+    if data.eval_source is None:
+        raise ValueError("data.eval_source is required with data.source (a held-out split to evaluate on)")
+    return load_samples(data.eval_source, split="test", limit=n, **_dataset_fields(data))
+
+
+def validation_samples(
+    data: DataConfig,
+    task: Task | None,
+    train: list[Sample],
+    eval_set: list[Sample],
+    *,
+    val_size: int,
+    make_env: EnvFactory | None = None,
+    env_args: Mapping[str, Any] | None = None,
+) -> list[Sample]:
+    """SFT's validation problems: the `val_size` (`sft.val_size`) held-out problems that follow the eval
+    set, less any that repeat a training or eval problem. Early stopping then sees neither an RL training
+    prompt nor a problem the final eval scores. A held-out split with fewer problems (a small task, a tiny
+    game, a short eval file) validates on those it has beyond the eval set, or, with none, on eval
+    problems; each with a warning."""
+    n = len(eval_set) + val_size
+    stream = held_out_samples(data, task, n, make_env=make_env, env_args=env_args, at_most=True)
+    stream = stream[len(eval_set) :]
+    seen = {problem_key(s) for s in [*train, *eval_set]}
+    fresh = [s for s in stream if problem_key(s) not in seen]
+    if fresh:
+        if len(fresh) < val_size:
+            log.warning(
+                "SFT validation: the held-out split has only %d problems beyond the eval set's %d that "
+                "repeat no training or eval problem (sft.val_size %d); validating on those",
+                len(fresh),
+                len(eval_set),
+                val_size,
+            )
+        return fresh
+    log.warning(
+        "SFT validation: the held-out split has no problems beyond the eval set's %d; validating on "
+        "eval problems (early stopping sees the eval set)",
+        len(eval_set),
+    )
+    return (stream or eval_set)[:val_size]
+
+
+def problem_key(sample: Sample) -> tuple[str | None, str | None, str | None]:
+    """What makes two samples the same problem: the question and its reference answer (not the id)."""
+    messages = None if sample.messages is None else json.dumps(sample.messages, sort_keys=True, default=str)
+    return sample.prompt, messages, sample.answer
+
+
+def _dataset_fields(data: DataConfig) -> dict[str, Any]:
+    return dict(
+        prompt_field=data.prompt_field,
+        answer_field=data.answer_field,
+        messages_field=data.messages_field,
+        subset=data.subset,
+    )

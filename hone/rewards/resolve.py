@@ -1,0 +1,112 @@
+"""The run's reward, built from its `reward` section: every component's function resolved (a built-in
+name, `task`, or a `pkg.mod:fn` plugin), its factory run and its args checked now, so a bad name, arg or
+path fails in seconds with one line, before any model loads."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from hone.data import Task
+from hone.plugins import load_object
+from hone.rewards.base import BatchRewardFn, task_reward
+from hone.rewards.registry import REWARDS, TEXT_REWARDS
+from hone.rewards.scoring import RewardComponent, RewardScorer
+from hone.types import Rollout, Sample
+from hone.verifiers.sandbox import set_max_concurrency as set_sandbox_concurrency
+
+if TYPE_CHECKING:  # config imports this package (its correctness rule): a runtime import would be a cycle
+    from hone.config import RewardConfig
+
+log = logging.getLogger("hone")
+
+
+def load_reward(reward: RewardConfig, task: Task | None) -> RewardScorer:
+    """Build every reward component (factories run now, so a bad arg or path fails before training).
+    `task` is the run's task (`data.task`), which the `task` reward scores with and whose defaults a
+    built-in reward's args start from."""
+    if reward.sandbox_concurrency is not None:
+        set_sandbox_concurrency(reward.sandbox_concurrency)
+    else:  # as many as the reward calls in flight: a call's timeout must not run out waiting for a slot
+        set_sandbox_concurrency(reward.max_concurrency)
+    correctness = reward.correctness_component()
+    if correctness is None:
+        log.warning(
+            "no reward component grades correctness (a verifier, or one with correctness: true): "
+            "eval/accuracy counts responses whose total reward is full marks"
+        )
+    components = [
+        RewardComponent(
+            name, reward_fn(name, c.fn, c.args, task), c.weight, c.timeout_s, correctness=name == correctness
+        )
+        for name, c in reward.resolved().items()
+    ]
+    return RewardScorer(components, timeout_s=reward.timeout_s, max_concurrency=reward.max_concurrency)
+
+
+def reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) -> Any:
+    """Component `name`'s function: `spec` is `task`, a built-in reward (a factory called with `args`),
+    or `pkg.mod:fn` (a reward, or with `args` a factory of one); a one-line `ValueError` otherwise."""
+    where = f"reward {name!r} (fn {spec!r})"
+    text = "final"
+    if spec == "task":
+        if task is None:
+            raise ValueError(
+                f"{where} needs data.task or data.source reasoning_gym:<name>; "
+                "for a dataset choose a built-in reward or 'pkg.mod:fn'"
+            )
+        if args:
+            raise ValueError(f"{where} takes no args")
+        return task_reward(task)
+    if ":" in spec:
+        obj = load_object(spec, what=where)
+        if not callable(obj):
+            raise ValueError(f"{where} is not callable")
+        factory = obj if args else None  # with args the object is a factory, as built-in rewards are
+    elif spec in REWARDS:
+        factory = REWARDS[spec]
+        # The task's defaults for this reward (e.g. arithmetic: `math` refuses sums left undone);
+        # the recipe's args win.
+        args = {**(task.reward_args.get(spec, {}) if task is not None else {}), **args}
+        if spec in TEXT_REWARDS:
+            text = args.pop("text", "final")
+            if text not in ("final", "all"):
+                raise ValueError(
+                    f"{where}: text must be 'final' (the last assistant message) or 'all', got {text!r}"
+                )
+    else:
+        raise ValueError(f"{where}: unknown reward; built-in: {', '.join(sorted(REWARDS))}, or 'pkg.mod:fn'")
+    if factory is None:
+        return obj
+    try:
+        fn = factory(**args)
+    except TypeError as e:
+        raise ValueError(f"{where}: bad args {args}: {e}") from None
+    except (ValueError, RuntimeError, OSError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    return fn if text == "final" else all_assistant_text(fn)
+
+
+def all_assistant_text(fn: Any) -> Any:
+    """A text reward that scores every assistant message of an episode, joined, as its response
+    (`Rollout.assistant_text("all")`) instead of the final one; single-turn rollouts are unchanged."""
+    if isinstance(fn, BatchRewardFn):
+        return _AllTextBatch(fn)
+
+    def scored(rollout: Rollout, sample: Sample) -> Any:
+        return fn(_all_text(rollout), sample)  # an async reward's coroutine is awaited by the scorer
+
+    return scored
+
+
+@dataclass
+class _AllTextBatch:
+    fn: BatchRewardFn
+
+    def score_batch(self, rollouts: list[Rollout], samples: list[Sample]) -> list[Any]:
+        return self.fn.score_batch([_all_text(r) for r in rollouts], samples)
+
+
+def _all_text(rollout: Rollout) -> Rollout:
+    return replace(rollout, response_text=rollout.assistant_text("all"))
