@@ -18,7 +18,7 @@ from hone.orchestration.evaluate import evaluate
 from hone.rewards.env import env_reward
 from hone.rewards.math import math_verifier
 from hone.rewards.resolve import all_assistant_text, load_reward
-from hone.rollout import GenerationRequest, HFSampler
+from hone.rollout import HFSampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes, demonstration_tokens, run_episodes
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
