@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from safetensors.torch import load_file
 
 from hone.models import resolve_model
@@ -83,7 +84,10 @@ def check_tokenizer(policy: Policy, model_path: str) -> None:
         raise ValueError(f"model {model_path}: no usable tokenizer (text encodes to no tokens){files}")
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model {model_path}: the tokenizer defines no eos_token, so no response can end")
-    rows = policy.model.get_input_embeddings().num_embeddings
+    weight = getattr(policy.model.get_input_embeddings(), "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"model {model_path}: its input embeddings hold no weight matrix")
+    rows = weight.shape[0]
     if len(tokenizer) > rows:
         raise ValueError(
             f"model {model_path}: the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}"

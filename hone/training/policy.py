@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
 DType = Literal["float32", "bfloat16", "auto"]
-Device = Literal["cpu", "cuda", "auto"]
+Device = str  # "auto" | "cpu" | "cuda[:N]" (`model.device` checks the spelling)
 
 ADAPTER_DIR = "adapter"
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from hone.models.compat import cache_kwarg
@@ -189,7 +189,7 @@ class HFSampler:
         # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
         position_ids = torch.tensor(reused, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0)
         old_mask = torch.tensor([[0] * (cached_width - n) + [1] * n for n in reused], device=device)
-        cache = DynamicCache(PrefixStore.stack(hits, cached_width) or None, config=self.model.config)
+        cache = DynamicCache(PrefixStore.stack(hits, cached_width) or None, config=_config(self.model))
         mask = torch.cat([old_mask, new_mask], dim=1)
         return self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1), mask, cache
 
@@ -390,3 +390,11 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
+
+
+def _config(model: nn.Module) -> PreTrainedConfig:
+    """A causal LM's config (a PEFT wrapper forwards it); `nn.Module` types attributes as tensors."""
+    config = model.config
+    if not isinstance(config, PreTrainedConfig):
+        raise TypeError(f"the sampler's model {type(model).__name__} has no transformers config")
+    return config

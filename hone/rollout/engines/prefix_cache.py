@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 # One layer's cached keys and values, each [rows, kv_heads, tokens, head_dim].
 LayerKV = tuple[torch.Tensor, torch.Tensor]
@@ -40,7 +41,7 @@ class PrefixStore:
     ) -> None:
         """Store `rows` of `cache`, each under `sequences[k]`, the tokens it holds (its mask's ones)."""
         index = torch.tensor(rows, device=mask.device)
-        block = [(layer.keys[index], layer.values[index]) for layer in cache.layers]
+        block = [_key_values(layer, index) for layer in cache.layers]
         for k, (tokens, row_mask) in enumerate(zip(sequences, mask[index].tolist(), strict=True)):
             columns = [c for c, real in enumerate(row_mask) if real]
             if len(columns) != len(tokens):
@@ -82,3 +83,14 @@ class PrefixStore:
                 keys[dest] = src_keys[picks].gather(2, index)
                 values[dest] = src_values[picks].gather(2, index)
         return layers
+
+
+def _key_values(layer: object, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of `rows` of one attention layer's cache. A layer without them (linear attention,
+    as in hybrid models) cannot be stored by prefix: one line, not a failure deep inside a later lookup."""
+    if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+        raise RuntimeError(
+            f"prefix cache: a {type(layer).__name__} cache layer holds no keys/values to reuse; "
+            "set rollout.prefix_cache: false for this model"
+        )
+    return layer.keys[index], layer.values[index]
