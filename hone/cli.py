@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     from hone.orchestration.loop import RunInterrupted, SetupError
-    from hone.orchestration.ray_backend import RayClusterError
+    from hone.orchestration.ray_cluster import RayClusterError
     from hone.orchestration.rollouts import ProducerError
     from hone.orchestration.weights import WeightPublishTimeout
     from hone.rewards.scoring import RewardOutageError

@@ -22,13 +22,14 @@ import torch
 from hone.config import load_config
 from hone.orchestration import loop
 from hone.orchestration import producer as producer_module
+from hone.orchestration.executors import ThreadExecutor
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import train
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups, sampling_params
-from hone.orchestration.rollouts import AsyncRollouts
+from hone.orchestration.rollouts import Rollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.training.checkpoint import Checkpointer
-from hone.types import Rollout
+from hone.types import Rollout, Sample
 from tests.test_orchestration import tiny_overrides
 from tests.test_weights import _final_weights
 
@@ -45,8 +46,9 @@ def _run(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
 def test_async_with_no_staleness_trains_exactly_like_sync(
     tmp_path: Path, micro_model_dir: Path, producers: int
 ) -> None:
-    """With two producers the steps alternate between two samplers, each its own copy of the weights:
-    every publish must reach both, or the second would sample step 2 with version 0's weights."""
+    """One producer: bit for bit the synchronous run. Two split every step into two shares, each on its
+    own sampler (its own copy of the weights) and seeded apart, so their draws differ from one
+    producer's; every publish must reach both, or one would sample with version 0's weights (staleness)."""
     sync = _final_weights(_run(tmp_path, micro_model_dir, "sync"))
     run = _run(
         tmp_path,
@@ -54,8 +56,11 @@ def test_async_with_no_staleness_trains_exactly_like_sync(
         "async",
         **{"trainer.mode": "async", "trainer.max_staleness": 0, "trainer.producers": producers},
     )
-    same = _final_weights(run)
-    assert sync.keys() == same.keys() and all(torch.equal(sync[k], same[k]) for k in sync)
+    if producers == 1:
+        same = _final_weights(run)
+        assert sync.keys() == same.keys() and all(torch.equal(sync[k], same[k]) for k in sync)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["staleness/max"] == 0.0 for r in rows)
     assert not _producer_threads()  # the run closed it
 
 
@@ -435,21 +440,38 @@ def _workers(delays: dict[int, float], count: int) -> list[tuple[Any, Any]]:
     return workers
 
 
+class _Plan:
+    """`prompts` prompts a step, nothing learnt from outcomes."""
+
+    def __init__(self, prompts: int) -> None:
+        self.prompts = prompts
+
+    def batch(self, step: int) -> list[Sample]:
+        return [Sample(id=f"{step}-{k}", prompt="p") for k in range(self.prompts)]
+
+    def observe(self, step: int, outcomes: Any) -> dict[str, float]:
+        return {}
+
+
+def _source(workers: list[tuple[Any, Any]], *, ahead: int, steps: int) -> Rollouts:
+    return Rollouts(
+        ThreadExecutor(workers), _Plan(len(workers)), start=0, steps=steps, ahead=ahead, version=0
+    )
+
+
 def test_a_publish_does_not_wait_for_the_producers_step_and_lands_as_its_next_step_starts() -> None:
     """The producer is 0.6 s into step 1 when the learner publishes version 1: the publish returns at once
     (the learner trains on), step 1 keeps the version it started with, step 2 starts with version 1."""
-    ((producer, weights),) = _workers({1: 0.6}, 1)
-    source = AsyncRollouts(producer, weights)
+    workers = _workers({1: 0.6}, 1)
+    ((_, weights),) = workers
+    source = _source(workers, ahead=1, steps=3)
     try:
-        source.submit(PromptBatch(step=0, samples=[]))
-        source.submit(PromptBatch(step=1, samples=[]))
-        assert source.take().rollouts[0].policy_version == 0
+        assert source.take().rollouts[0].policy_version == 0  # step 1 admitted with it
         time.sleep(0.1)  # the producer is inside step 1
         started = time.perf_counter()
         source.publish(1)
         assert time.perf_counter() - started < 0.3
         assert (weights.version, weights.published) == (0, 1)
-        source.submit(PromptBatch(step=2, samples=[]))
         one, two = source.take(), source.take()
         assert (one.rollouts[0].policy_version, one.metrics["staleness/max"]) == (0, 1.0)
         assert (two.rollouts[0].policy_version, two.metrics["staleness/max"]) == (1, 0.0)
@@ -458,21 +480,19 @@ def test_a_publish_does_not_wait_for_the_producers_step_and_lands_as_its_next_st
     assert not _producer_threads()
 
 
-def test_two_producers_keep_two_steps_in_flight_and_hand_them_over_in_order() -> None:
-    """Step 0 takes 1 s, step 1 0.5 s: the second producer finishes step 1 first, `take` still returns
-    step 0 first, and both were done in about the time of the slower one (in flight together)."""
-    (producer, weights), *replicas = _workers({0: 1.0, 1: 0.5}, 2)
-    source = AsyncRollouts(producer, weights, replicas=replicas)
+def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in_prompt_order() -> None:
+    """Each producer's share of step 0 takes 0.5 s: the step is done in about the time of one (in flight
+    together), its groups are the shares' in prompt order, and a publish reaches both producers."""
+    workers = _workers({0: 0.5}, 2)
+    source = _source(workers, ahead=0, steps=2)
     try:
         started = time.perf_counter()
-        source.submit(PromptBatch(step=0, samples=[]))
-        source.submit(PromptBatch(step=1, samples=[]))
         first = source.take()
-        assert first.step == 0 and first.metrics["buffer/groups"] == 1.0  # step 1 was waiting, done
-        assert source.take().step == 1
-        assert time.perf_counter() - started < 1.3  # one after the other: 1.5 s
+        assert time.perf_counter() - started < 0.9  # one after the other: 1 s
+        assert first.step == 0 and [r.group_id for r in first.rollouts] == [0, 1]
         source.publish(1)
-        assert [w.published for _, w in [(producer, weights), *replicas]] == [1, 1]
+        assert [w.published for _, w in workers] == [1, 1]
+        assert {r.policy_version for r in source.take().rollouts} == {1}
     finally:
         source.close()
     assert not _producer_threads()
