@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -128,6 +130,7 @@ def ray_session(cluster: ClusterConfig) -> Iterator[None]:
 
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     started = False
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     if not ray.is_initialized():
         if address:
             _check_reachable(address)
@@ -143,6 +146,10 @@ def ray_session(cluster: ClusterConfig) -> Iterator[None]:
         else:
             ray.init(include_dashboard=False, num_cpus=_local_cpus(cluster))
             started = True
+    if threading.current_thread() is threading.main_thread() and on_sigterm is not None:
+        # `ray.init` puts its own SIGTERM handler (`sys.exit`) over the run's: keep the run's, so SIGTERM
+        # ends a Ray run as Ctrl-C does (one line, its actors removed), not by an abort at exit.
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
