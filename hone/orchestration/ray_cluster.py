@@ -9,6 +9,7 @@ available, and nothing of the request is left behind.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -18,7 +19,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from hone.config import ClusterConfig
+from hone.config import ClusterConfig, LearnerRoleConfig
+
+log = logging.getLogger("hone")
 
 
 class RayClusterError(RuntimeError):
@@ -128,6 +131,11 @@ def ray_session(cluster: ClusterConfig) -> Iterator[None]:
     test's, a notebook's) is used as it is and left running."""
     import ray
 
+    if cluster.learner != LearnerRoleConfig():
+        log.warning(
+            "cluster.learner is deprecated and ignored: the learner runs in the driver process (with "
+            "`ray job submit`, give it resources with --entrypoint-num-cpus/-num-gpus/-resources)"
+        )
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     started = False
     on_sigterm = signal.getsignal(signal.SIGTERM)
