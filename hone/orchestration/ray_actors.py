@@ -37,6 +37,7 @@ from hone.orchestration.rollouts import produce_with_retries
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rollout import HFSampler, Sampler
 from hone.rollout.multiturn import Episodes
+from hone.training.policy import Policy
 from hone.types import Rollout, Sample
 
 log = logging.getLogger("hone")
@@ -134,18 +135,19 @@ class RemoteRewards:
         return metrics
 
 
-def sampler_engine(cfg: HoneConfig, model: torch.nn.Module, tokenizer: Any, model_path: str) -> Sampler:
-    """A sampler actor's engine over the one model it loaded. The HF engine takes that model itself (a
-    local run's sampler needs its own copy, `components.sampler_model`, because the learner trains the
-    original; here nothing else uses it): the same module, LoRA wrapper and `requires_grad` flags as the
-    local copy, so one actor samples bit for bit what a local run does."""
+def sampler_engine(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
+    """A sampler actor's engine over the one model it loaded (`policy`: no optimizer, nothing trains it).
+    The HF engine takes that model itself (a local run's sampler needs its own copy,
+    `components.sampler_model`, because the learner trains the original; here nothing else uses it): the
+    same module, LoRA wrapper and `requires_grad` flags as the local copy, so one actor samples bit for
+    bit what a local run does. vLLM loads the model files itself (`components.build_sampler`)."""
     if cfg.rollout.engine != "hf":
-        from hone.training.policy import Policy
-
-        return build_sampler(cfg, Policy(model, tokenizer), model_path)  # vLLM loads the files itself
+        return build_sampler(cfg, policy, model_path)
+    assert policy.tokenizer is not None  # `Policy.from_pretrained` loads one
+    model: torch.nn.Module = policy.model
     return HFSampler(
         model.to(torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else model,
-        tokenizer,
+        policy.tokenizer,
         max_batch_size=cfg.rollout.max_batch_size,
         prefix_cache=cfg.rollout.prefix_cache,
     )
@@ -170,7 +172,8 @@ class SamplerActor:
         model_path = resolve_model(config.model.path)
         policy = load_policy(config, model_path)  # the model as the learner builds it; no optimizer
         tokenizer = policy.tokenizer
-        self.engine = sampler_engine(config, policy.model, tokenizer, model_path)
+        assert tokenizer is not None  # `from_pretrained` loads one
+        self.engine = sampler_engine(config, policy, model_path)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         # `Producer` reads the tokenizer as `parts.policy.tokenizer`; the channel is unused here (`load`).
         parts = RunComponents(

@@ -50,7 +50,7 @@ def place(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     group = placement_group([dict(request)] * count, strategy="PACK")
-    remote = ray.remote(cls)
+    remote: Any = ray.remote(cls)
     actors: list[Any] = []
     try:
         try:
@@ -131,7 +131,7 @@ def ray_session(cluster: ClusterConfig) -> Iterator[None]:
     test's, a notebook's) is used as it is and left running."""
     import ray
 
-    if cluster.learner != LearnerRoleConfig():
+    if cluster.learner != LearnerRoleConfig.model_validate({}):
         log.warning(
             "cluster.learner is deprecated and ignored: the learner runs in the driver process (with "
             "`ray job submit`, give it resources with --entrypoint-num-cpus/-num-gpus/-resources)"

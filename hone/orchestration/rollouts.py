@@ -257,7 +257,8 @@ def merge_shares(shares: list[PromptBatch], results: list[ScoredGroups]) -> Scor
     shifted by the groups before the share; metrics averaged over the shares weighted by their prompts,
     times the slowest share's, fault counts summed; per-prompt outcomes summed (a prompt drawn twice in
     a step may fall in two shares)."""
-    rollouts, metrics, offset = [], {}, 0
+    rollouts, offset = [], 0
+    metrics: dict[str, float] = {}
     outcomes: dict[str, tuple[int, int]] = {}
     total = sum(len(s.samples) for s in shares)
     for share, result in zip(shares, results, strict=True):
