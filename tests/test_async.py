@@ -496,3 +496,55 @@ def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in
     finally:
         source.close()
     assert not _producer_threads()
+
+
+class _RecordingExecutor:
+    """An executor that produces at once, recording which step was submitted before which take."""
+
+    inline = False
+    width = 1
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def submit(self, k: int, prompts: PromptBatch) -> Any:
+        self.events.append(f"submit {prompts.step}")
+        events = self.events
+
+        class Done:
+            def result(self) -> ScoredGroups:
+                events.append(f"take {prompts.step}")
+                return ScoredGroups(step=prompts.step, rollouts=[], metrics={}, new_tokens=0)
+
+            def peek(self) -> ScoredGroups | None:
+                return None
+
+        return Done()
+
+    def publish(self, version: int) -> None:
+        pass
+
+    def idle_s(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_admission_submits_step_s_once_s_minus_eta_steps_are_taken_and_never_past_the_last(eta: int) -> None:
+    """AReaL's rule counted in steps, owned by the source: before the take of step t every step up to
+    t + η is submitted, none beyond the run's last; a resumed source starts at its checkpoint's step."""
+    executor = _RecordingExecutor()
+    source = Rollouts(executor, _Plan(1), start=1, steps=5, ahead=eta, version=0)
+    assert [source.take().step for _ in range(4)] == [1, 2, 3, 4]
+    expected = []
+    submitted = 1
+    for t in range(1, 5):
+        while submitted <= min(t + eta, 4):
+            expected.append(f"submit {submitted}")
+            submitted += 1
+        expected.append(f"take {t}")
+    assert executor.events == expected
+    with pytest.raises(RuntimeError, match="past the run's last step"):
+        source.take()

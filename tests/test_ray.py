@@ -356,3 +356,19 @@ def test_two_nodes_samplers_on_one_reward_worker_on_the_other(tmp_path: Path, mi
         cluster.shutdown()
     # `Cluster.shutdown` kills the raylets outright, so the node agents exit late, as after a SIGKILL.
     _assert_no_ray_processes_soon(timeout_s=90, ignore=NODE_AGENTS)
+
+
+def test_a_reward_worker_builds_the_task_without_drawing_the_training_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`task_of` resolves the task a reward grades against as `load_data` does, but draws no samples."""
+    from hone.config import DataConfig
+    from hone.data.tasks import Task
+    from hone.orchestration.ray_actors import task_of
+
+    def no_samples(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a reward worker drew training samples")
+
+    monkeypatch.setattr(Task, "train_samples", no_samples)
+    assert isinstance(task_of(DataConfig(task="arithmetic")), Task)
+    assert task_of(DataConfig(task=None, source="rows.jsonl")) is None
