@@ -3,7 +3,10 @@
 This is the only module that knows the order of the stages, at the level of producer
 (`orchestration.producer`: prompts → sample → score → filter) and learner (`orchestration.learner`:
 collate → old/ref log-probs → advantages → update → publish weights), which talk through a
-`RolloutSource` (`orchestration.rollouts`). Each step is a pure function of
+`RolloutSource` (`orchestration.rollouts`). This process runs the loop whatever the back-end: only where
+the producers run changes (`orchestration.placement`: inline, threads, Ray actors). The learner's seam is
+`learner.learn(groups, step)` plus the tensors a publish sends (`components.weight_source`), so a learner
+of N ranks can stand behind the same two calls. Each step is a pure function of
 (seed, step, weights, optimizer state, LR): prompts come from the curriculum (`data.scheduler`; its state
 is checkpointed, and `uniform` is `PromptStream.batch(step)`, a function of the step) and sampling is
 seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped

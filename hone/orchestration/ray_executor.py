@@ -96,7 +96,11 @@ class _Share:
                 self._ref = self._executor._restarted(self.k, self.prompts)
                 continue
             except ray.exceptions.RayTaskError as e:  # raised in the actor, past its retries
-                raise e.cause from None
+                if isinstance(e.cause, BaseException):
+                    raise e.cause from None
+                raise ProducerError(
+                    f"stopped at RL step {self.prompts.step + 1}: {str(e).splitlines()[0]}"
+                ) from None
             before = groups.metrics.get("faults/actor_restarts", 0.0)  # its reward workers' restarts
             groups.metrics["faults/actor_restarts"] = before + restarts
             self._got = groups
