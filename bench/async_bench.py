@@ -15,10 +15,10 @@
    Trajectories/s counts trained trajectories over the RL wall time (first step begun to last step
    done); the learner is idle when it waits for groups (`take`) or in a publish (which no longer waits
    for the producer: the column stays as evidence).
-2. Simulated split devices: the real `AsyncRollouts`/`SyncRollouts` and `LocalWeightChannel`, with fake
+2. Simulated split devices: the real rollout source, its executors and `LocalWeightChannel`, with fake
    producers that sleep a lognormal sampling time per step (sigma 1, mean 1x and 2x the learner's step)
-   and a learner that sleeps a fixed step, the loop's admission rule (step s submitted once s - eta
-   steps are trained) copied from `loop._train`. Nothing competes for cores: this is the scheduling
+   and a learner that sleeps a fixed step, under the source's own admission rule (step s submitted once
+   s - eta steps are trained). Nothing competes for cores: this is the scheduling
    gain alone, eta = 0, 1, 2, 4, 8 with one producer, 2, 4, 8 with two and four, against sync.
 
     .venv/bin/python bench/async_bench.py     # ~13 minutes (60 s an arm); --arm-seconds 5: a smoke run
