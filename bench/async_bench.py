@@ -15,10 +15,10 @@
    Trajectories/s counts trained trajectories over the RL wall time (first step begun to last step
    done); the learner is idle when it waits for groups (`take`) or in a publish (which no longer waits
    for the producer: the column stays as evidence).
-2. Simulated split devices: the real `AsyncRollouts`/`SyncRollouts` and `LocalWeightChannel`, with fake
+2. Simulated split devices: the real rollout source, its executors and `LocalWeightChannel`, with fake
    producers that sleep a lognormal sampling time per step (sigma 1, mean 1x and 2x the learner's step)
-   and a learner that sleeps a fixed step, the loop's admission rule (step s submitted once s - eta
-   steps are trained) copied from `loop._train`. Nothing competes for cores: this is the scheduling
+   and a learner that sleeps a fixed step, under the source's own admission rule (step s submitted once
+   s - eta steps are trained). Nothing competes for cores: this is the scheduling
    gain alone, eta = 0, 1, 2, 4, 8 with one producer, 2, 4, 8 with two and four, against sync.
 
     .venv/bin/python bench/async_bench.py     # ~13 minutes (60 s an arm); --arm-seconds 5: a smoke run
@@ -47,9 +47,10 @@ import torch
 from hone.config import load_config
 from hone.envs import Environment, Message, StepResult, register_env
 from hone.orchestration import loop
+from hone.orchestration.executors import InlineExecutor, ThreadExecutor
 from hone.orchestration.learner import Learner
 from hone.orchestration.producer import PromptBatch, ScoredGroups
-from hone.orchestration.rollouts import AsyncRollouts, SyncRollouts
+from hone.orchestration.rollouts import Executor, Rollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards.registry import register_reward
 from hone.types import Rollout, Sample
@@ -171,8 +172,8 @@ class _Recorder:
     @contextmanager
     def patched(self, pin: bool) -> Iterator[None]:
         real_step, real_learn = loop.rl_step, Learner.learn
-        real_publish = {cls: cls.publish for cls in (SyncRollouts, AsyncRollouts)}
-        real_produce_all = AsyncRollouts._produce_all
+        real_publish = {cls: cls.publish for cls in (Rollouts,)}
+        real_produce_all = ThreadExecutor._produce_all
 
         def step(step: int, rollouts: Any, learner: Learner) -> dict[str, float]:
             self.start = time.perf_counter() if self.start is None else self.start
@@ -195,7 +196,7 @@ class _Recorder:
 
             return publish
 
-        def produce_pinned(rollouts: AsyncRollouts, *worker: Any) -> None:
+        def produce_pinned(rollouts: ThreadExecutor, *worker: Any) -> None:
             os.sched_setaffinity(0, {1})  # pid 0: this thread only
             torch.set_num_threads(1)  # OpenMP's thread count is per calling thread
             real_produce_all(rollouts, *worker)
@@ -205,7 +206,7 @@ class _Recorder:
             cls.publish = publishing(cls)  # type: ignore[method-assign]
         cores = os.sched_getaffinity(0)
         if pin:
-            AsyncRollouts._produce_all = produce_pinned  # type: ignore[method-assign]
+            ThreadExecutor._produce_all = produce_pinned  # type: ignore[method-assign]
             os.sched_setaffinity(0, {0})
         try:
             yield
@@ -213,7 +214,7 @@ class _Recorder:
             loop.rl_step, Learner.learn = real_step, real_learn  # type: ignore[method-assign]
             for cls, fn in real_publish.items():
                 cls.publish = fn  # type: ignore[method-assign]
-            AsyncRollouts._produce_all = real_produce_all  # type: ignore[method-assign]
+            ThreadExecutor._produce_all = real_produce_all  # type: ignore[method-assign]
             os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))
 
@@ -296,26 +297,38 @@ class _SimProducer:
         return ScoredGroups(step=prompts.step, rollouts=rollouts, metrics={}, new_tokens=0)
 
 
+class _SimPlan:
+    """One prompt per producer a step (a share each), nothing learnt from outcomes."""
+
+    def __init__(self, prompts: int) -> None:
+        self.prompts = prompts
+
+    def batch(self, step: int) -> list[Sample]:
+        return [Sample(id=f"{step}-{k}", prompt="p") for k in range(self.prompts)]
+
+    def observe(self, step: int, outcomes: Any) -> dict[str, float]:
+        return {}
+
+
 def simulate(eta: int | None, latencies: list[float], learn_s: float, producers: int = 1) -> dict[str, float]:
-    """Steps/s of `len(latencies)` steps; eta None = `SyncRollouts`, else `AsyncRollouts` under eta with
-    `producers` producers (each its own sampler and channel, as `trainer.producers` builds them)."""
+    """Steps/s of `len(latencies)` steps; eta None = the inline executor, else the thread executor under eta
+    with `producers` producers (each its own sampler and channel, as `trainer.producers` builds them; each
+    produces a share of every step, here taking the step's latency: a share waits on its slowest too)."""
     workers = []
     for _ in range(producers):
         weights = LocalWeightChannel(dict, _SimSampler(), timeout_s=60)  # type: ignore[arg-type]
         workers.append((_SimProducer(weights, latencies, groups=4), weights))
-    (producer, weights), replicas = workers[0], workers[1:]
-    source = (
-        SyncRollouts(producer, weights)  # type: ignore[arg-type]
+    (producer, weights) = workers[0]
+    executor: Executor = (
+        InlineExecutor(producer, weights)  # type: ignore[arg-type]
         if eta is None
-        else AsyncRollouts(producer, weights, replicas=replicas)  # type: ignore[arg-type]
+        else ThreadExecutor(workers)  # type: ignore[arg-type]
     )
-    ahead, steps, submitted, lags, publish_s = eta or 0, len(latencies), 0, [], 0.0
+    steps, lags, publish_s = len(latencies), [], 0.0
+    source = Rollouts(executor, _SimPlan(producers), start=0, steps=steps, ahead=eta or 0, version=0)
     t0 = time.perf_counter()
     with closing(source):
         for step in range(steps):
-            for s in range(submitted, min(step + ahead + 1, steps)):
-                source.submit(PromptBatch(step=s, samples=[]))
-            submitted = max(submitted, min(step + ahead + 1, steps))
             groups = source.take()
             lags += [weights.published - r.policy_version for r in groups.rollouts]
             time.sleep(learn_s)  # the learner's device

@@ -23,12 +23,8 @@ from hone.orchestration import loop
 STEPS = 30
 ARMS: list[tuple[str, dict[str, object]]] = [
     ("local (sync)", {}),
-    ("ray, 1 sampler", {"cluster.backend": "ray"}),
-    ("ray, 1 sampler, learner 2 CPUs", {"cluster.backend": "ray", "cluster.learner.num_cpus": 2}),
-    (
-        "ray, 2 samplers, learner 2 CPUs",
-        {"cluster.backend": "ray", "cluster.samplers.count": 2, "cluster.learner.num_cpus": 2},
-    ),
+    ("ray, 1 sampler", {"cluster.backend": "ray"}),  # the learner runs in the driver, on its threads
+    ("ray, 2 samplers", {"cluster.backend": "ray", "cluster.samplers.count": 2}),
 ]
 
 

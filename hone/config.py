@@ -651,16 +651,20 @@ class RewardWorkersConfig(Section):
 
 
 class LearnerRoleConfig(Section):
-    num_cpus: float = Field(1, gt=0, description="CPUs reserved for the learner actor (its torch threads)")
-    num_gpus: float = Field(0, ge=0, description="GPUs reserved for the learner actor")
+    """Deprecated and ignored (a one-line warning when set): the learner runs in the driver process, which
+    `ray job submit --entrypoint-num-cpus/--entrypoint-num-gpus/--entrypoint-resources` places. Kept so
+    recipes that set it still load, and for the learner ranks the driver will place as actors."""
+
+    num_cpus: float = Field(1, gt=0, description="deprecated, ignored: the learner runs in the driver")
+    num_gpus: float = Field(0, ge=0, description="deprecated, ignored: the learner runs in the driver")
     resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources the learner actor needs (e.g. a node's)"
+        default_factory=dict, description="deprecated, ignored: the learner runs in the driver"
     )
 
 
 class ClusterConfig(Section):
     backend: Literal["local", "ray"] = Field(
-        "local", description="ray: the learner, samplers and reward workers run as Ray actors (same recipe)"
+        "local", description="ray: samplers and reward workers run as Ray actors, the learner in the driver"
     )
     address: str | None = Field(
         None, description="ray: a cluster to attach to (else RAY_ADDRESS; else a local one is started)"

@@ -24,7 +24,9 @@ from hone.config import HoneConfig, load_config
 from hone.data import Task
 from hone.data.splits import load_data, validation_samples
 from hone.orchestration.collate import collate
+from hone.orchestration.executors import InlineExecutor
 from hone.orchestration.loop import train
+from hone.orchestration.rollouts import Rollouts
 from hone.rollout import GenerationRequest, HFSampler
 from hone.training.policy import Policy
 from hone.types import Batch, Rollout, Sample, SamplingParams
@@ -329,3 +331,25 @@ def run_validation(
     return validation_samples(
         cfg.data, task, train, eval_set, val_size=cfg.sft.val_size, make_env=make_env, env_args=cfg.env.args
     )
+
+
+class OneStep:
+    """A prompt plan that is one step's prompts (`samples` at `step`), learning nothing from outcomes."""
+
+    def __init__(self, step: int, samples: list[Sample]) -> None:
+        self.step, self.samples = step, samples
+
+    def batch(self, step: int) -> list[Sample]:
+        assert step == self.step
+        return self.samples
+
+    def observe(self, step: int, outcomes: Any) -> dict[str, float]:
+        return {}
+
+
+def sync_source(
+    producer: Any, weights: Any, step: int, samples: list[Sample], *, retries: int = 0
+) -> Rollouts:
+    """The synchronous rollout source of a run, for the one step `step` with the prompts `samples`."""
+    executor = InlineExecutor(producer, weights, retries=retries)
+    return Rollouts(executor, OneStep(step, samples), start=step, steps=step + 1, ahead=0, version=0)

@@ -22,13 +22,14 @@ import torch
 from hone.config import load_config
 from hone.orchestration import loop
 from hone.orchestration import producer as producer_module
+from hone.orchestration.executors import ThreadExecutor
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import train
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups, sampling_params
-from hone.orchestration.rollouts import AsyncRollouts
+from hone.orchestration.rollouts import Rollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.training.checkpoint import Checkpointer
-from hone.types import Rollout
+from hone.types import Rollout, Sample
 from tests.helpers import TOKEN_REWARD, final_weights, tiny_overrides, train_tiny
 
 
@@ -36,8 +37,9 @@ from tests.helpers import TOKEN_REWARD, final_weights, tiny_overrides, train_tin
 def test_async_with_no_staleness_trains_exactly_like_sync(
     tmp_path: Path, micro_model_dir: Path, producers: int
 ) -> None:
-    """With two producers the steps alternate between two samplers, each its own copy of the weights:
-    every publish must reach both, or the second would sample step 2 with version 0's weights."""
+    """One producer: bit for bit the synchronous run. Two split every step into two shares, each on its
+    own sampler (its own copy of the weights) and seeded apart, so their draws differ from one
+    producer's; every publish must reach both, or one would sample with version 0's weights (staleness)."""
     sync = final_weights(train_tiny(tmp_path, micro_model_dir, "sync"))
     run = train_tiny(
         tmp_path,
@@ -45,8 +47,11 @@ def test_async_with_no_staleness_trains_exactly_like_sync(
         "async",
         **{"trainer.mode": "async", "trainer.max_staleness": 0, "trainer.producers": producers},
     )
-    same = final_weights(run)
-    assert sync.keys() == same.keys() and all(torch.equal(sync[k], same[k]) for k in sync)
+    if producers == 1:
+        same = final_weights(run)
+        assert sync.keys() == same.keys() and all(torch.equal(sync[k], same[k]) for k in sync)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["staleness/max"] == 0.0 for r in rows)
     assert not _producer_threads()  # the run closed it
 
 
@@ -426,21 +431,38 @@ def _workers(delays: dict[int, float], count: int) -> list[tuple[Any, Any]]:
     return workers
 
 
+class _Plan:
+    """`prompts` prompts a step, nothing learnt from outcomes."""
+
+    def __init__(self, prompts: int) -> None:
+        self.prompts = prompts
+
+    def batch(self, step: int) -> list[Sample]:
+        return [Sample(id=f"{step}-{k}", prompt="p") for k in range(self.prompts)]
+
+    def observe(self, step: int, outcomes: Any) -> dict[str, float]:
+        return {}
+
+
+def _source(workers: list[tuple[Any, Any]], *, ahead: int, steps: int) -> Rollouts:
+    return Rollouts(
+        ThreadExecutor(workers), _Plan(len(workers)), start=0, steps=steps, ahead=ahead, version=0
+    )
+
+
 def test_a_publish_does_not_wait_for_the_producers_step_and_lands_as_its_next_step_starts() -> None:
     """The producer is 0.6 s into step 1 when the learner publishes version 1: the publish returns at once
     (the learner trains on), step 1 keeps the version it started with, step 2 starts with version 1."""
-    ((producer, weights),) = _workers({1: 0.6}, 1)
-    source = AsyncRollouts(producer, weights)
+    workers = _workers({1: 0.6}, 1)
+    ((_, weights),) = workers
+    source = _source(workers, ahead=1, steps=3)
     try:
-        source.submit(PromptBatch(step=0, samples=[]))
-        source.submit(PromptBatch(step=1, samples=[]))
-        assert source.take().rollouts[0].policy_version == 0
+        assert source.take().rollouts[0].policy_version == 0  # step 1 admitted with it
         time.sleep(0.1)  # the producer is inside step 1
         started = time.perf_counter()
         source.publish(1)
         assert time.perf_counter() - started < 0.3
         assert (weights.version, weights.published) == (0, 1)
-        source.submit(PromptBatch(step=2, samples=[]))
         one, two = source.take(), source.take()
         assert (one.rollouts[0].policy_version, one.metrics["staleness/max"]) == (0, 1.0)
         assert (two.rollouts[0].policy_version, two.metrics["staleness/max"]) == (1, 0.0)
@@ -449,21 +471,71 @@ def test_a_publish_does_not_wait_for_the_producers_step_and_lands_as_its_next_st
     assert not _producer_threads()
 
 
-def test_two_producers_keep_two_steps_in_flight_and_hand_them_over_in_order() -> None:
-    """Step 0 takes 1 s, step 1 0.5 s: the second producer finishes step 1 first, `take` still returns
-    step 0 first, and both were done in about the time of the slower one (in flight together)."""
-    (producer, weights), *replicas = _workers({0: 1.0, 1: 0.5}, 2)
-    source = AsyncRollouts(producer, weights, replicas=replicas)
+def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in_prompt_order() -> None:
+    """Each producer's share of step 0 takes 0.5 s: the step is done in about the time of one (in flight
+    together), its groups are the shares' in prompt order, and a publish reaches both producers."""
+    workers = _workers({0: 0.5}, 2)
+    source = _source(workers, ahead=0, steps=2)
     try:
         started = time.perf_counter()
-        source.submit(PromptBatch(step=0, samples=[]))
-        source.submit(PromptBatch(step=1, samples=[]))
         first = source.take()
-        assert first.step == 0 and first.metrics["buffer/groups"] == 1.0  # step 1 was waiting, done
-        assert source.take().step == 1
-        assert time.perf_counter() - started < 1.3  # one after the other: 1.5 s
+        assert time.perf_counter() - started < 0.9  # one after the other: 1 s
+        assert first.step == 0 and [r.group_id for r in first.rollouts] == [0, 1]
         source.publish(1)
-        assert [w.published for _, w in [(producer, weights), *replicas]] == [1, 1]
+        assert [w.published for _, w in workers] == [1, 1]
+        assert {r.policy_version for r in source.take().rollouts} == {1}
     finally:
         source.close()
     assert not _producer_threads()
+
+
+class _RecordingExecutor:
+    """An executor that produces at once, recording which step was submitted before which take."""
+
+    inline = False
+    width = 1
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def submit(self, k: int, prompts: PromptBatch) -> Any:
+        self.events.append(f"submit {prompts.step}")
+        events = self.events
+
+        class Done:
+            def result(self) -> ScoredGroups:
+                events.append(f"take {prompts.step}")
+                return ScoredGroups(step=prompts.step, rollouts=[], metrics={}, new_tokens=0)
+
+            def peek(self) -> ScoredGroups | None:
+                return None
+
+        return Done()
+
+    def publish(self, version: int) -> None:
+        pass
+
+    def idle_s(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_admission_submits_step_s_once_s_minus_eta_steps_are_taken_and_never_past_the_last(eta: int) -> None:
+    """AReaL's rule counted in steps, owned by the source: before the take of step t every step up to
+    t + η is submitted, none beyond the run's last; a resumed source starts at its checkpoint's step."""
+    executor = _RecordingExecutor()
+    source = Rollouts(executor, _Plan(1), start=1, steps=5, ahead=eta, version=0)
+    assert [source.take().step for _ in range(4)] == [1, 2, 3, 4]
+    expected = []
+    submitted = 1
+    for t in range(1, 5):
+        while submitted <= min(t + eta, 4):
+            expected.append(f"submit {submitted}")
+            submitted += 1
+        expected.append(f"take {t}")
+    assert executor.events == expected
+    with pytest.raises(RuntimeError, match="past the run's last step"):
+        source.take()

@@ -376,7 +376,7 @@ def test_http_clients_do_not_log_each_request_under_hones_prefix(monkeypatch: py
         ("hone.plugins", "PluginError", ValueError),
         ("hone.orchestration.loop", "SetupError", RuntimeError),
         ("hone.orchestration.rollouts", "ProducerError", RuntimeError),
-        ("hone.orchestration.ray_backend", "RayClusterError", RuntimeError),
+        ("hone.orchestration.ray_cluster", "RayClusterError", RuntimeError),
         ("hone.orchestration.weights", "WeightPublishTimeout", RuntimeError),
         ("hone.rewards.scoring", "RewardOutageError", RuntimeError),
         ("hone.training.optim", "NonFiniteGradientError", RuntimeError),

@@ -20,9 +20,8 @@ from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import SetupError, rl_step, train
-from hone.orchestration.producer import Producer, PromptBatch, drop_zero_variance_groups
+from hone.orchestration.producer import Producer, drop_zero_variance_groups
 from hone.orchestration.prompts import PromptStream
-from hone.orchestration.rollouts import SyncRollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward
@@ -31,7 +30,13 @@ from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Batch, Rollout, Sample, SamplingParams
-from tests.helpers import RecordingTrainer, assert_same_weights, killed_and_resumed, tiny_overrides
+from tests.helpers import (
+    RecordingTrainer,
+    assert_same_weights,
+    killed_and_resumed,
+    sync_source,
+    tiny_overrides,
+)
 
 
 def rollout(prompt: list[int], response: list[int], group: int = 0, reward: float = 0.0) -> Rollout:
@@ -302,7 +307,9 @@ def one_step(
     cfg = load_config(None, ["algorithm.skip_zero_variance_groups=false", "algorithm.kl.coef=0"])
     trainer = RecordingTrainer()
     # Retries as a run has them: an outage must stop the run, not be produced again.
-    rollouts = SyncRollouts(Producer(parts, cfg), parts.weights, retries=cfg.trainer.producer_retries)
+    rollouts = sync_source(
+        Producer(parts, cfg), parts.weights, 0, samples, retries=cfg.trainer.producer_retries
+    )
     learner = Learner(
         policy=parts.policy,
         ref_policy=None,
@@ -311,7 +318,6 @@ def one_step(
         pad_id=0,
         publish=rollouts.publish,
     )
-    rollouts.submit(PromptBatch(step=0, samples=samples))
     metrics = rl_step(0, rollouts, learner)
     return metrics, trainer
 

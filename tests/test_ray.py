@@ -1,7 +1,12 @@
-"""The Ray back-end (`cluster.backend: ray`) on a local Ray instance started by the run: one sampler actor
-at η = 0 trains exactly like the local run; two actors split every step into whole groups; a sampler
-actor killed mid-run is restarted, its share produced again, and the run finishes; the run leaves no
-Ray process behind."""
+"""The Ray executor (`cluster.backend: ray`) on a local Ray instance started by the run: the driver runs
+the loop and the learner, the samplers and reward workers are actors. One sampler actor at η = 0 trains
+exactly like the local run; two actors split every step into whole groups; a sampler actor or reward
+worker killed mid-run is restarted, its work done again, and the run finishes; the run leaves no Ray
+process behind.
+
+Process checks count only the processes of the test's own Ray: every test gets a unique marker in its
+environment, which Ray's daemons and workers inherit (`_ray_processes`), so another Ray instance on the
+machine (another test run's, a user's) is never counted."""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import os
 import signal
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +26,15 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from hone.orchestration import ray_backend  # noqa: E402
 from hone.orchestration.producer import PromptBatch, ScoredGroups  # noqa: E402
+from hone.orchestration.rollouts import merge_shares  # noqa: E402
 from hone.types import Rollout  # noqa: E402
 from tests.helpers import TOKEN_REWARD, tiny_overrides  # noqa: E402
 from tests.helpers import final_weights as _final_weights  # noqa: E402
 from tests.helpers import train_tiny as _run  # noqa: E402
 
-# One pytest-xdist worker runs them all (`--dist loadgroup`): two Ray instances at once would see each
-# other's processes in the process-table checks.
+# One pytest-xdist worker runs them all (`--dist loadgroup`): two Ray instances of this suite at once would
+# compete for the machine's cores (the process checks would not mix them up: see `_ray_processes`).
 pytestmark = pytest.mark.xdist_group("ray")
 # Per-node agents that outlive a raylet killed outright by ~40-60 s (measured), then exit on their own;
 # the rest of a cluster whose driver was SIGKILLed goes within seconds, or tens of them on a loaded machine.
@@ -41,31 +48,50 @@ def _rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:]
 
 
-def _ray_processes(before: frozenset[int] = frozenset()) -> list[str]:
-    """Command lines of Ray's daemons and workers on this machine, but those already there `before` (a
-    test's start: agents of an earlier test's killed cluster may still be exiting, see below)."""
+MARKER = "HONE_TEST_RAY_OWNER"
+
+
+@pytest.fixture(autouse=True)
+def _own_ray(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A marker unique to this test in the environment every Ray process it starts inherits."""
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, token)
+    return token
+
+
+def _ray_processes() -> list[str]:
+    """Command lines of this test's Ray daemons and workers (their environment holds its marker)."""
+    mine = f"{MARKER}={os.environ[MARKER]}".encode()
     found = []
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) in before:
+        if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if any(name in cmd for name in ("raylet", "gcs_server", "ray::", "default_worker.py")):
+        if mine in environ and any(
+            name in cmd for name in ("raylet", "gcs_server", "ray::", "default_worker")
+        ):
             found.append(cmd)
     return found
 
 
-def _ray_pids() -> frozenset[int]:
-    return frozenset(int(p) for p in os.listdir("/proc") if p.isdigit())
+def _wait_until(done: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Whether `done()` became true within `timeout_s` (checked every `interval_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+    return True
 
 
 def test_one_sampler_actor_and_a_reward_worker_train_exactly_like_a_local_run_and_leave_no_ray_process(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
     assert not ray.is_initialized()
-    before = _ray_pids()
     local = _final_weights(_run(tmp_path, micro_model_dir, "local"))
     run = _run(
         tmp_path,
@@ -77,7 +103,7 @@ def test_one_sampler_actor_and_a_reward_worker_train_exactly_like_a_local_run_an
     assert local.keys() == remote.keys() and all(torch.equal(local[k], remote[k]) for k in local)
     assert [r["faults/actor_restarts"] for r in _rows(run)] == [0.0, 0.0, 0.0]
     assert not ray.is_initialized()
-    _assert_no_ray_processes_soon(before)
+    _assert_no_ray_processes_soon()
 
 
 @RAY_CLUSTER
@@ -141,7 +167,7 @@ def test_shares_merge_into_one_step_in_prompt_order() -> None:
             outcomes={"a": (2, 2)},  # a prompt drawn twice in the step, once in each share
         ),
     ]
-    merged = ray_backend.merge_shares(shares, results)
+    merged = merge_shares(shares, results)
     assert [r.group_id for r in merged.rollouts] == [0, 2, 3]
     assert merged.metrics == {"reward/mean": 0.625, "time/sample_s": 3.0}
     assert merged.new_tokens == 7
@@ -149,11 +175,16 @@ def test_shares_merge_into_one_step_in_prompt_order() -> None:
 
 
 def _pids_titled(title: str) -> list[int]:
-    """Processes whose title (Ray sets `ray::<Actor class>[.<method>]`) starts with `title`."""
+    """This test's processes whose title (Ray sets `ray::<Actor class>[.<method>]`) starts with `title`."""
+    mine = f"{MARKER}={os.environ[MARKER]}".encode()
     found = []
     for pid in os.listdir("/proc"):
         try:
-            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
+            if (
+                pid.isdigit()
+                and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode())
+                and mine in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ):
                 found.append(int(pid))
         except OSError:
             continue
@@ -164,7 +195,7 @@ def _pids_titled(title: str) -> list[int]:
 @pytest.mark.parametrize(
     ("role", "settings"),
     [
-        ("ray::ProducerActor", {"cluster.samplers.count": 2}),
+        ("ray::SamplerActor", {"cluster.samplers.count": 2}),
         ("ray::RewardActor", {"cluster.reward_workers.count": 1}),
     ],
 )
@@ -178,7 +209,6 @@ def test_an_actor_killed_mid_call_is_restarted_and_the_run_finishes(
     """A sampler actor (scoring its rollouts) or a reward worker SIGKILLs its own process in its 20th
     reward call, mid-step 2 or 3: Ray restarts it, the share is produced (or the rollouts scored) again
     with the current weights, every step is trained once and the restart is counted once."""
-    before = _ray_pids()
     marker = tmp_path / "died"
     monkeypatch.setenv("HONE_TEST_DIE_IN", role)
     monkeypatch.setenv("HONE_TEST_DIE_MARKER", str(marker))
@@ -190,50 +220,7 @@ def test_an_actor_killed_mid_call_is_restarted_and_the_run_finishes(
     assert marker.exists() and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert sum(r["faults/actor_restarts"] for r in rows) == 1.0
     assert all(r["staleness/max"] == 0.0 for r in rows)  # the restarted actor got the current weights
-    _assert_no_ray_processes_soon(before)
-
-
-@RAY_CLUSTER
-def test_a_killed_learner_is_one_line_naming_its_checkpoint_which_resumes(
-    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The learner actor's process SIGKILLed after step 3 (checkpoints every 2 steps): the driver says so
-    in one line naming the last checkpoint, nothing of Ray is left, and `--resume` trains steps 3..6 once
-    each, as a straight run does."""
-    from hone.cli import main
-
-    before = _ray_pids()
-    settings = {"run.steps": 6, "run.save_every": 2, "run.eval_every": 0, "cluster.backend": "ray"}
-    args = tiny_overrides(tmp_path, micro_model_dir, "learner", **TOKEN_REWARD, **settings)
-    metrics = tmp_path / "learner" / "metrics.jsonl"
-    killed: list[int] = []
-
-    def kill_after_step_3() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if metrics.exists() and '"step": 3' in metrics.read_text():
-                for pid in _pids_titled("ray::LearnerActor"):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                return
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=kill_after_step_3)
-    watcher.start()
-    try:
-        assert main(["train", *args]) == 2
-    finally:
-        watcher.join(timeout=130)
-    assert killed
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("hone: error: the learner actor died at step ")
-    assert "; last checkpoint step " in last and last.endswith(
-        f"`hone train --resume {tmp_path / 'learner'}`"
-    )
-    _assert_no_ray_processes_soon(before)
-    assert main(["train", "--resume", str(tmp_path / "learner")]) == 0
-    assert [r["step"] for r in _rows(tmp_path / "learner")] == [1, 2, 3, 4, 5, 6]
-    _assert_no_ray_processes_soon(before)
+    _assert_no_ray_processes_soon()
 
 
 def test_a_request_the_cluster_cannot_place_is_one_line(
@@ -241,15 +228,15 @@ def test_a_request_the_cluster_cannot_place_is_one_line(
 ) -> None:
     from hone.cli import main
 
-    before = _ray_pids()
     args = tiny_overrides(tmp_path, micro_model_dir, "nogpu", **TOKEN_REWARD)
-    extra = ["cluster.backend=ray", "cluster.samplers.num_gpus=1", "cluster.start_timeout_s=15"]
-    # 15 s: the learner actor must start (import torch, build the run) within it on a loaded machine.
+    # The driver builds the run first (not timed); the timeout is only the wait for a placement that never
+    # comes, so it can be short.
+    extra = ["cluster.backend=ray", "cluster.samplers.num_gpus=1", "cluster.start_timeout_s=5"]
     assert main(["train", *args, *extra]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("hone: error: the Ray cluster cannot place 1 sampler actor(s) of {'CPU': 1")
     assert "'GPU': 1" in last and "(cluster.start_timeout_s); available: {" in last
-    _assert_no_ray_processes_soon(before)
+    _assert_no_ray_processes_soon()
 
 
 def test_an_address_with_no_cluster_is_one_line_at_once(
@@ -277,67 +264,63 @@ def test_sigkill_and_resume_on_ray_logs_every_step_once_and_trains_like_a_straig
     from tests.helpers import assert_same_weights as _assert_same_weights
     from tests.helpers import killed_and_resumed as _killed_and_resumed
 
-    before = _ray_pids()
     straight, resumed = _killed_and_resumed(tmp_path, micro_model_dir, **{"cluster.backend": "ray"})
     _assert_same_weights(straight, resumed)
     # Ray's daemons and workers die with the SIGKILLed driver that started them; its per-node agents
     # (dashboard, runtime env) notice the raylet is gone only after ~40-60 s (measured) and exit then.
-    _assert_no_ray_processes_soon(before, timeout_s=90, ignore=NODE_AGENTS)
+    _assert_no_ray_processes_soon(timeout_s=90, ignore=NODE_AGENTS)
 
 
-def _assert_no_ray_processes_soon(
-    before: frozenset[int], timeout_s: float = 20.0, ignore: tuple[str, ...] = ()
-) -> None:
+def _assert_no_ray_processes_soon(timeout_s: float = 20.0, ignore: tuple[str, ...] = ()) -> None:
     def left() -> list[str]:
-        return [cmd for cmd in _ray_processes(before) if not any(name in cmd for name in ignore)]
+        return [cmd for cmd in _ray_processes() if not any(name in cmd for name in ignore)]
 
-    deadline = time.monotonic() + timeout_s
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_until(lambda: not left(), timeout_s, interval_s=0.2)
     assert left() == []
 
 
 @RAY_CLUSTER
-def test_ctrl_c_on_ray_is_one_line_within_seconds_and_leaves_no_ray_process(
-    tmp_path: Path, micro_model_dir: Path
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_on_ray_is_one_line_within_seconds_and_leaves_no_ray_process(
+    tmp_path: Path, micro_model_dir: Path, sig: signal.Signals
 ) -> None:
     from tests.helpers import run_cli as _run_cli
 
-    before = _ray_pids()
     settings = {"run.steps": 200, "run.eval_every": 0, "cluster.backend": "ray", **TOKEN_REWARD}
     run = _run_cli(tiny_overrides(tmp_path, micro_model_dir, "interrupted", **settings), tmp_path)
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and '"step": 2' in metrics.read_text()):
-        assert time.monotonic() < deadline and run.poll() is None, "the run never reached step 2"
-        time.sleep(0.05)
-    run.send_signal(signal.SIGINT)
+    reached = _wait_until(
+        lambda: run.poll() is not None or (metrics.exists() and '"step": 2' in metrics.read_text()), 120
+    )
+    assert reached and run.poll() is None, "the run never reached step 2"
+    run.send_signal(sig)
     sent = time.monotonic()
     _, err = run.communicate(timeout=60)
     assert time.monotonic() - sent < 10
-    assert run.returncode == 130
+    assert run.returncode == 128 + sig
     assert err.decode().strip().splitlines()[-1].startswith("hone: interrupted at step ")
-    _assert_no_ray_processes_soon(before)
+    _assert_no_ray_processes_soon()
 
 
 @RAY_CLUSTER
-def test_two_nodes_samplers_on_one_learner_on_the_other(tmp_path: Path, micro_model_dir: Path) -> None:
+def test_two_nodes_samplers_on_one_reward_worker_on_the_other(tmp_path: Path, micro_model_dir: Path) -> None:
     """A two-node rehearsal on one machine (two raylets, as `ray start --head` plus `ray start --address`):
     the head has the custom resource `node_a`, node B `node_b`; the recipe asks `node_b` of the samplers and
-    `node_a` of the learner, so each runs as a worker of that node's raylet. The attached run kills its
-    actors and leaves the cluster up; the cluster's shutdown leaves no process."""
+    `node_a` of the reward worker, so each runs as a worker of that node's raylet (the driver, this process,
+    runs the learner). The attached run kills its actors and leaves the cluster up; the cluster's shutdown
+    leaves no process."""
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    before = _ray_pids()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}})
+    titles = ("ray::SamplerActor", "ray::RewardActor")
     try:
         node_b = cluster.add_node(num_cpus=1, resources={"node_b": 1})
         raylet = {
             name: node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
             for name, node in (("a", cluster.head_node), ("b", node_b))
         }
-        parents: dict[str, set[int]] = {"ray::ProducerActor": set(), "ray::LearnerActor": set()}
+        parents: dict[str, set[int]] = {title: set() for title in titles}
         running = threading.Event()
         running.set()
 
@@ -347,7 +330,7 @@ def test_two_nodes_samplers_on_one_learner_on_the_other(tmp_path: Path, micro_mo
                     for pid in _pids_titled(title):
                         with contextlib.suppress(OSError, IndexError):
                             seen.add(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]))
-                time.sleep(0.05)
+                running.wait(0.05)
 
         watcher = threading.Thread(target=watch)
         watcher.start()
@@ -356,7 +339,8 @@ def test_two_nodes_samplers_on_one_learner_on_the_other(tmp_path: Path, micro_mo
             "cluster.address": cluster.address,
             "cluster.samplers.count": 1,
             "cluster.samplers.resources": '{"node_b": 1}',
-            "cluster.learner.resources": '{"node_a": 1}',
+            "cluster.reward_workers.count": 1,
+            "cluster.reward_workers.resources": '{"node_a": 1}',
         }
         try:
             run = _run(tmp_path, micro_model_dir, "two-nodes", **settings)
@@ -364,16 +348,28 @@ def test_two_nodes_samplers_on_one_learner_on_the_other(tmp_path: Path, micro_mo
             running.clear()
             watcher.join(timeout=10)
         assert [r["step"] for r in _rows(run)] == [1, 2, 3]
-        assert parents == {"ray::ProducerActor": {raylet["b"]}, "ray::LearnerActor": {raylet["a"]}}
+        assert parents == {"ray::SamplerActor": {raylet["b"]}, "ray::RewardActor": {raylet["a"]}}
         assert ray.is_initialized()  # attached: the run did not shut the cluster down
-        deadline = time.monotonic() + 20  # the run killed its actors; their processes exit soon after
-        while (
-            _pids_titled("ray::ProducerActor") or _pids_titled("ray::LearnerActor")
-        ) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _pids_titled("ray::ProducerActor") and not _pids_titled("ray::LearnerActor")
+        # The run killed its actors; their processes exit soon after.
+        assert _wait_until(lambda: not any(_pids_titled(title) for title in titles), 20, interval_s=0.1)
     finally:
         ray.shutdown()
         cluster.shutdown()
     # `Cluster.shutdown` kills the raylets outright, so the node agents exit late, as after a SIGKILL.
-    _assert_no_ray_processes_soon(before, timeout_s=90, ignore=NODE_AGENTS)
+    _assert_no_ray_processes_soon(timeout_s=90, ignore=NODE_AGENTS)
+
+
+def test_a_reward_worker_builds_the_task_without_drawing_the_training_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`load_task` resolves the task a reward grades against as `load_data` does, but draws no samples."""
+    from hone.config import DataConfig
+    from hone.data.splits import load_task
+    from hone.data.tasks import Task
+
+    def no_samples(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a reward worker drew training samples")
+
+    monkeypatch.setattr(Task, "train_samples", no_samples)
+    assert isinstance(load_task(DataConfig(task="arithmetic")), Task)
+    assert load_task(DataConfig(task=None, source="rows.jsonl")) is None

@@ -17,9 +17,8 @@ from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner, mask_truncated
 from hone.orchestration.loop import rl_step, train
-from hone.orchestration.producer import Producer, PromptBatch
+from hone.orchestration.producer import Producer
 from hone.orchestration.replay import ReplayBuffer, is_replayed
-from hone.orchestration.rollouts import SyncRollouts
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
 from hone.training.policy import Policy
@@ -29,6 +28,7 @@ from tests.helpers import (
     RecordingTrainer,
     assert_same_weights,
     killed_and_resumed,
+    sync_source,
     tiny_overrides,
 )
 
@@ -82,7 +82,7 @@ def _step(
     )
     cfg = load_config(None, ["algorithm.kl.coef=0", *overrides])
     trainer = RecordingTrainer()
-    rollouts = SyncRollouts(Producer(parts, cfg), parts.weights)
+    rollouts = sync_source(Producer(parts, cfg), parts.weights, 3, [Sample(id=i, prompt=i) for i in step_ids])
     learner = Learner(
         policy=parts.policy,
         ref_policy=None,
@@ -91,7 +91,6 @@ def _step(
         pad_id=0,
         publish=rollouts.publish,
     )
-    rollouts.submit(PromptBatch(step=3, samples=[Sample(id=i, prompt=i) for i in step_ids]))
     return rl_step(3, rollouts, learner), trainer
 
 

@@ -3,7 +3,10 @@
 This is the only module that knows the order of the stages, at the level of producer
 (`orchestration.producer`: prompts → sample → score → filter) and learner (`orchestration.learner`:
 collate → old/ref log-probs → advantages → update → publish weights), which talk through a
-`RolloutSource` (`orchestration.rollouts`). Each step is a pure function of
+`RolloutSource` (`orchestration.rollouts`). This process runs the loop whatever the back-end: only where
+the producers run changes (`orchestration.placement`: inline, threads, Ray actors). The learner's seam is
+`learner.learn(groups, step)` plus the tensors a publish sends (`components.weight_source`), so a learner
+of N ranks can stand behind the same two calls. Each step is a pure function of
 (seed, step, weights, optimizer state, LR): prompts come from the curriculum (`data.scheduler`; its state
 is checkpointed, and `uniform` is `PromptStream.batch(step)`, a function of the step) and sampling is
 seeded per step, so a run resumed from a checkpoint ends with the same weights as one never stopped
@@ -33,14 +36,12 @@ from hone.orchestration.components import (
     RunComponents,
     build_components,
     close_samplers,
-    producer_replica,
 )
-from hone.orchestration.curriculum import CurriculumRollouts
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.learner import Learner
-from hone.orchestration.producer import Producer, PromptBatch
+from hone.orchestration.placement import rollout_source
 from hone.orchestration.replay import ReplayBuffer
-from hone.orchestration.rollouts import AsyncRollouts, RolloutSource, SyncRollouts
+from hone.orchestration.rollouts import RolloutSource
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.rollout.multiturn import Episodes
@@ -87,7 +88,7 @@ def response_budget(cfg: HoneConfig, episodes: Episodes | None) -> int:
 
 
 def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, float]:
-    """One RL step: take the next step's scored groups and learn from them (with `SyncRollouts`,
+    """One RL step: take the next step's scored groups and learn from them (synchronous:
     `learn(produce(step))`); returns the producer's metrics, the learner's, and the step's time and
     throughput."""
     t0 = time.perf_counter()
@@ -96,28 +97,6 @@ def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, f
     elapsed = time.perf_counter() - t0
     timing = {"time/step_s": elapsed, "throughput/tokens_per_s": groups.new_tokens / max(elapsed, 1e-9)}
     return groups.metrics | learned | timing
-
-
-def rollout_source(
-    cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None
-) -> RolloutSource:
-    """Where the run's producer runs: in the loop's thread (`trainer.mode: sync`) or ahead in its own.
-    `replay` goes to the first producer (the config allows it only when that is the one)."""
-    producer, retries = Producer(parts, cfg, replay), cfg.trainer.producer_retries
-    if cfg.cluster.backend == "ray":
-        from hone.orchestration.ray_backend import RayRollouts
-
-        return RayRollouts(cfg, parts, retries=retries)
-    if cfg.trainer.mode == "async":
-        replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
-        return AsyncRollouts(
-            producer,
-            parts.weights,
-            retries=retries,
-            replicas=[(Producer(r, cfg), r.weights) for r in replicas],
-            on_close=lambda: close_samplers(*replicas),
-        )
-    return SyncRollouts(producer, parts.weights, retries=retries)
 
 
 def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
@@ -190,12 +169,15 @@ def where_stopped(run_dir: Path) -> str:
 
 
 def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
-    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`. With `cluster.backend: ray`
-    the learner below runs in a Ray actor (`ray_backend.train_on_ray`), the samplers in others."""
+    """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`. This process is the
+    controller and the learner whatever the back-end; with `cluster.backend: ray` the samplers and
+    reward workers are Ray actors (`ray_executor`), inside a Ray this attaches to or starts."""
     if cfg.cluster.backend == "ray":
-        from hone.orchestration.ray_backend import train_on_ray
+        from hone.orchestration.ray_cluster import ray_session  # ray: an optional extra
 
-        return train_on_ray(cfg, resume=resume)
+        with ray_session(cfg.cluster):
+            result = run_learner(cfg, resume=resume)
+        return result
     return run_learner(cfg, resume=resume)
 
 
@@ -426,7 +408,7 @@ def _train(
     replay = ReplayBuffer(cfg.algorithm.replay) if cfg.algorithm.replay.enabled else None
     if replay is not None and begin.replay is not None:
         replay.load_state_dict(begin.replay)
-    rollouts = CurriculumRollouts(rollout_source(cfg, parts, replay), curriculum)
+    rollouts = rollout_source(cfg, parts, curriculum, start=begin.step, replay=replay)
     learner = Learner(
         policy=parts.policy,
         ref_policy=parts.ref_policy,
@@ -466,17 +448,11 @@ def _train(
         trainer.schedule.start_clock(left)
         if begin.critic is not None:
             begin.critic.schedule.start_clock(left)
-    # Admission: step s is submitted once the learner has finished s - η steps (η = 0 when synchronous).
-    ahead = cfg.trainer.max_staleness if cfg.trainer.mode == "async" else 0
-    submitted = step
     with (
         Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress,
         closing(rollouts),
     ):
         while step < cfg.run.steps:
-            for s in range(submitted, min(step + ahead + 1, cfg.run.steps)):
-                rollouts.submit(PromptBatch(step=s, samples=curriculum.batch(s)))
-            submitted = max(submitted, min(step + ahead + 1, cfg.run.steps))
             metrics = rl_step(step, rollouts, learner)
             step += 1
             out_of_time = (

@@ -1,49 +1,113 @@
-"""The one interface producers and the learner talk through: submit prompts, take scored groups,
-publish weights.
+"""The one rollout source: admission, ordered take, retries and the staleness/idle metrics, over an executor.
 
-The loop drives training through it alone, so where the producers run is a choice of implementation:
-`SyncRollouts` produces in the caller's thread when groups are taken (synchronous training is
-`learn(produce(step))`); an asynchronous one produces ahead in a thread under a staleness bound; a Ray
-one keeps producers in actors and publishes through the object store.
+The loop drives training through `RolloutSource.take()` alone. `Rollouts` is the one implementation;
+where the producing runs is its `Executor` (`orchestration.executors`: inline, threads;
+`orchestration.ray_executor`: Ray actors), so synchronous, asynchronous and Ray training differ only in
+the executor and η (`orchestration.placement` picks them from the recipe):
+
+    sync   = Rollouts(InlineExecutor(producer), ahead=0)       produced inside `take`, in the loop's thread
+    async  = Rollouts(ThreadExecutor(k producers), ahead=η)     produced ahead in k threads
+    ray    = Rollouts(RayExecutor(k sampler actors), ahead=η)   produced ahead in k actors
+
+Admission (AReaL's rule, a rollout may start only while accepted + running < (η + v + 1)·B, counted in
+whole steps of B groups): step s is submitted once the learner has finished s - η steps. A step is then
+sampled with the weights after step s - η or later and trained with those after step s - 1, and a
+version counts publishes (at most one a step), so staleness (the learner's version when it trains, minus
+the rollout's) is at most η; with η = 0 each step is produced after the previous update: synchronous
+training. Work is never thrown away: producers idle instead (`time/producer_idle_frac`). Admission is a
+function of the step, so a checkpoint needs nothing of it: a resume submits again every step that was in
+flight, with its prompts and seed (both functions of the step).
+
+Several producers: a step is split into one share per producer (contiguous runs of whole groups; share k
+seeded apart from the others, share 0 as a whole step, so one producer samples exactly what a local run
+does), and the shares are merged back in prompt order (`merge_shares`). Chosen over "each producer takes
+whole steps" because it is the only one of the two that speeds up η = 0 (on-policy) training, which is
+what a cluster of samplers is for: whole steps keep k producers busy only with η ≥ k - 1, buying
+throughput with staleness. With η > 0 a producer that finished its share of step s goes on to its share
+of step s + 1 while another waits on its slowest response, so the tail overlaps too. The cost: k
+producers sample other draws than one (the step's prompts are the same, the seeds differ per share).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Protocol
 
 from hone.errors import HoneError
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.replay import is_replayed
-from hone.orchestration.weights import WeightChannel
 from hone.rewards.scoring import RewardOutageError
+from hone.types import Sample
 
 log = logging.getLogger("hone")
 
-# How often a blocked `take` looks up from its queue: Ctrl-C reaches the main thread only between waits.
-_POLL_S = 0.1
-# How long `close` waits for the producer to finish the step it is on before leaving it (a daemon) behind.
-_CLOSE_S = 10.0
-
 
 class RolloutSource(Protocol):
-    """`submit` hands over the prompts of a step; `take` returns scored groups, oldest step first (it may
-    block until they are done); `publish(version)` makes the learner's current weights that version on
-    every producer; `close` stops producing (submitted steps not yet taken are dropped: a resumed run
-    submits them again, and their prompts and seeds are functions of the step)."""
-
-    def submit(self, prompts: PromptBatch) -> None: ...
+    """`take` returns the next step's scored groups, oldest step first (it may block until they are done);
+    `publish(version)` makes the learner's current weights that version on every producer; `close` stops
+    producing (steps in flight are dropped: a resumed run submits them again)."""
 
     def take(self) -> ScoredGroups: ...
 
     def publish(self, version: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Pending(Protocol):
+    """One share of a step handed to an executor: `result()` blocks until it is produced (raising what
+    producing raised), `peek()` is the result if it is already there (else None), without waiting."""
+
+    def result(self) -> ScoredGroups: ...
+
+    def peek(self) -> ScoredGroups | None: ...
+
+
+class Executor(Protocol):
+    """Where producing runs, on `width` producers; the rollout source above owns everything else.
+
+    - `submit(k, prompts)` hands producer k one share of a step and returns at once; producer k produces
+      the shares it is given in the order given, each with one weight version held for the whole share
+      (a retry included: `produce_with_retries`).
+    - `publish(version)` makes the learner's current weights `version` on every producer without waiting
+      for a share in progress: each producer installs it before it starts its next share, so every share
+      submitted after a publish is sampled with that version or a newer one.
+    - `inline`: True when producing happens inside `Pending.result()`, in the caller's thread (nothing
+      runs between takes, so there is no staleness, buffer or idle time to measure).
+    - `idle_s()`: seconds the producers have spent with nothing to produce, summed over them, since the
+      start (None where it is not measured).
+    - `close()` stops the producers and frees what the executor started (threads, actors, engines); steps
+      in flight are dropped. Every wait inside has a timeout.
+    Faults: an error inside producing is retried by the producer (`produce_with_retries`); a producer
+    process that dies (Ray) is the executor's to restart, counted in the share's `faults/actor_restarts`.
+    """
+
+    inline: bool
+
+    @property
+    def width(self) -> int: ...
+
+    def submit(self, k: int, prompts: PromptBatch) -> Pending: ...
+
+    def publish(self, version: int) -> None: ...
+
+    def idle_s(self) -> float | None: ...
+
+    def close(self) -> None: ...
+
+
+class PromptPlan(Protocol):
+    """Which prompts each step trains on, and what it learns from the outcomes (`data.curriculum`)."""
+
+    def batch(self, step: int) -> list[Sample]: ...
+
+    def observe(self, step: int, outcomes: dict[str, tuple[int, int]]) -> dict[str, float]: ...
 
 
 class ProducerError(HoneError, RuntimeError):
@@ -57,20 +121,22 @@ _NOT_RETRIED = (RewardOutageError,)
 
 def produce_with_retries(
     producer: Producer,
-    weights: WeightChannel,
     prompts: PromptBatch,
     retries: int,
+    *,
+    hold: Callable[[], AbstractContextManager[object]] = nullcontext,
     stopping: threading.Event | None = None,
 ) -> ScoredGroups:
-    """`producer.produce(prompts)` with the sampler's weights held, produced again up to `retries` times
-    when it raises (a sampler, reward or environment fault: a judge's HTTP 502, a dead sandbox). The hold
-    spans every attempt, so a retry samples the same prompts with the same seed (both functions of the
-    step) and the same weights as the attempt that failed: a fault that passes leaves the run as if it
-    had never happened. The step's `faults/producer_retries` counts its failed attempts. KeyboardInterrupt
+    """`producer.produce(prompts)` inside `hold()` (the sampler's weights held still: `WeightChannel.hold`;
+    a Ray actor needs none, its calls run one at a time), produced again up to `retries` times when it
+    raises (a sampler, reward or environment fault: a judge's HTTP 502, a dead sandbox). The hold spans
+    every attempt, so a retry samples the same prompts with the same seed (both functions of the step)
+    and the same weights as the attempt that failed: a fault that passes leaves the run as if it had
+    never happened. The share's `faults/producer_retries` counts its failed attempts. KeyboardInterrupt
     and SystemExit (not `Exception`s) and a reward outage (a deliberate stop) are never retried, nor is
     anything once `stopping` is set (the run is closing); the last failure raises `ProducerError`."""
     failed = 0
-    with weights.hold():
+    with hold():
         while True:
             try:
                 groups = producer.produce(prompts)
@@ -97,171 +163,124 @@ def produce_with_retries(
                 return groups
 
 
-class SyncRollouts:
-    """Producing on `take`, in the caller's thread, with the sampler's weights held for the whole batch:
-    every rollout of a step comes from the one version published before it. A step that raises is
-    produced again up to `retries` times (`produce_with_retries`)."""
-
-    def __init__(self, producer: Producer, weights: WeightChannel, *, retries: int = 0) -> None:
-        self.producer = producer
-        self.weights = weights
-        self.retries = retries
-        self._submitted: deque[PromptBatch] = deque()
-
-    def submit(self, prompts: PromptBatch) -> None:
-        self._submitted.append(prompts)
-
-    def take(self) -> ScoredGroups:
-        if not self._submitted:
-            raise RuntimeError("take() with no prompts submitted")
-        return produce_with_retries(self.producer, self.weights, self._submitted.popleft(), self.retries)
-
-    def publish(self, version: int) -> None:
-        self.weights.publish(version)
-
-    def close(self) -> None:
-        self._submitted.clear()
+@dataclass
+class _Step:
+    shares: list[PromptBatch]
+    pending: list[Pending]
 
 
-class AsyncRollouts:
-    """Producing ahead in background threads while the learner trains (`trainer.mode: async`).
-
-    Each producer (one, or `trainer.producers`) takes the next submitted step and produces it with its
-    sampler's weights held (`WeightChannel.hold`), so every rollout of a step comes from one version; a
-    publish made meanwhile does not wait for the step to end (the learner trains on) but lands as that
-    producer starts its next step. How far ahead they run is set by what the loop has submitted: AReaL's
-    admission rule (a rollout may start only while accepted + running < (η + v + 1)·B) counted in whole
-    steps of B groups, the loop submits step s only once the learner has finished s - η steps. A step is
-    then sampled with the weights after step s - η or later and trained with those after step s - 1, and a
-    version counts publishes (at most one a step), so staleness (the learner's version when it trains,
-    minus the rollout's) is at most η, and with η = 0 each step is produced after the previous update:
-    synchronous training, in another thread. Work is never thrown away: producers idle instead
-    (`time/producer_idle_frac` is the throttled share). `take` returns steps in the order submitted, so
-    a step is trained with the same prompts whichever producer finished first.
-
-    Several producers (`replicas`: each a producer with its own sampler, i.e. its own copy of the
-    weights, and the channel that feeds it) keep more than one step in flight: while one waits on its
-    slowest response, tool call or judge, another samples the next step. That is where asynchronous
-    training gains more than overlapping two stages can (at most 2x): synchronous training has one
-    step's requests in flight and waits for the longest of them.
-
-    Threads, not processes: the sampler and the reward release the GIL in torch and I/O, and a thread
-    shares the sampler's weights with the channel's in-process copy (a process would need the Ray-style
-    transport).
-
-    A step whose producing raises (sampler, reward, environment) is produced again, up to `retries` times,
-    in the same hold (`produce_with_retries`); past that, or on an error that is not retried, the next
-    `take` of that step raises the error, so the run stops with its one line instead of hanging.
-    """
+class Rollouts:
+    """The rollout source: steps `start`..`steps - 1` of `plan`, admitted η = `ahead` steps ahead of the
+    learner, produced by `executor`, taken in step order (see the module docstring). `version` is the
+    weight version the producers hold at the start (a resumed run's checkpoint's)."""
 
     def __init__(
-        self,
-        producer: Producer,
-        weights: WeightChannel,
-        *,
-        retries: int = 0,
-        replicas: Sequence[tuple[Producer, WeightChannel]] = (),
-        on_close: Callable[[], None] | None = None,
+        self, executor: Executor, plan: PromptPlan, *, start: int, steps: int, ahead: int, version: int
     ) -> None:
-        self._on_close = on_close  # stops what the replicas own (their samplers' engines)
-        self.weights = weights  # the first producer's: its `published` is the learner's version
-        self._workers = [(producer, weights), *replicas]
-        self.retries = retries
-        self._stopping = threading.Event()
-        self._todo: queue.Queue[PromptBatch | None] = queue.Queue()
-        self._order: deque[int] = deque()  # submitted steps not yet taken, oldest first
-        self._done: dict[int, ScoredGroups | BaseException] = {}
-        self._ready = threading.Condition()
-        self._producer_idle_s = 0.0  # summed over producers
+        self.executor, self.plan, self.ahead, self.steps = executor, plan, ahead, steps
+        self.published = version  # the learner's version: staleness is measured against it
+        self._submitted = self._taken = start
+        self._in_flight: deque[_Step] = deque()
         self._last_take = time.perf_counter()
-        self._idle_at_last_take = 0.0
-        self._threads = [
-            threading.Thread(target=self._produce_all, args=worker, name=f"hone-producer-{i}", daemon=True)
-            for i, worker in enumerate(self._workers)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._idle_at_last_take = executor.idle_s() or 0.0
 
-    def _produce_all(self, producer: Producer, weights: WeightChannel) -> None:
-        while True:
-            waited = time.perf_counter()
-            prompts = self._todo.get()
-            with self._ready:
-                self._producer_idle_s += time.perf_counter() - waited
-            if prompts is None:
-                return
-            try:
-                result: ScoredGroups | BaseException = produce_with_retries(
-                    producer, weights, prompts, self.retries, self._stopping
-                )
-            except BaseException as e:  # handed to the learner's thread, which raises it
-                result = e
-            with self._ready:
-                self._done[prompts.step] = result
-                self._ready.notify_all()
-            if isinstance(result, BaseException):
-                return
-
-    def submit(self, prompts: PromptBatch) -> None:
-        self._order.append(prompts.step)
-        self._todo.put(prompts)
+    def _admit(self) -> None:
+        """Submit every step the admission rule allows now: up to the one η ahead of the next take."""
+        while self._submitted < min(self._taken + self.ahead + 1, self.steps):
+            step = self._submitted
+            shares = split(PromptBatch(step=step, samples=self.plan.batch(step)), self.executor.width)
+            pending = [self.executor.submit(s.part, s) for s in shares]
+            self._in_flight.append(_Step(shares, pending))
+            self._submitted += 1
 
     def take(self) -> ScoredGroups:
-        """The oldest submitted step's groups (blocking), with staleness, buffer and idle metrics."""
-        if not self._order:
-            raise RuntimeError("take() with no prompts submitted")
-        step = self._order[0]
+        """The next step's groups (blocking), with the curriculum's, staleness, buffer and idle metrics."""
+        if self._taken >= self.steps:
+            raise RuntimeError(f"take() past the run's last step ({self.steps})")
+        self._admit()
         waited = time.perf_counter()
-        with self._ready:
-            while step not in self._done:
-                self._ready.wait(timeout=_POLL_S)
-                for _, weights in self._workers:
-                    weights.raise_if_overdue()  # a producer wedged inside its step: a line, not a hang
-                if step not in self._done and not any(t.is_alive() for t in self._threads):
-                    raise RuntimeError("the producer threads stopped without a result")
-            item = self._done.pop(step)
-            buffered = sum(_groups(g) for g in self._done.values())
-            idle_total = self._producer_idle_s
-        self._order.popleft()
+        step = self._in_flight.popleft()
+        results = [p.result() for p in step.pending]
+        groups = results[0] if len(results) == 1 else merge_shares(step.shares, results)
+        self._taken += 1
+        if not self.executor.inline:
+            groups.metrics |= self._pipeline_metrics(groups, waited)
+        groups.metrics |= self.plan.observe(groups.step, groups.outcomes)
+        return groups
+
+    def _pipeline_metrics(self, groups: ScoredGroups, waited: float) -> dict[str, float]:
+        """How stale the step is, what is buffered behind it, and who waited on whom since the last take."""
         now = time.perf_counter()
-        if isinstance(item, BaseException):
-            raise item
-        since = max(now - self._last_take, 1e-9)
-        idle = (idle_total - self._idle_at_last_take) / len(self._workers)
-        self._last_take, self._idle_at_last_take = now, idle_total
+        since, self._last_take = max(now - self._last_take, 1e-9), now
         # Replayed successes (`algorithm.replay`) are old on purpose: staleness is of what was sampled.
-        lags = [self.weights.published - r.policy_version for r in item.rollouts if not is_replayed(r)] or [0]
-        item.metrics |= {
+        lags = [self.published - r.policy_version for r in groups.rollouts if not is_replayed(r)] or [0]
+        done = (p.peek() for step in self._in_flight for p in step.pending)
+        metrics = {
             "staleness/mean": sum(lags) / len(lags),
             "staleness/max": float(max(lags)),
-            "buffer/groups": float(buffered),
+            "buffer/groups": float(sum(len({r.group_id for r in g.rollouts}) for g in done if g is not None)),
+            "time/learner_wait_s": now - waited,
             "time/learner_idle_frac": (now - waited) / since,
-            "time/producer_idle_frac": min(idle / since, 1.0),
         }
-        return item
+        idle_total = self.executor.idle_s()
+        if idle_total is not None:
+            idle = (idle_total - self._idle_at_last_take) / self.executor.width
+            self._idle_at_last_take = idle_total
+            metrics["time/producer_idle_frac"] = min(idle / since, 1.0)
+        return metrics
 
     def publish(self, version: int) -> None:
-        for _, weights in self._workers:
-            weights.publish(version)
+        self.published = version
+        self.executor.publish(version)
 
     def close(self) -> None:
-        """Stop the producers after the steps they are on, without retrying them (daemons: an interrupted
-        run waits at most `_CLOSE_S` for them)."""
-        self._stopping.set()
-        while not self._todo.empty():
-            try:
-                self._todo.get_nowait()
-            except queue.Empty:
-                break
-        for _ in self._threads:
-            self._todo.put(None)
-        deadline = time.monotonic() + _CLOSE_S
-        for thread in self._threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self._on_close is not None:
-            self._on_close()
+        self._in_flight.clear()
+        self.executor.close()
 
 
-def _groups(item: ScoredGroups | BaseException) -> int:
-    """How many groups (prompts) a finished step holds after its filters."""
-    return 0 if isinstance(item, BaseException) else len({r.group_id for r in item.rollouts})
+def split(prompts: PromptBatch, count: int) -> list[PromptBatch]:
+    """The step's prompts (whole groups: a sample is a group) as at most `count` contiguous shares, share
+    k numbered `part=k` (its own sampling seed; part 0 is seeded as the whole step)."""
+    if count == 1:
+        return [prompts]
+    size, extra = divmod(len(prompts.samples), count)
+    shares, start = [], 0
+    for k in range(count):
+        end = start + size + (k < extra)
+        if end > start:
+            shares.append(PromptBatch(step=prompts.step, samples=prompts.samples[start:end], part=k))
+        start = end
+    return shares
+
+
+def merge_shares(shares: list[PromptBatch], results: list[ScoredGroups]) -> ScoredGroups:
+    """One step's `ScoredGroups` from its shares, in prompt order: group ids (positions within a share)
+    shifted by the groups before the share; metrics averaged over the shares weighted by their prompts,
+    times the slowest share's, fault counts summed; per-prompt outcomes summed (a prompt drawn twice in
+    a step may fall in two shares)."""
+    rollouts, offset = [], 0
+    metrics: dict[str, float] = {}
+    outcomes: dict[str, tuple[int, int]] = {}
+    total = sum(len(s.samples) for s in shares)
+    for share, result in zip(shares, results, strict=True):
+        for r in result.rollouts:
+            r.group_id += offset
+            rollouts.append(r)
+        offset += len(share.samples)
+        for sample_id, (correct, scored) in result.outcomes.items():
+            before = outcomes.get(sample_id, (0, 0))
+            outcomes[sample_id] = (before[0] + correct, before[1] + scored)
+        for key, value in result.metrics.items():
+            if key.startswith("time/"):
+                metrics[key] = max(metrics.get(key, 0.0), value)
+            elif key.startswith("faults/"):
+                metrics[key] = metrics.get(key, 0.0) + value
+            else:
+                metrics[key] = metrics.get(key, 0.0) + value * len(share.samples) / total
+    return ScoredGroups(
+        step=shares[0].step,
+        rollouts=rollouts,
+        metrics=metrics,
+        new_tokens=sum(r.new_tokens for r in results),
+        outcomes=outcomes,
+    )

@@ -1,0 +1,55 @@
+"""Where the run's producers run: the one rollout source over the executor the recipe places them on.
+
+    trainer.mode: sync                       InlineExecutor(producer)             η = 0
+    trainer.mode: async, trainer.producers k  ThreadExecutor(k producers)          η = trainer.max_staleness
+    cluster.backend: ray                     RayExecutor(cluster.samplers.count)  η as the mode says
+
+The driver process always runs the loop and the learner; only the executor changes (see `rollouts`).
+"""
+
+from __future__ import annotations
+
+from hone.config import HoneConfig
+from hone.orchestration.components import RunComponents, close_samplers, producer_replica, weight_source
+from hone.orchestration.executors import InlineExecutor, ThreadExecutor
+from hone.orchestration.producer import Producer
+from hone.orchestration.replay import ReplayBuffer
+from hone.orchestration.rollouts import Executor, PromptPlan, Rollouts
+
+
+def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None) -> Executor:
+    """The executor the recipe asks for. `replay` goes to the first producer (the config allows it only
+    when that is the only one)."""
+    retries = cfg.trainer.producer_retries
+    if cfg.cluster.backend == "ray":
+        from hone.orchestration.ray_executor import RayExecutor  # ray: an optional extra
+
+        recipe = cfg.model_dump(mode="json")
+        return RayExecutor(
+            cfg.cluster, recipe, weight_source(cfg, parts.policy), parts.weights, retries=retries
+        )
+    producer = Producer(parts, cfg, replay)
+    if cfg.trainer.mode == "async":
+        replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
+        return ThreadExecutor(
+            [(producer, parts.weights), *((Producer(r, cfg), r.weights) for r in replicas)],
+            retries=retries,
+            on_close=lambda: close_samplers(*replicas),
+        )
+    return InlineExecutor(producer, parts.weights, retries=retries)
+
+
+def rollout_source(
+    cfg: HoneConfig, parts: RunComponents, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
+) -> Rollouts:
+    """The run's rollout source from step `start` (a resumed run's), at the weight version `parts.weights`
+    holds: admission η = `trainer.max_staleness` when asynchronous, 0 when synchronous."""
+    ahead = cfg.trainer.max_staleness if cfg.trainer.mode == "async" else 0
+    return Rollouts(
+        executor(cfg, parts, replay),
+        plan,
+        start=start,
+        steps=cfg.run.steps,
+        ahead=ahead,
+        version=parts.weights.published,
+    )
