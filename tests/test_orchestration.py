@@ -33,7 +33,8 @@ from hone.rewards.scoring import RewardOutageError
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
-from hone.types import Batch, Rollout, Sample, SamplingParams
+from hone.types import Rollout, Sample, SamplingParams, TrainBatch
+from tests.helpers import train_batch
 
 
 def rollout(prompt: list[int], response: list[int], group: int = 0, reward: float = 0.0) -> Rollout:
@@ -54,7 +55,7 @@ def test_collate_aligns_response_columns_with_next_token_targets() -> None:
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
     # column t scores token t+1: response tokens of row 0 sit at indices 3, 4 → columns 2, 3
     assert batch.response_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
-    assert batch.old_log_probs[0].tolist() == [0, 0, -0.5, -1.5]
+    assert batch.sampler_log_probs[0].tolist() == [0, 0, -0.5, -1.5]
     short = collate([rollout([5, 6], [8]), rollout([5], [8, 9, 10])], pad_id=0)
     assert short.input_ids[0].tolist() == [5, 6, 8, 0] and short.attention_mask[0].tolist() == [1, 1, 1, 0]
     assert short.response_mask[0].tolist() == [0, 1, 0]
@@ -367,9 +368,9 @@ class RecordingTrainer:
     """Stands in for `RLTrainer`: keeps the batches it is handed and takes no time."""
 
     def __init__(self) -> None:
-        self.batches: list[Batch] = []
+        self.batches: list[TrainBatch] = []
 
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
+    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
         self.batches.append(batch)
         return {}
 
@@ -410,7 +411,9 @@ def one_step(
         policy=parts.policy,
         ref_policy=None,
         trainer=trainer,  # type: ignore[arg-type]
-        cfg=cfg,
+        algorithm=cfg.algorithm,
+        trainer_cfg=cfg.trainer,
+        temperature=cfg.rollout.temperature,
         pad_id=0,
         publish=rollouts.publish,
     )
@@ -518,7 +521,7 @@ def test_a_pass_at_k_above_n_is_refused_alike_by_the_config_and_by_evaluate() ->
     assert str(library_error.value) in str(config_error.value)
 
 
-def micro_batch(policy: Policy, offset: float) -> Batch:
+def micro_batch(policy: Policy, offset: float) -> TrainBatch:
     """Six rollouts of uneven length whose `old_log_probs` are the policy's own plus `offset` per token."""
     g = torch.Generator().manual_seed(0)
     rollouts = []
@@ -528,13 +531,14 @@ def micro_batch(policy: Policy, offset: float) -> Batch:
         rollouts.append(
             Rollout("s", i // 3, prompt + response, 3, [1] * len(response), [0.0] * len(response))
         )
-    batch = collate(rollouts, pad_id=0)
+    seqs = collate(rollouts, pad_id=0)
     with torch.no_grad():
         policy.model.eval()
-        log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
-    batch.old_log_probs = torch.where(batch.response_mask.bool(), log_probs + offset, 0.0)
-    batch.advantages = torch.linspace(-1, 1, 6).unsqueeze(-1) * batch.response_mask
-    return batch
+        log_probs, _ = policy.token_log_probs(seqs.input_ids, seqs.attention_mask)
+    old_logp = torch.where(seqs.response_mask.bool(), log_probs + offset, 0.0)
+    return train_batch(
+        seqs, old_logp=old_logp, advantages=torch.linspace(-1, 1, 6).unsqueeze(-1) * seqs.response_mask
+    )
 
 
 @pytest.mark.parametrize("mode", ["sampler", "recompute"])
