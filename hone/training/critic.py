@@ -26,10 +26,9 @@ from transformers import AutoModel
 
 from hone.algorithms import value_loss
 from hone.config import CriticConfig, TrainerConfig
-from hone.seeding import derive_seed
 from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.training.policy import DType, disable_dropout
-from hone.training.ppo import optimize
+from hone.training.ppo import Optimizee
 from hone.types import TrainBatch
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -95,8 +94,11 @@ class ValueModel(nn.Module):
         self.head.load_state_dict(load_file(directory / VALUE_HEAD_FILE, device=str(self.device)))
 
 
-class CriticTrainer:
-    """The critic's values for a batch (no grad) and its regression update on the batch's returns."""
+class CriticTrainer(Optimizee):
+    """The critic's values for a batch (no grad), and the critic as the RL update's second optimizee: its
+    regression on the batch's returns."""
+
+    shuffle = "critic-shuffle"
 
     def __init__(
         self,
@@ -110,12 +112,10 @@ class CriticTrainer:
         self.model = model
         self.cfg = cfg
         self.trainer_cfg = trainer
-        self.seed = seed
-        self.updates = 0
         if trainer.disable_dropout:  # values computed in eval mode and trained on must be the same function
             disable_dropout(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.stepper = OptimizerStepper(
+        stepper = OptimizerStepper(
             torch.optim.AdamW(params, lr=cfg.lr, betas=trainer.betas, weight_decay=cfg.weight_decay),
             params,
             grad_clip=cfg.grad_clip,
@@ -124,11 +124,7 @@ class CriticTrainer:
             advice="the last checkpoint is intact. Look for NaN/inf in rewards or returns, or lower "
             "critic.lr",
         )
-        self.schedule = RLSchedule(cfg.schedule, 0, total_rl_steps)
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.stepper.optimizer
+        super().__init__(stepper, RLSchedule(cfg.schedule, 0, total_rl_steps), seed)
 
     def _micro_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return rows.split(self.cfg.micro_batch_size or self.trainer_cfg.micro_batch_size)
@@ -179,16 +175,13 @@ class CriticTrainer:
             raise ValueError("CriticTrainer.update needs a batch with the critic's values")
         self.model.train()
         lr = self.cfg.lr * self.schedule.factor(step)
-        steps = optimize(
-            self.stepper,
+        steps = self.optimize(
             lambda mini, _, sums: self._micro_losses(batch, mini, sums),
             batch,
             cfg=self.trainer_cfg,
             lr=lr,
-            seed=derive_seed(self.seed, "critic-shuffle", self.updates),
             where=f"RL step {step + 1} (critic)",
         )
-        self.updates += 1
         out = {"value/nonfinite_steps": float(steps.skipped)}
         if not steps.grad_norms:
             return out
@@ -199,15 +192,3 @@ class CriticTrainer:
             "value/grad_norm": means["grad_norm"],
             "value/lr": lr,
         }
-
-    def state_dict(self) -> dict[str, object]:
-        return {
-            "updates": self.updates,
-            "lr_progress": self.schedule.progress,
-            "nonfinite_streak": self.stepper.nonfinite_streak,
-        }
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.updates = int(state["updates"])  # type: ignore[arg-type]
-        self.schedule.progress = float(state["lr_progress"])  # type: ignore[arg-type]
-        self.stepper.nonfinite_streak = int(state["nonfinite_streak"])  # type: ignore[arg-type]

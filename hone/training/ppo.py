@@ -1,12 +1,12 @@
 """The one RL update loop: epochs x mini-batches x micro-batches, for every model the update trains.
 
 An RL update (PPO's, Schulman et al. 2017, and every loss of `hone.algorithms` that reuses its shape)
-makes `ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps (`mini_batches`,
-shuffled with a seed per update), each accumulated over micro-batches by the optimizer step shared with
-the offline loop (`OptimizerStepper.step(losses, where)`: losses taken lazily, so one micro-batch graph
-is alive at a time). `optimize` runs that loop once for one optimizee; the policy (`RLTrainer`, its loss a
-sum of named `LossTerm`s) and PPO's critic (`CriticTrainer`, the value loss) are two optimizees of it,
-each with its own optimizer, LR schedule, gradient clip and mini-batch seed, over the same `TrainBatch`.
+makes `ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps (shuffled with
+a seed per update), each accumulated over micro-batches by the optimizer step shared with the offline
+loop (`OptimizerStepper.step(losses, where)`: losses taken lazily, so one micro-batch graph is alive at
+a time). `Optimizee.optimize` runs that loop for one optimizee: the policy (`RLTrainer`, its loss a sum
+of named `LossTerm`s) and PPO's critic (`CriticTrainer`, the value loss) are two optimizees of it over
+the same `TrainBatch`, each with its own optimizer, LR schedule, gradient clip and mini-batch seed.
 
 Every micro-batch loss is divided by the counts of its whole *mini-batch*, so accumulation gives exactly
 the mini-batch gradient whatever the micro-batch size. A step with a non-finite gradient norm is skipped
@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from hone.config import TrainerConfig
-from hone.training.optim import OptimizerStepper
+from hone.seeding import derive_seed
+from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.types import TrainBatch
 
 
@@ -94,30 +95,59 @@ class Steps:
         return out
 
 
-def optimize(
-    stepper: OptimizerStepper,
-    micro_losses: MicroLosses,
-    batch: TrainBatch,
-    *,
-    cfg: TrainerConfig,
-    lr: float,
-    seed: int,
-    where: str,
-) -> Steps:
-    """One optimizee's part of an RL update: `cfg.ppo_epochs` x `cfg.mini_batches` optimizer steps at
-    learning rate `lr`, each over the micro-batch losses `micro_losses` yields. `where` (e.g. "RL step 4")
-    locates a non-finite-gradient error."""
-    stepper.set_lr(lr)
-    steps = Steps()
-    device = batch.input_ids.device
-    minis = mini_batches(batch.rows, epochs=cfg.ppo_epochs, splits=cfg.mini_batches, seed=seed)
-    for k, mini in enumerate(minis):
-        sums: dict[str, float] = defaultdict(float)
-        norm = stepper.step(micro_losses(mini.to(device), k, sums), where=where)
-        if not math.isfinite(norm):
-            steps.skipped += 1
-            continue
-        steps.grad_norms.append(norm)
-        for key, value in sums.items():
-            steps.sums[key] += value
-    return steps
+class Optimizee:
+    """One model an RL update trains (the policy's `RLTrainer`, PPO's `CriticTrainer`): its optimizer step,
+    its LR schedule over the RL steps, and its count of updates, which seeds its mini-batch order (under
+    its own name, `shuffle`, so each keeps its own draws). Its `state_dict` is what a checkpoint keeps of
+    it beside its weights and optimizer."""
+
+    shuffle = "minibatch-shuffle"
+
+    def __init__(self, stepper: OptimizerStepper, schedule: RLSchedule, seed: int) -> None:
+        self.stepper = stepper
+        self.schedule = schedule
+        self.seed = seed
+        self.updates = 0
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.stepper.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.stepper.optimizer = optimizer
+
+    def optimize(
+        self, micro_losses: MicroLosses, batch: TrainBatch, *, cfg: TrainerConfig, lr: float, where: str
+    ) -> Steps:
+        """This optimizee's part of an RL update: `cfg.ppo_epochs` x `cfg.mini_batches` optimizer steps at
+        learning rate `lr`, each over the micro-batch losses `micro_losses` yields. `where` (e.g. "RL step
+        4") locates a non-finite-gradient error."""
+        self.stepper.set_lr(lr)
+        steps = Steps()
+        seed = derive_seed(self.seed, self.shuffle, self.updates)
+        minis = mini_batches(batch.rows, epochs=cfg.ppo_epochs, splits=cfg.mini_batches, seed=seed)
+        for k, mini in enumerate(minis):
+            sums: dict[str, float] = defaultdict(float)
+            norm = self.stepper.step(micro_losses(mini.to(batch.input_ids.device), k, sums), where=where)
+            if not math.isfinite(norm):
+                steps.skipped += 1
+                continue
+            steps.grad_norms.append(norm)
+            for key, value in sums.items():
+                steps.sums[key] += value
+        self.updates += 1
+        return steps
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "updates": self.updates,
+            "lr_progress": self.schedule.progress,
+            "nonfinite_streak": self.stepper.nonfinite_streak,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.updates = int(state["updates"])  # type: ignore[arg-type]
+        # Checkpoints from before these fields: a step-clocked schedule and no streak.
+        self.schedule.progress = float(state.get("lr_progress", 0.0))  # type: ignore[arg-type]
+        self.stepper.nonfinite_streak = int(state.get("nonfinite_streak", 0))  # type: ignore[arg-type]

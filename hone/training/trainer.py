@@ -23,11 +23,10 @@ import torch
 
 from hone.algorithms import KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate_loss
 from hone.config import AlgorithmConfig, TrainerConfig
-from hone.seeding import derive_seed
 from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
 from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.training.policy import Policy, disable_dropout, first_response_column
-from hone.training.ppo import LossTerm, MicroBatch, micro_batch_rows, optimize
+from hone.training.ppo import LossTerm, MicroBatch, Optimizee, micro_batch_rows
 from hone.types import TrainBatch
 
 
@@ -37,7 +36,9 @@ def build_optimizer(policy: Policy, cfg: TrainerConfig) -> torch.optim.Optimizer
     )
 
 
-class RLTrainer:
+class RLTrainer(Optimizee):
+    """The policy as an optimizee of the RL update: its loss terms over the update's micro-batches."""
+
     def __init__(
         self,
         policy: Policy,
@@ -54,8 +55,6 @@ class RLTrainer:
         self.cfg = trainer
         self.temperature = temperature
         self.norm_len = norm_len
-        self.seed = seed
-        self.updates = 0
         loss_params = inspect.signature(POLICY_LOSSES[algorithm.policy_loss]).parameters
         if algorithm.off_policy.name != "none" and "token_weights" not in loss_params:
             raise ValueError(
@@ -64,7 +63,7 @@ class RLTrainer:
             )
         if trainer.disable_dropout:
             disable_dropout(policy.model)
-        self.stepper = OptimizerStepper(
+        stepper = OptimizerStepper(
             build_optimizer(policy, trainer),
             policy.trainable_parameters(),
             grad_clip=trainer.grad_clip,
@@ -73,15 +72,7 @@ class RLTrainer:
             advice="the last checkpoint is intact. Look for NaN/inf in rewards or advantages, or lower "
             "trainer.lr",
         )
-        self.schedule = RLSchedule(trainer.schedule, trainer.warmup_steps, total_rl_steps)
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.stepper.optimizer
-
-    @optimizer.setter
-    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        self.stepper.optimizer = optimizer
+        super().__init__(stepper, RLSchedule(trainer.schedule, trainer.warmup_steps, total_rl_steps), seed)
 
     @property
     def _agg_mode(self) -> str:
@@ -241,11 +232,7 @@ class RLTrainer:
             watched = mismatch if watch_mismatch and k == 0 else None
             return self._micro_losses(batch, mini, terms, sums, watched, token_weights)
 
-        seed = derive_seed(self.seed, "minibatch-shuffle", self.updates)
-        steps = optimize(
-            self.stepper, micro_losses, batch, cfg=self.cfg, lr=lr, seed=seed, where=f"RL step {step + 1}"
-        )
-        self.updates += 1
+        steps = self.optimize(micro_losses, batch, cfg=self.cfg, lr=lr, where=f"RL step {step + 1}")
         out: dict[str, float] = {"train/nonfinite_steps": float(steps.skipped), **correction_metrics}
         if mismatch[1]:
             out["mismatch/logprob_abs"] = mismatch[0] / mismatch[1]
@@ -254,16 +241,3 @@ class RLTrainer:
         out.update(steps.means())
         out["lr"] = lr  # the LR every applied optimizer step of this RL step used
         return out
-
-    def state_dict(self) -> dict[str, object]:
-        return {
-            "updates": self.updates,
-            "lr_progress": self.schedule.progress,
-            "nonfinite_streak": self.stepper.nonfinite_streak,
-        }
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.updates = int(state["updates"])  # type: ignore[arg-type]
-        # Checkpoints from before these fields: a step-clocked schedule and no streak.
-        self.schedule.progress = float(state.get("lr_progress", 0.0))  # type: ignore[arg-type]
-        self.stepper.nonfinite_streak = int(state.get("nonfinite_streak", 0))  # type: ignore[arg-type]
