@@ -75,7 +75,8 @@ class Pretrained(Protocol):
     def load_weights(self, directory: Path) -> None: ...
 
 
-Part = Stateful | Pretrained | Any  # Any: a plain JSON value kept in state.json
+# A `Stateful`, a `Pretrained` or a plain JSON value (kept in state.json); which one the name says.
+Part = Any
 
 
 class GlobalRNG:

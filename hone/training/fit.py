@@ -38,15 +38,24 @@ AfterStep = Callable[[int, dict[str, float]], tuple[dict[str, float], bool]]
 class FitSettings(Protocol):
     """What `fit` reads of a trainer's settings (`DPOSettings`, `RMSettings` and `FitPlan` have them)."""
 
-    lr: float
-    weight_decay: float
-    grad_clip: float | None
-    max_nonfinite_steps: int
-    schedule: str
-    warmup_steps: int
-    steps: int
-    batch_size: int
-    seed: int
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def grad_clip(self) -> float | None: ...
+    @property
+    def max_nonfinite_steps(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -129,7 +138,7 @@ def fit(
             if out_of_time():
                 break
             indices = next(batches)
-            lr = scheduler.get_last_lr()[0]
+            lr = float(scheduler.get_last_lr()[0])
             stats: Stats = []
             grad_norm = stepper.step(losses(indices, stats), where=f"{name} step {step}")
             scheduler.step()

@@ -139,15 +139,15 @@ class Optimizee:
         self.updates += 1
         return steps
 
-    def state_dict(self) -> dict[str, object]:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "updates": self.updates,
             "lr_progress": self.schedule.progress,
             "nonfinite_streak": self.stepper.nonfinite_streak,
         }
 
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.updates = int(state["updates"])  # type: ignore[arg-type]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = int(state["updates"])
         # Checkpoints from before these fields: a step-clocked schedule and no streak.
-        self.schedule.progress = float(state.get("lr_progress", 0.0))  # type: ignore[arg-type]
-        self.stepper.nonfinite_streak = int(state.get("nonfinite_streak", 0))  # type: ignore[arg-type]
+        self.schedule.progress = float(state.get("lr_progress", 0.0))
+        self.stepper.nonfinite_streak = int(state.get("nonfinite_streak", 0))

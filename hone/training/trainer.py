@@ -175,6 +175,7 @@ class RLTrainer(Optimizee):
             "norm_len": self.norm_len,
         }
         with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
+        prompt_lens = batch.prompt_lens if self.cfg.shared_prompts else None
         for rows in mini.split(micro_batch_rows(self.cfg, batch.input_ids.shape[1])):
             mask = batch.loss_mask[rows]
             with self.autocast():
@@ -185,7 +186,7 @@ class RLTrainer(Optimizee):
                     with_entropy=with_entropy,
                     entropy_grad=bool(self.algo.entropy_coef),
                     from_column=first_response_column(mask),
-                    prompt_lens=batch.prompt_lens[rows] if self.cfg.shared_prompts else None,
+                    prompt_lens=None if prompt_lens is None else prompt_lens[rows],
                 )
             weights = None if token_weights is None else token_weights[rows]
             micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts, weights)
