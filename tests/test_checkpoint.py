@@ -147,6 +147,30 @@ def test_lora_checkpoint_restores_adapter(tmp_path: Path) -> None:
     _train_steps(fresh, fresh_opt)  # optimizer state maps onto the adapter params
 
 
+def test_a_part_lives_where_its_name_says_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    class Counter:  # a JSON `Stateful`: its state goes into state.json under its name
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def state_dict(self) -> dict[str, int]:
+            return {"n": self.n}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            self.n = state["n"]
+
+    policy = _new_policy(0)
+    opt = _trainer(policy)
+    path = Checkpointer(tmp_path).save(2, _parts(policy, opt) | {"counter": Counter(7), "tag": "x"})
+    assert json.loads((path / "state.json").read_text()) == {"counter": {"n": 7}, "tag": "x", "step": 2}
+    restored = Counter(0)
+    state = Checkpointer(tmp_path).load(path, {"counter": restored})
+    assert restored.n == 7 and state["tag"] == "x"
+    with pytest.raises(ValueError, match=r"holds no critic/ \(it was saved by a run without one\)"):
+        Checkpointer(tmp_path).load(path, {"critic/": policy})
+    with pytest.raises(ValueError, match=r"holds no 'trainer' in state.json"):
+        Checkpointer(tmp_path).load(path, {"trainer": Counter(0)})
+
+
 def test_crash_mid_save_leaves_previous_checkpoint_latest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

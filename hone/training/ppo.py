@@ -85,8 +85,8 @@ class Steps:
     skipped: int = 0
 
     def means(self) -> dict[str, float]:
-        """ "loss/..." per applied step, the rest per trained token, and the mean gradient norm (call only
-        when a step applied)."""
+        """The metrics of the applied steps: those named "loss/..." per step, the rest per trained token,
+        and the mean gradient norm (call only when a step applied)."""
         applied = len(self.grad_norms)
         sums = dict(self.sums)
         tokens = max(sums.pop("tokens", 0.0), 1.0)
