@@ -108,20 +108,41 @@ class Batch:
     returns: torch.Tensor | None = None  # [B, T]
     values: torch.Tensor | None = None  # [B, T] the critic's V(s_t) before its update (gae only)
     group_ids: torch.Tensor | None = None  # [B]
-    # [B, T] the sampler's own log-probs (π_behav), kept when `old_log_probs` is replaced by the trainer's
-    # recomputation (π_anchor), for the off-policy correction (algorithm.off_policy)
+    # [B, T] the sampler's own log-probs (π_behav), filled by collate; the learner's `TrainBatch` carries
+    # them on as `behaviour_logp`
     sampler_log_probs: torch.Tensor | None = None
     prompt_lens: torch.Tensor | None = None  # [B] long: each row's prompt tokens (the rest is response)
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""
-        required = ("input_ids", "attention_mask", "response_mask")
-        optional = {
-            n: None if t is None else t.to(device) for n, t in vars(self).items() if n not in required
-        }
-        return Batch(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.response_mask.to(device),
-            **optional,
-        )
+        moved = {name: None if t is None else t.to(device) for name, t in vars(self).items()}
+        return Batch(**moved)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainBatch:
+    """Everything one RL update reads, built once by the learner (never swapped or zeroed afterwards).
+
+    Columns as `Batch`'s: `T = L - 1`, column `t` scores token `input_ids[:, t + 1]`. Three log-prob
+    tensors, each with one meaning: `behaviour_logp` is what the sampler that produced the tokens gave
+    them (π_behav); `old_logp` is the update's anchor π_old (the trainer's recomputation under
+    `algorithm.old_log_probs: recompute`, else the behaviour's own tensor); `ref_logp` the KL
+    reference's. `loss_mask` is the response mask less the rows the loss leaves out (DAPO's truncated
+    responses), while `advantages`/`returns` were computed on the whole response mask.
+    """
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    loss_mask: torch.Tensor  # [B, T] float, 1 on trained response tokens
+    behaviour_logp: torch.Tensor  # [B, T] the sampler's log-probs
+    old_logp: torch.Tensor  # [B, T] π_old, the anchor of the ratio
+    advantages: torch.Tensor  # [B, T]
+    returns: torch.Tensor  # [B, T]
+    ref_logp: torch.Tensor | None = None  # [B, T], when there is a KL reference
+    values: torch.Tensor | None = None  # [B, T] the critic's V(s_t) before its update (gae only)
+    group_ids: torch.Tensor | None = None  # [B]
+    prompt_lens: torch.Tensor | None = None  # [B] long: each row's prompt tokens (the rest is response)
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])

@@ -29,7 +29,7 @@ from hone.orchestration.loop import train
 from hone.orchestration.rollouts import Rollouts
 from hone.rollout import GenerationRequest, HFSampler
 from hone.training.policy import Policy
-from hone.types import Batch, Rollout, Sample, SamplingParams
+from hone.types import Batch, Rollout, Sample, SamplingParams, TrainBatch
 from tests.conftest import tiny_qwen2
 
 REPO = Path(__file__).parents[1]
@@ -192,14 +192,14 @@ class RecordingTrainer:
     """Stands in for `RLTrainer`: keeps the batches it is handed and takes no time."""
 
     def __init__(self) -> None:
-        self.batches: list[Batch] = []
+        self.batches: list[TrainBatch] = []
 
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
+    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
         self.batches.append(batch)
         return {}
 
 
-def make_batch(policy: Policy) -> Batch:
+def make_batch(policy: Policy) -> TrainBatch:
     """Six rollouts of uneven lengths in two groups, with `policy`'s old log-probs and fixed advantages."""
     g = torch.Generator().manual_seed(0)
     rollouts = []
@@ -209,11 +209,12 @@ def make_batch(policy: Policy) -> Batch:
         rollouts.append(
             Rollout("s", i // 3, prompt + response, len(prompt), [1] * len(response), [0.0] * len(response))
         )
-    batch = collate(rollouts, pad_id=0)
+    seqs = collate(rollouts, pad_id=0)
     with torch.no_grad():
-        batch.old_log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
-    batch.advantages = torch.linspace(-1, 1, 6).unsqueeze(-1) * batch.response_mask
-    return batch
+        old, _ = policy.token_log_probs(seqs.input_ids, seqs.attention_mask)
+    return train_batch(
+        seqs, old_logp=old, advantages=torch.linspace(-1, 1, 6).unsqueeze(-1) * seqs.response_mask
+    )
 
 
 class Scripted:
@@ -353,3 +354,23 @@ def sync_source(
     """The synchronous rollout source of a run, for the one step `step` with the prompts `samples`."""
     executor = InlineExecutor(producer, weights, retries=retries)
     return Rollouts(executor, OneStep(step, samples), start=step, steps=step + 1, ahead=0, version=0)
+
+
+def train_batch(
+    seqs: Batch, *, old_logp: torch.Tensor, advantages: torch.Tensor, **fields: Any
+) -> TrainBatch:
+    """A `TrainBatch` over collated `seqs` (`hone.orchestration.collate.collate`), as the learner makes one:
+    the loss mask is the response mask, the behaviour log-probs are `old_logp` (the sampler was the
+    policy) and the returns the advantages, unless `fields` says otherwise."""
+    base: dict[str, Any] = {
+        "input_ids": seqs.input_ids,
+        "attention_mask": seqs.attention_mask,
+        "loss_mask": seqs.response_mask,
+        "behaviour_logp": old_logp,
+        "old_logp": old_logp,
+        "advantages": advantages,
+        "returns": advantages,
+        "group_ids": seqs.group_ids,
+        "prompt_lens": seqs.prompt_lens,
+    }
+    return TrainBatch(**(base | fields))

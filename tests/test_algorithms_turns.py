@@ -115,7 +115,6 @@ def test_kl_in_the_reward_is_charged_to_each_turn() -> None:
     batch = collate(rollouts, pad_id=0)
     # old log-probs 0 and ref = -kl make k1 = log π - log π_ref exactly these per-token values
     kl = torch.tensor([[0.2, 0.4, 0.0, 0.8], [0.1, 0.0, 0.3, 0.5]])
-    batch.ref_log_probs = -kl
     cfg = load_config(
         None,
         [
@@ -125,7 +124,14 @@ def test_kl_in_the_reward_is_charged_to_each_turn() -> None:
             "algorithm.kl.estimator=k1",
         ],
     )
-    compute_advantages(batch, rollouts, cfg)
+    advantages, _, _ = compute_advantages(
+        rollouts,
+        cfg.algorithm,
+        response_mask=batch.response_mask,
+        old_logp=torch.zeros_like(kl),
+        ref_logp=-kl,
+        group_ids=batch.group_ids,
+    )
     # Turn rewards minus 0.5 * the turn's KL sum: A = [-0.3, 1 - 0.4] → G = [0.3, 0.6];
     # B = [-0.05, -0.4] → G = [-0.45, -0.4]. G_0 = (0.3, -0.45): mean -0.075, std 0.75 / sqrt(2).
     std = 0.75 / math.sqrt(2) + cfg.algorithm.eps
@@ -133,7 +139,7 @@ def test_kl_in_the_reward_is_charged_to_each_turn() -> None:
     b = [(-0.45 + 0.075) / std, (-0.4 + 0.075) / std]
     expected = torch.tensor([[a[0], a[0], 0.0, a[1]], [b[0], 0.0, b[1], b[1]]])
     # float32 sums of O(1) terms: error ~1e-7 relative, far inside 1e-5
-    torch.testing.assert_close(batch.advantages, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

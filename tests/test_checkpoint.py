@@ -7,6 +7,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from hone.cli import main
 from hone.config import load_config
 from hone.orchestration import learner
 from hone.orchestration.loop import SetupError, train
-from hone.training.checkpoint import Checkpointer, damage
+from hone.training.checkpoint import RNG, Checkpointer, Part, damage
 from hone.training.models import load_reference
 from hone.training.policy import AdapterReference, LoraSettings, Policy, weights_digest
 from tests.conftest import char_tokenizer, tiny_qwen2
@@ -43,6 +44,11 @@ def _train_steps(policy: Policy, opt: torch.optim.Optimizer) -> None:
         group["lr"] = 1e-2 / 4
 
 
+def _parts(policy: Policy, opt: torch.optim.Optimizer) -> dict[str, Part]:
+    """The parts the loop saves of a policy: weights, optimizer and the RNG."""
+    return {"model/": policy, "optimizer.pt": opt, "rng.pt": RNG}
+
+
 def _draws() -> tuple[float, float, torch.Tensor]:
     return random.random(), float(np.random.rand()), torch.rand(3)
 
@@ -52,7 +58,7 @@ def test_save_load_restores_weights_optimizer_rng_and_state(tmp_path: Path) -> N
     opt = _trainer(policy)
     _train_steps(policy, opt)
     ckpt = Checkpointer(tmp_path)
-    path = ckpt.save(3, policy, opt, {"data_position": 17, "buffer": [1, 2]})
+    path = ckpt.save(3, _parts(policy, opt) | {"data_position": 17, "buffer": [1, 2]})
     expected_draws = _draws()
     assert path == tmp_path / "checkpoints" / "step-3" == ckpt.latest()
     assert {p.name for p in path.iterdir()} == {
@@ -68,7 +74,7 @@ def test_save_load_restores_weights_optimizer_rng_and_state(tmp_path: Path) -> N
     random.seed(99)
     np.random.seed(99)
     torch.manual_seed(99)
-    extra = Checkpointer(tmp_path).load(path, fresh, fresh_opt)
+    extra = Checkpointer(tmp_path).load(path, _parts(fresh, fresh_opt))
 
     assert extra == {"data_position": 17, "buffer": [1, 2], "step": 3}
     for (name, a), b in zip(
@@ -93,14 +99,14 @@ def test_leftover_temp_dirs_are_ignored_and_cleaned(tmp_path: Path) -> None:
     opt = _trainer(policy)
     ckpt = Checkpointer(tmp_path)
     assert ckpt.latest() is None
-    ckpt.save(1, policy, opt, {})
+    ckpt.save(1, _parts(policy, opt))
     # A save of step 2 killed mid-write, and a step dir without state.json: neither may be picked.
     half = tmp_path / "checkpoints" / ".tmp-step-2"
     (half / "model").mkdir(parents=True)
     (half / "state.json").write_text(json.dumps({"step": 2}))
     (tmp_path / "checkpoints" / "step-5").mkdir()
     assert ckpt.latest() == tmp_path / "checkpoints" / "step-1"
-    ckpt.save(2, policy, opt, {})
+    ckpt.save(2, _parts(policy, opt))
     assert ckpt.latest() == tmp_path / "checkpoints" / "step-2"
     assert (tmp_path / "checkpoints" / "step-2" / "model" / "config.json").exists()
 
@@ -110,12 +116,12 @@ def test_keep_last_prunes_oldest_and_resave_replaces(tmp_path: Path) -> None:
     opt = _trainer(policy)
     ckpt = Checkpointer(tmp_path, keep_last=2)
     for step in (10, 2, 30):  # ordering is numeric, not lexicographic
-        ckpt.save(step, policy, opt, {"tag": step})
+        ckpt.save(step, _parts(policy, opt) | {"tag": step})
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10", "step-30"]
-    ckpt.save(30, policy, opt, {"tag": "again"})
+    ckpt.save(30, _parts(policy, opt) | {"tag": "again"})
     assert json.loads((tmp_path / "checkpoints" / "step-30" / "state.json").read_text())["tag"] == "again"
     with pytest.raises(TypeError):
-        ckpt.save(40, policy, opt, {"bad": object()})
+        ckpt.save(40, _parts(policy, opt) | {"bad": object()})
     assert ckpt.latest() == tmp_path / "checkpoints" / "step-30"
 
 
@@ -126,12 +132,12 @@ def test_lora_checkpoint_restores_adapter(tmp_path: Path) -> None:
     policy = Policy.from_pretrained(tmp_path / "base", lora=lora)
     opt = _trainer(policy)
     _train_steps(policy, opt)
-    path = Checkpointer(tmp_path / "run").save(3, policy, opt, {})
+    path = Checkpointer(tmp_path / "run").save(3, _parts(policy, opt))
     assert (path / "model" / "adapter" / "adapter_model.safetensors").exists()
 
     fresh = Policy.from_pretrained(tmp_path / "base", lora=lora)
     fresh_opt = _trainer(fresh)
-    Checkpointer(tmp_path / "run").load(path, fresh, fresh_opt)
+    Checkpointer(tmp_path / "run").load(path, _parts(fresh, fresh_opt))
     ids = torch.randint(3, 32, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(
@@ -141,13 +147,37 @@ def test_lora_checkpoint_restores_adapter(tmp_path: Path) -> None:
     _train_steps(fresh, fresh_opt)  # optimizer state maps onto the adapter params
 
 
+def test_a_part_lives_where_its_name_says_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    class Counter:  # a JSON `Stateful`: its state goes into state.json under its name
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def state_dict(self) -> dict[str, int]:
+            return {"n": self.n}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            self.n = state["n"]
+
+    policy = _new_policy(0)
+    opt = _trainer(policy)
+    path = Checkpointer(tmp_path).save(2, _parts(policy, opt) | {"counter": Counter(7), "tag": "x"})
+    assert json.loads((path / "state.json").read_text()) == {"counter": {"n": 7}, "tag": "x", "step": 2}
+    restored = Counter(0)
+    state = Checkpointer(tmp_path).load(path, {"counter": restored})
+    assert restored.n == 7 and state["tag"] == "x"
+    with pytest.raises(ValueError, match=r"holds no critic/ \(it was saved by a run without one\)"):
+        Checkpointer(tmp_path).load(path, {"critic/": policy})
+    with pytest.raises(ValueError, match=r"holds no 'trainer' in state.json"):
+        Checkpointer(tmp_path).load(path, {"trainer": Counter(0)})
+
+
 def test_crash_mid_save_leaves_previous_checkpoint_latest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     policy = _new_policy(0)
     opt = _trainer(policy)
     ckpt = Checkpointer(tmp_path)
-    ckpt.save(1, policy, opt, {})
+    ckpt.save(1, _parts(policy, opt))
     real_save = torch.save
 
     def dying_save(obj: object, f: Path) -> None:
@@ -157,7 +187,7 @@ def test_crash_mid_save_leaves_previous_checkpoint_latest(
 
     monkeypatch.setattr(torch, "save", dying_save)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save(2, policy, opt, {})
+        ckpt.save(2, _parts(policy, opt))
     assert (tmp_path / "checkpoints" / ".tmp-step-2" / "optimizer.pt").exists()
     assert ckpt.latest() == tmp_path / "checkpoints" / "step-1"
 
@@ -181,7 +211,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(
     policy = _new_policy(0)
     opt = _trainer(policy)
     ckpt = Checkpointer(tmp_path)
-    first, second = ckpt.save(1, policy, opt, {}), ckpt.save(2, policy, opt, {})
+    first, second = ckpt.save(1, _parts(policy, opt)), ckpt.save(2, _parts(policy, opt))
     assert damage(second) is None and ckpt.latest_intact() == second
     _cut_short(second / file)
     assert ckpt.latest() == second  # complete by name: only reading the files shows the damage
@@ -275,12 +305,12 @@ def test_nonfinite_gradients_stop_the_run_in_one_line_with_the_checkpoint_intact
 ) -> None:
     real = learner.compute_advantages
 
-    def nan_from_step_2(batch: object, rollouts: object, cfg: object) -> dict[str, float]:
-        metrics = real(batch, rollouts, cfg)  # type: ignore[arg-type]
+    def nan_from_step_2(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        advantages, returns, metrics = real(*args, **kwargs)
         if nan_from_step_2.calls:
-            batch.advantages = batch.advantages * float("nan")  # type: ignore[attr-defined]
+            advantages = advantages * float("nan")
         nan_from_step_2.calls += 1
-        return metrics
+        return advantages, returns, metrics
 
     nan_from_step_2.calls = 0  # type: ignore[attr-defined]
     monkeypatch.setattr(learner, "compute_advantages", nan_from_step_2)

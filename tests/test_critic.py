@@ -15,7 +15,7 @@ from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token
 from hone.config import ConfigError, load_config
 from hone.orchestration.learner import compute_advantages
 from hone.orchestration.loop import train
-from hone.types import Batch, Rollout
+from hone.types import Rollout
 from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
 
 PPO = {"algorithm.advantage": "gae", "critic.lr": 1e-3}
@@ -78,15 +78,6 @@ def test_gae_reads_the_kl_penalty_placed_in_the_reward() -> None:
     old = torch.tensor([[-1.0, -0.5, -2.0], [-0.1, -0.3, 0.0]])
     ref = torch.tensor([[-1.5, -0.5, -1.0], [-0.2, -0.1, 0.0]])
     values = torch.tensor([[0.2, 0.4, 0.6], [0.5, 0.1, 0.0]])
-    batch = Batch(
-        input_ids=torch.zeros(2, 4, dtype=torch.long),
-        attention_mask=torch.ones(2, 4, dtype=torch.long),
-        response_mask=mask,
-        old_log_probs=old,
-        ref_log_probs=ref,
-        values=values,
-        group_ids=torch.tensor([0, 0]),
-    )
     rollouts = [
         Rollout(
             sample_id=str(i),
@@ -99,18 +90,26 @@ def test_gae_reads_the_kl_penalty_placed_in_the_reward() -> None:
         )
         for i, reward in enumerate([1.0, 0.0])
     ]
-    metrics = compute_advantages(batch, rollouts, cfg)
+    advantages, returns_, metrics = compute_advantages(
+        rollouts,
+        cfg.algorithm,
+        response_mask=mask,
+        old_logp=old,
+        ref_logp=ref,
+        values=values,
+        group_ids=torch.tensor([0, 0]),
+    )
     # k1 = old - ref per token: [0.5, 0, -1] and [0.1, -0.2]; the reward pays 0.5 x it on every token.
     kl = KL_ESTIMATORS["k1"](old, ref) * mask
     rewards = scores_to_token_rewards(torch.tensor([1.0, 0.0]), mask) - 0.5 * kl
     expected, returns = ADVANTAGE_ESTIMATORS["gae"](
         token_rewards=rewards, response_mask=mask, values=values, gamma=1.0, lam=0.9
     )
-    torch.testing.assert_close(batch.advantages, expected)
-    torch.testing.assert_close(batch.returns, returns)
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns_, returns)
     # Row 1 by hand: r = [-0.05, 0.1] (its score 0 on the last token, minus 0.5 x [0.1, -0.2]);
     # delta_1 = 0.1 - 0.1 = 0, delta_0 = -0.05 + 0.1 - 0.5 = -0.45; A_0 = -0.45 + 0.9 x 0 = -0.45.
-    torch.testing.assert_close(batch.advantages[1], torch.tensor([-0.45, 0.0, 0.0]))
+    torch.testing.assert_close(advantages[1], torch.tensor([-0.45, 0.0, 0.0]))
     assert math.isclose(metrics["value/mean"], (0.2 + 0.4 + 0.6 + 0.5 + 0.1) / 5, rel_tol=1e-6)
     assert set(VALUE_METRICS[2:]) <= metrics.keys() and "kl" in metrics
 

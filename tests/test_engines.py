@@ -16,8 +16,8 @@ from hone.rollout import GenerationRequest, Sampler
 from hone.rollout.engines import ENGINES, get_engine
 from hone.rollout.engines.hf import HFEngine, HFSampler
 from hone.types import SamplingParams
+from tests.helpers import tiny_overrides
 from tests.sglang_engine_for_tests import SGLangEngine, SGLangSampler
-from tests.test_orchestration import tiny_overrides
 
 SGLANG = "tests.sglang_engine_for_tests:SGLangEngine"
 

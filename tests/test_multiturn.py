@@ -102,7 +102,7 @@ def test_sampled_tokens_are_kept_exactly_and_score_alike_in_the_trainer(policy64
     batch = collate(rollouts, pad_id=policy64.tokenizer.pad_token_id)
     with torch.no_grad():
         log_probs, _ = policy64.token_log_probs(batch.input_ids, batch.attention_mask)
-    diff = (log_probs - batch.old_log_probs).abs() * batch.response_mask
+    diff = (log_probs - batch.sampler_log_probs).abs() * batch.response_mask
     # No re-tokenisation drift: the trainer sees the sampled ids. The float64 model agrees to ~1e-14; the
     # trainer hands back float32 (and collate stores float32), i.e. log p ~ -6 rounded to 2^-24 relative
     # (~4e-7) plus a few ulps from its float32 logsumexp: 1e-5 bounds that, a wrong id moves it by >= 1e-3.
@@ -136,7 +136,7 @@ def test_observation_and_prompt_tokens_get_exactly_zero_gradient(policy: Policy)
     advantages = torch.randn_like(log_probs)
     loss_per_token, _ = POLICY_LOSSES["ppo"](
         log_probs=log_probs,
-        old_log_probs=batch.old_log_probs,
+        old_log_probs=batch.sampler_log_probs,
         advantages=advantages,
         response_mask=batch.response_mask,
     )

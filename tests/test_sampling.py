@@ -15,7 +15,7 @@ from hone.config import AlgorithmConfig, ConfigError, ReplayConfig, TrainerConfi
 from hone.orchestration import producer as producer_module
 from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
-from hone.orchestration.learner import Learner, mask_truncated
+from hone.orchestration.learner import Learner, truncation_mask
 from hone.orchestration.loop import rl_step, train
 from hone.orchestration.producer import Producer
 from hone.orchestration.replay import ReplayBuffer, is_replayed
@@ -23,13 +23,14 @@ from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
-from hone.types import Batch, Rollout, Sample, SamplingParams
+from hone.types import Rollout, Sample, SamplingParams, TrainBatch
 from tests.helpers import (
     RecordingTrainer,
     assert_same_weights,
     killed_and_resumed,
     sync_source,
     tiny_overrides,
+    train_batch,
 )
 
 N = 2  # rollouts per prompt in the unit tests
@@ -87,7 +88,9 @@ def _step(
         policy=parts.policy,
         ref_policy=None,
         trainer=trainer,  # type: ignore[arg-type]
-        cfg=cfg,
+        algorithm=cfg.algorithm,
+        trainer_cfg=cfg.trainer,
+        temperature=cfg.rollout.temperature,
         pad_id=0,
         publish=rollouts.publish,
     )
@@ -98,7 +101,7 @@ POOL = [f"u{i}" for i in range(6)] + [f"v{i}" for i in range(6)]
 REFILL = ["algorithm.dynamic_sampling.enabled=true"]
 
 
-def _groups(batch: Batch) -> list[list[int]]:
+def _groups(batch: TrainBatch) -> list[list[int]]:
     """Each row's group id and its response token, for comparing batches."""
     return [[int(g), int(row[2])] for g, row in zip(batch.group_ids, batch.input_ids, strict=True)]
 
@@ -173,8 +176,8 @@ def test_mask_truncated_takes_truncated_responses_out_of_the_loss_only(
     a, b = plain_trainer.batches[0], masked_trainer.batches[0]
     assert torch.equal(a.advantages, b.advantages)  # type: ignore[arg-type]
     rows = b.group_ids == 1
-    assert b.response_mask[rows].sum() == 0 and a.response_mask[rows].sum() == N
-    assert torch.equal(a.response_mask[~rows], b.response_mask[~rows])
+    assert b.loss_mask[rows].sum() == 0 and a.loss_mask[rows].sum() == N
+    assert torch.equal(a.loss_mask[~rows], b.loss_mask[~rows])
     assert masked["loss/truncated_masked_frac"] == pytest.approx(1 / 3)
     assert masked["response_length/clip_frac"] == plain["response_length/clip_frac"] == pytest.approx(1 / 3)
 
@@ -193,13 +196,12 @@ def _update(model_dir: Path, truncated_advantage: float, mask: bool) -> dict[str
         for i in range(4)
     ]
     rollouts[1].finish_reason = "length"
-    batch = collate(rollouts, pad_id=0)
+    seqs = collate(rollouts, pad_id=0)
     with torch.no_grad():
-        batch.old_log_probs, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
-    batch.advantages = torch.tensor([[1.0], [truncated_advantage], [-1.0], [0.5]]) * batch.response_mask
-    if mask:
-        mask_truncated(batch, rollouts)
-    trainer.update(batch, 0)
+        old_logp, _ = policy.token_log_probs(seqs.input_ids, seqs.attention_mask)
+    advantages = torch.tensor([[1.0], [truncated_advantage], [-1.0], [0.5]]) * seqs.response_mask
+    loss_mask = truncation_mask(rollouts, seqs.response_mask)[0] if mask else seqs.response_mask
+    trainer.update(train_batch(seqs, old_logp=old_logp, advantages=advantages, loss_mask=loss_mask), 0)
     return {k: v.clone() for k, v in policy.model.state_dict().items()}
 
 

@@ -17,6 +17,7 @@ from hone.envs import make_env
 from hone.orchestration import warmstart
 from hone.orchestration.evaluate import evaluate
 from hone.orchestration.loop import train
+from hone.training import fit as fit_module
 from hone.training import sft as sft_module
 from hone.training.policy import Policy
 from hone.training.sft import _batch_losses, _response_tokens, collate_sft, encode_pair, run_sft, sft_loss
@@ -95,11 +96,11 @@ def test_micro_batched_step_has_the_full_batch_loss_and_gradient_in_float64() ->
     params = pol.trainable_parameters()
     runs = []
     for micro in (None, 3):  # 3 + 3 + 2 rows: uneven chunks with different token counts
-        nlls: list[float] = []
-        for loss in _batch_losses(pol, batch, 0, micro, nlls):
+        stats: list[dict[str, float]] = []
+        for loss in _batch_losses(pol, batch, 0, micro, stats):
             loss.backward()
         tokens = float(_response_tokens(batch))
-        runs.append((sum(nlls) / tokens, tokens, [p.grad.clone() for p in params]))
+        runs.append((sum(s["nll"] for s in stats) / tokens, tokens, [p.grad.clone() for p in params]))
         pol.model.zero_grad(set_to_none=True)
     (full_loss, full_tokens, full_grads), (micro_loss, micro_tokens, micro_grads) = runs
     ids, mask, loss_mask = collate_sft(batch, pad_id=0)
@@ -143,21 +144,23 @@ def test_tiny_model_learns_mapping_and_stops_on_eval(policy: Policy) -> None:
 def test_the_deadline_is_checked_before_every_step_and_every_evaluation(
     policy: Policy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    now = [0.0]  # a fake clock: a step takes 1 s, an evaluation 0.1 s
-    monkeypatch.setattr(sft_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    now = [0.0]  # a fake clock: a step (its one forward) takes 1 s, an evaluation 0.1 s
+    monkeypatch.setattr(fit_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     evaluated: list[float] = []
+    forward = policy.token_log_probs
 
-    def tick(row: dict[str, float]) -> None:
-        now[0] += 1.0 if "sft/loss" in row else 0.0
+    def timed_forward(*args: Any, **kwargs: Any) -> Any:
+        now[0] += 1.0
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "token_log_probs", timed_forward)
 
     def evaluate() -> float:
         evaluated.append(now[0])
         now[0] += 0.1
         return 0.0
 
-    result = run_sft(
-        policy, PAIRS, batch_size=4, max_steps=50, eval_fn=evaluate, eval_every=1, log=tick, deadline=2.5
-    )
+    result = run_sft(policy, PAIRS, batch_size=4, max_steps=50, eval_fn=evaluate, eval_every=1, deadline=2.5)
     # Steps 1 and 2 end at 1.0 and 2.1 s and are evaluated; step 3 starts at 2.2 s (in time) and ends at
     # 3.2 s, past the deadline: no evaluation after it, no step 4.
     assert result["steps"] == 3 and result["out_of_time"] is True and not result["stopped_early"]

@@ -123,6 +123,7 @@ def test_a_cycle_is_found(tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text("from hone import b\n")
     (tmp_path / "b.py").write_text("def f():\n    from hone.a import x\n")
     (tmp_path / "c.py").write_text("import hone.a\n")
-    (tmp_path / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hone import e\n")
+    annotation_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hone import e\n"
+    (tmp_path / "d.py").write_text(annotation_only)
     (tmp_path / "e.py").write_text("from hone import d\n")
     assert cycles(import_graph(tmp_path)) == [["hone.a", "hone.b"]]

@@ -4,6 +4,7 @@ non-finite steps are skipped, and the LR schedule runs on RL steps."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from pathlib import Path
 
@@ -11,13 +12,11 @@ import pytest
 import torch
 
 from hone.config import AlgorithmConfig, KLConfig, TrainerConfig
+from hone.training.optim import RLSchedule, build_scheduler, decay_factor
 from hone.training.policy import LoraSettings, Policy
 from hone.training.trainer import (
     NonFiniteGradientError,
-    RLSchedule,
     RLTrainer,
-    build_scheduler,
-    decay_factor,
     micro_batch_rows,
 )
 from tests.conftest import tiny_qwen2
@@ -58,11 +57,11 @@ def test_update_raises_log_prob_of_positive_advantage_tokens(micro_model_dir: Pa
         policy, AlgorithmConfig(), TrainerConfig(lr=1e-3), total_rl_steps=1, temperature=1.0, norm_len=8
     )
     batch = make_batch(policy)
-    before = copy.deepcopy(batch.old_log_probs)
+    before = copy.deepcopy(batch.old_logp)
     metrics = trainer.update(batch, 0)
     with torch.no_grad():
         after, _ = policy.token_log_probs(batch.input_ids, batch.attention_mask)
-    delta = ((after - before) * batch.response_mask).sum(-1)
+    delta = ((after - before) * batch.loss_mask).sum(-1)
     assert delta[-1] > 0 > delta[0]  # advantage +1 row went up, -1 row went down
     assert {"loss/policy", "entropy", "clip_frac", "approx_kl", "grad_norm", "lr"} <= metrics.keys()
 
@@ -105,7 +104,7 @@ def test_nonfinite_gradient_skips_the_step_and_a_streak_stops_the_run(micro_mode
     trainer = _trainer(policy, steps=10, max_nonfinite_steps=2)
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     bad = make_batch(policy)
-    row, col = bad.response_mask.nonzero()[-1]
+    row, col = bad.loss_mask.nonzero()[-1]
     bad.advantages[row, col] = float("nan")  # on a trained (masked-in) token
     metrics = trainer.update(bad, 0)
     assert metrics["train/nonfinite_steps"] == 1.0 and "grad_norm" not in metrics
@@ -139,7 +138,7 @@ def test_schedule_warmup_in_rl_steps_and_time_limit(monkeypatch: pytest.MonkeyPa
     sched = RLSchedule("linear", warmup_steps=2, total_steps=12)
     assert [sched.factor(s) for s in (0, 1, 2, 7)] == pytest.approx([0.5, 1.0, 1.0, 0.5])
     now = [100.0]
-    monkeypatch.setattr("hone.training.trainer.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("hone.training.optim.time.perf_counter", lambda: now[0])
     timed = RLSchedule("linear", warmup_steps=0, total_steps=100)
     timed.start_clock(50.0)
     now[0] = 125.0  # half the time budget spent at step 10: time wins
@@ -164,13 +163,15 @@ def test_metrics_count_only_the_optimizer_steps_applied(micro_model_dir: Path) -
     policy = Policy.from_pretrained(micro_model_dir)
     trainer = _trainer(policy, steps=10, mini_batches=6, max_nonfinite_steps=10)  # one row per step
     bad = make_batch(policy)
-    row, col = bad.response_mask.nonzero()[-1]
+    row, col = bad.loss_mask.nonzero()[-1]
     bad.advantages[row, col] = float("nan")  # one of the six optimizer steps is skipped
     metrics = trainer.update(bad, 0)
     assert metrics["train/nonfinite_steps"] == 1.0
     assert all(math.isfinite(v) for v in metrics.values()), metrics  # no NaN loss from the skipped one
     assert metrics["lr"] == 1e-3
-    bad.advantages = bad.advantages * float("nan")  # every step skipped: no loss, no LR was applied
+    bad = dataclasses.replace(
+        bad, advantages=bad.advantages * float("nan")
+    )  # every step skipped: no loss, no LR was applied
     metrics = trainer.update(bad, 1)
     assert metrics["train/nonfinite_steps"] == 6.0
     assert not {"lr", "loss/policy", "loss/total", "entropy", "clip_frac", "grad_norm"} & metrics.keys()
@@ -180,7 +181,7 @@ def test_a_constant_schedule_never_reads_the_clock(monkeypatch: pytest.MonkeyPat
     def no_clock() -> float:
         raise AssertionError("a constant schedule read the clock")
 
-    monkeypatch.setattr("hone.training.trainer.time.perf_counter", no_clock)
+    monkeypatch.setattr("hone.training.optim.time.perf_counter", no_clock)
     sched = RLSchedule("constant", warmup_steps=2, total_steps=10)
     sched.start_clock(5.0)  # a run with run.time_limit_s
     assert [sched.factor(s) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
@@ -192,8 +193,8 @@ def test_the_loss_is_the_sum_of_its_named_terms(micro_model_dir: Path) -> None:
     algo = AlgorithmConfig(kl=KLConfig(coef=0.5), entropy_coef=0.25)
     trainer = RLTrainer(policy, algo, TrainerConfig(lr=1e-3), total_rl_steps=1, temperature=1.0, norm_len=8)
     batch = make_batch(policy)
-    with torch.no_grad():  # a reference off the policy, so the KL term is not 0
-        batch.ref_log_probs = batch.old_log_probs - 0.3 * batch.response_mask
+    # a reference off the policy, so the KL term is not 0
+    batch = dataclasses.replace(batch, ref_logp=batch.old_logp - 0.3 * batch.loss_mask)
     metrics = trainer.update(batch, 0)  # one optimizer step, one micro-batch, token-mean everywhere
     assert metrics["kl"] > 0.01 and metrics["entropy"] > 0.01
     # loss = policy + kl.coef x KL - entropy_coef x entropy; the metrics are the same token means summed

@@ -1,8 +1,9 @@
 """The off-policy correction inside RLTrainer.update: the policy term's tokens are weighted and masked by
-`algorithm.off_policy` (anchor: old_log_probs, behaviour: sampler_log_probs), and `none` changes nothing."""
+`algorithm.off_policy` (anchor: old_logp, behaviour: behaviour_logp), and `none` changes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ import torch
 from hone.algorithms import POLICY_LOSSES
 from hone.config import AlgorithmConfig, OffPolicyConfig, TrainerConfig
 from hone.training.policy import Policy
-from hone.training.trainer import MicroBatch, RLTrainer
-from hone.types import Batch
+from hone.training.ppo import MicroBatch
+from hone.training.trainer import RLTrainer
+from hone.types import TrainBatch
 from tests.helpers import make_batch
 
 
@@ -27,52 +29,52 @@ def _trainer(policy: Policy, off_policy: OffPolicyConfig, **algo: object) -> RLT
     return trainer
 
 
-def _hand_batch() -> tuple[Batch, torch.Tensor]:
+def _hand_batch() -> tuple[TrainBatch, torch.Tensor]:
     """Two rows of four columns in float64 (the second row one token shorter), anchor log-probs off the
     sampler's by log-ratios from -1.5 to 1.5, and the policy's log-probs as a leaf to differentiate."""
     mask = torch.tensor([[1.0, 1, 1, 1], [0, 1, 1, 0]], dtype=torch.float64)
     old = torch.tensor([[-1.0, -2.0, -0.5, -1.2], [-0.7, -1.1, -2.2, -0.3]], dtype=torch.float64)
     log_rho = torch.tensor([[-1.5, -0.2, 0.3, 1.5], [0.0, 0.6, -0.6, 0.0]], dtype=torch.float64)
-    batch = Batch(
+    advantages = torch.tensor([[1.0], [-0.5]], dtype=torch.float64) * mask
+    batch = TrainBatch(
         input_ids=torch.zeros(2, 5, dtype=torch.long),
         attention_mask=torch.ones(2, 5, dtype=torch.long),
-        response_mask=mask,
-        old_log_probs=old,
-        sampler_log_probs=old - log_rho,
-        advantages=torch.tensor([[1.0], [-0.5]], dtype=torch.float64) * mask,
+        loss_mask=mask,
+        old_logp=old,
+        behaviour_logp=old - log_rho,
+        advantages=advantages,
+        returns=advantages,
     )
     log_probs = old + torch.tensor([[0.1, -0.3, 0.05, 0.4], [0.0, -0.1, 0.25, 0.0]], dtype=torch.float64)
     return batch, log_probs.requires_grad_()
 
 
-def _policy_term_grad(trainer: RLTrainer, batch: Batch, log_probs: torch.Tensor) -> torch.Tensor:
+def _policy_term_grad(trainer: RLTrainer, batch: TrainBatch, log_probs: torch.Tensor) -> torch.Tensor:
     weights, _ = trainer._off_policy(batch)
     rows = torch.arange(2)
-    counts = {"num_tokens": batch.response_mask.sum(), "num_seqs": 2, "norm_len": 8}
-    micro = MicroBatch(batch, rows, batch.response_mask, log_probs, None, counts, weights)
+    counts = {"num_tokens": batch.loss_mask.sum(), "num_seqs": 2, "norm_len": 8}
+    micro = MicroBatch(batch, rows, batch.loss_mask, log_probs, None, counts, weights)
     loss, _ = trainer._policy_term(micro)
     (grad,) = torch.autograd.grad(loss, log_probs)
     return grad
 
 
-def _ppo_by_hand(batch: Batch, log_probs: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
+def _ppo_by_hand(batch: TrainBatch, log_probs: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
     """PPO's clipped surrogate (ε 0.2), each token's term times `token_weights`, token-mean."""
-    assert batch.old_log_probs is not None and batch.advantages is not None
-    ratio = torch.exp((log_probs - batch.old_log_probs) * batch.response_mask)
+    ratio = torch.exp((log_probs - batch.old_logp) * batch.loss_mask)
     adv = batch.advantages
     per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
-    return (per_token * token_weights * batch.response_mask).sum() / batch.response_mask.sum()
+    return (per_token * token_weights * batch.loss_mask).sum() / batch.loss_mask.sum()
 
 
 def test_tis_weights_each_token_as_by_hand_in_float64(micro_model_dir: Path) -> None:
     trainer = _trainer(Policy.from_pretrained(micro_model_dir), OffPolicyConfig(name="tis", cap=1.5))
     batch, log_probs = _hand_batch()
     grad = _policy_term_grad(trainer, batch, log_probs)
-    assert batch.old_log_probs is not None and batch.sampler_log_probs is not None
     # w = min(pi_old / pi_sampler, 1.5): e^1.5 and e^0.6 are capped, e^-1.5 .. e^0.3 pass (some below 1).
-    rho = torch.exp(batch.old_log_probs - batch.sampler_log_probs)
+    rho = torch.exp(batch.old_logp - batch.behaviour_logp)
     w = rho.clamp(max=1.5)
-    assert bool((w < rho).any()) and bool(((w < 1) & (batch.response_mask > 0)).any())
+    assert bool((w < rho).any()) and bool(((w < 1) & (batch.loss_mask > 0)).any())
     (expected,) = torch.autograd.grad(_ppo_by_hand(batch, log_probs, w), log_probs)
     (unweighted,) = torch.autograd.grad(_ppo_by_hand(batch, log_probs, torch.ones_like(w)), log_probs)
     assert not torch.allclose(expected, unweighted)  # the weights matter here
@@ -87,10 +89,9 @@ def test_mis_masked_tokens_get_zero_gradient_and_kept_ones_their_ratio(micro_mod
     # |log ratio| 1.5 > log 2 on row 0's first and last tokens: dropped; every other response token kept.
     dropped = torch.tensor([[1, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
     assert bool((grad[dropped] == 0).all())
-    kept = ~dropped & batch.response_mask.bool()
+    kept = ~dropped & batch.loss_mask.bool()
     assert bool((grad[kept] != 0).all())
-    assert batch.old_log_probs is not None and batch.sampler_log_probs is not None
-    w = torch.exp(batch.old_log_probs - batch.sampler_log_probs) * kept
+    w = torch.exp(batch.old_logp - batch.behaviour_logp) * kept
     (expected,) = torch.autograd.grad(_ppo_by_hand(batch, log_probs, w), log_probs)
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-15)
     _, metrics = trainer._off_policy(batch)
@@ -102,9 +103,8 @@ def _updated(model_dir: Path, off_policy: OffPolicyConfig, sampler_shift: float 
     trainer = _trainer(policy, off_policy)
     batch = make_batch(policy)
     if sampler_shift is not None:
-        assert batch.old_log_probs is not None
-        shift = sampler_shift * torch.linspace(-1, 1, batch.old_log_probs.shape[1])
-        batch.sampler_log_probs = batch.old_log_probs + shift
+        shift = sampler_shift * torch.linspace(-1, 1, batch.old_logp.shape[1])
+        batch = dataclasses.replace(batch, behaviour_logp=batch.old_logp + shift)
     metrics = trainer.update(batch, 0)
     return {k: v.clone() for k, v in policy.model.state_dict().items()}, metrics
 
@@ -128,13 +128,6 @@ def test_update_applies_the_correction_and_logs_it(micro_model_dir: Path) -> Non
     )
     assert metrics["off_policy/masked_frac"] == 1.0 and metrics["grad_norm"] == 0.0
     assert all(torch.equal(dropped[k], v) for k, v in start.items())
-
-
-def test_a_correction_without_sampler_log_probs_is_refused(micro_model_dir: Path) -> None:
-    trainer = _trainer(Policy.from_pretrained(micro_model_dir), OffPolicyConfig(name="tis"))
-    batch = make_batch(trainer.policy)
-    with pytest.raises(ValueError, match=r"algorithm.off_policy.name 'tis' .* sampler_log_probs"):
-        trainer.update(batch, 0)
 
 
 @pytest.mark.parametrize("name", ["ppo", "gspo", "cispo"])

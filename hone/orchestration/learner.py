@@ -19,78 +19,82 @@ from hone.algorithms import (
     scores_to_token_rewards,
     turn_sums,
 )
-from hone.config import HoneConfig
+from hone.config import AlgorithmConfig, TrainerConfig
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
 from hone.training.critic import CriticTrainer
 from hone.training.policy import Policy, first_response_column
-from hone.training.trainer import RLTrainer, micro_batch_rows
-from hone.types import Batch, Rollout
+from hone.training.ppo import micro_batch_rows
+from hone.training.trainer import RLTrainer
+from hone.types import Batch, Rollout, TrainBatch
 
 
 @torch.no_grad()
-def _log_probs(policy: Policy, batch: Batch, temperature: float, micro: int, shared: bool) -> torch.Tensor:
+def _log_probs(policy: Policy, seqs: Batch, temperature: float, micro: int, shared: bool) -> torch.Tensor:
     policy.model.eval()
     log_probs, _ = policy.token_log_probs(
-        batch.input_ids,
-        batch.attention_mask,
+        seqs.input_ids,
+        seqs.attention_mask,
         temperature=temperature,
         micro_batch_size=micro,
-        from_column=first_response_column(batch.response_mask),
-        prompt_lens=batch.prompt_lens if shared else None,
+        from_column=first_response_column(seqs.response_mask),
+        prompt_lens=seqs.prompt_lens if shared else None,
     )
     return log_probs
 
 
-def compute_advantages(batch: Batch, rollouts: list[Rollout], cfg: HoneConfig) -> dict[str, float]:
-    """Fill `batch.advantages`/`returns` from rewards (minus a per-token KL penalty when placed there)."""
-    algo = cfg.algorithm
-    scores = torch.tensor(
-        [r.reward for r in rollouts], dtype=torch.float32, device=batch.response_mask.device
-    )
-    token_rewards = scores_to_token_rewards(scores, batch.response_mask)
+def compute_advantages(
+    rollouts: list[Rollout],
+    algo: AlgorithmConfig,
+    *,
+    response_mask: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Advantages and returns `[B, T]` of `rollouts` from their rewards (minus a per-token KL penalty when
+    `algorithm.kl.placement` is reward), by `algorithm.advantage`; and their metrics."""
+    scores = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=response_mask.device)
+    token_rewards = scores_to_token_rewards(scores, response_mask)
     turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
     metrics: dict[str, float] = {}
     if algo.kl.coef > 0 and algo.kl.placement == "reward":
-        assert batch.ref_log_probs is not None and batch.old_log_probs is not None
-        kl = KL_ESTIMATORS[algo.kl.estimator](batch.old_log_probs, batch.ref_log_probs) * batch.response_mask
+        assert ref_logp is not None
+        kl = KL_ESTIMATORS[algo.kl.estimator](old_logp, ref_logp) * response_mask
         token_rewards = token_rewards - algo.kl.coef * kl
         # Turn-level estimators read per-turn rewards: each turn pays the KL of its own tokens.
         penalty = turn_sums(kl, turns["token_turns"], turns["turn_rewards"].shape[1])
         turns["turn_rewards"] = turns["turn_rewards"] - algo.kl.coef * penalty
-        metrics["kl"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
-    batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS[algo.advantage](
+        metrics["kl"] = float(kl.sum() / response_mask.sum().clamp(min=1))
+    advantages, returns = ADVANTAGE_ESTIMATORS[algo.advantage](
         **turns,
         token_rewards=token_rewards,
-        response_mask=batch.response_mask,
-        group_ids=batch.group_ids,
+        response_mask=response_mask,
+        group_ids=group_ids,
         eps=algo.eps,
         norm_by_std=algo.norm_by_std,
         gamma=algo.gamma,
         lam=algo.lam,
-        values=batch.values,
+        values=values,
     )
-    if batch.values is not None:  # the critic before its update, against the targets it is fitted to
-        assert batch.returns is not None
-        metrics["value/explained_variance"] = explained_variance(
-            batch.values, batch.returns, batch.response_mask
-        )
-        metrics["value/mean"] = float(masked_mean(batch.values, batch.response_mask))
-        metrics["returns/mean"] = float(masked_mean(batch.returns, batch.response_mask))
-    return metrics
+    if values is not None:  # the critic before its update, against the targets it is fitted to
+        metrics["value/explained_variance"] = explained_variance(values, returns, response_mask)
+        metrics["value/mean"] = float(masked_mean(values, response_mask))
+        metrics["returns/mean"] = float(masked_mean(returns, response_mask))
+    return advantages, returns, metrics
 
 
-def mask_truncated(batch: Batch, rollouts: list[Rollout]) -> float:
+def truncation_mask(rollouts: list[Rollout], response_mask: torch.Tensor) -> tuple[torch.Tensor, float]:
     """DAPO's overlong filtering (Yu et al. 2025, §3.4; TRL's `mask_truncated_completions`): a response
-    cut at `max_new_tokens` is not known to be wrong, only unfinished, so its tokens leave the loss
-    (response mask 0). It is done after the advantages: the truncated rollout still counts in its
-    group's baseline (its reward is what the policy earned), and in the reward and length metrics.
-    Returns the share of rollouts masked."""
-    truncated = torch.tensor(
-        [r.finish_reason == "length" for r in rollouts], device=batch.response_mask.device
-    )
-    batch.response_mask[truncated] = 0.0
-    return float(truncated.float().mean())
+    cut at `max_new_tokens` is not known to be wrong, only unfinished, so its tokens leave the loss.
+    Returns the loss mask (a new tensor: `response_mask` with the truncated rows 0) and the share of
+    rollouts masked. Applied after the advantages: the truncated rollout still counts in its group's
+    baseline (its reward is what the policy earned), and in the reward and length metrics."""
+    truncated = torch.tensor([r.finish_reason == "length" for r in rollouts], device=response_mask.device)
+    loss_mask = response_mask.clone()
+    loss_mask[truncated] = 0.0
+    return loss_mask, float(truncated.float().mean())
 
 
 class Learner:
@@ -102,10 +106,14 @@ class Learner:
     (AReaL #1388: a counter restarting at 0 let staleness grow without bound).
 
     With a `critic` (PPO, `algorithm.advantage: gae`) each step also computes the critic's values for
-    GAE and regresses the critic on the returns after the policy's update. During the first
+    GAE, and the critic is the update's second optimizee after the policy. During the first
     `critic.warmup_steps` RL steps only the critic trains: the policy's weights stay as they are, so
     nothing is published and the sampler keeps its version (a publish of unchanged weights would cost
-    a copy and count a version that changed nothing, inflating staleness)."""
+    a copy and count a version that changed nothing, inflating staleness).
+
+    `algorithm` says how old log-probs, advantages and the loss mask are made; `trainer_cfg` and
+    `temperature` must be the trainer's (the no-grad log-prob passes match its forward: micro-batch
+    rows, shared prompts, temperature)."""
 
     def __init__(
         self,
@@ -113,7 +121,9 @@ class Learner:
         policy: Policy,
         ref_policy: Policy | None,
         trainer: RLTrainer,
-        cfg: HoneConfig,
+        algorithm: AlgorithmConfig,
+        trainer_cfg: TrainerConfig,
+        temperature: float,
         pad_id: int,
         publish: Callable[[int], None],
         version: int = 0,
@@ -122,7 +132,9 @@ class Learner:
         self.policy = policy
         self.ref_policy = ref_policy
         self.trainer = trainer
-        self.cfg = cfg
+        self.algo = algorithm
+        self.trainer_cfg = trainer_cfg
+        self.temperature = temperature
         self.pad_id = pad_id
         self.publish = publish
         self.version = version
@@ -136,10 +148,7 @@ class Learner:
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         if groups.rollouts:
-            batch = self.batch(groups.rollouts)
-            metrics |= compute_advantages(batch, groups.rollouts, self.cfg)
-            if self.cfg.algorithm.mask_truncated:
-                metrics["loss/truncated_masked_frac"] = mask_truncated(batch, groups.rollouts)
+            batch, metrics = self.batch(groups.rollouts)
             policy_moves = self.critic is None or step >= self.critic.cfg.warmup_steps
             if policy_moves:
                 metrics |= self.trainer.update(batch, step)
@@ -153,26 +162,50 @@ class Learner:
         metrics["time/train_s"] = time.perf_counter() - t0
         return metrics
 
-    def batch(self, rollouts: list[Rollout]) -> Batch:
-        """Collated `rollouts` with the behaviour (old) and reference log-probs the config asks for (the
-        trainer measures `mismatch/logprob_abs` from them: sampler vs recomputation), and the critic's
-        values when there is one."""
-        cfg = self.cfg
-        batch = collate(rollouts, pad_id=self.pad_id).to(self.policy.device)
-        micro = micro_batch_rows(cfg.trainer, batch.input_ids.shape[1])
-        if cfg.algorithm.old_log_probs == "recompute":
-            batch.sampler_log_probs = batch.old_log_probs  # π_behav, for the off-policy corrections
-            assert batch.sampler_log_probs is not None  # collate fills it
+    def batch(self, rollouts: list[Rollout]) -> tuple[TrainBatch, dict[str, float]]:
+        """The `TrainBatch` of `rollouts`, every field made once: the sampler's (behaviour) log-probs, the
+        old ones (recomputed in the update's precision when `algorithm.old_log_probs` is recompute, so the
+        trainer measures `mismatch/logprob_abs` between the two), the reference's, the critic's values,
+        the advantages and the loss mask; and the metrics of making them."""
+        seqs = collate(rollouts, pad_id=self.pad_id).to(self.policy.device)
+        assert seqs.sampler_log_probs is not None  # collate fills it
+        micro = micro_batch_rows(self.trainer_cfg, seqs.input_ids.shape[1])
+        shared = self.trainer_cfg.shared_prompts
+        old_logp = seqs.sampler_log_probs
+        if self.algo.old_log_probs == "recompute":
             # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the
             # first optimizer step, and the ratio measures the update, not the rounding.
             with self.trainer.autocast():
-                batch.old_log_probs = _log_probs(
-                    self.policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
-                )
+                old_logp = _log_probs(self.policy, seqs, self.temperature, micro, shared)
+        ref_logp = None
         if self.ref_policy is not None:
-            batch.ref_log_probs = _log_probs(
-                self.ref_policy, batch, cfg.rollout.temperature, micro, cfg.trainer.shared_prompts
-            )
+            ref_logp = _log_probs(self.ref_policy, seqs, self.temperature, micro, shared)
+        values = None
         if self.critic is not None:
-            batch.values = self.critic.values(batch)
-        return batch
+            values = self.critic.values(seqs.input_ids, seqs.attention_mask, seqs.response_mask)
+        advantages, returns, metrics = compute_advantages(
+            rollouts,
+            self.algo,
+            response_mask=seqs.response_mask,
+            old_logp=old_logp,
+            ref_logp=ref_logp,
+            values=values,
+            group_ids=seqs.group_ids,
+        )
+        loss_mask = seqs.response_mask
+        if self.algo.mask_truncated:
+            loss_mask, metrics["loss/truncated_masked_frac"] = truncation_mask(rollouts, seqs.response_mask)
+        batch = TrainBatch(
+            input_ids=seqs.input_ids,
+            attention_mask=seqs.attention_mask,
+            loss_mask=loss_mask,
+            behaviour_logp=seqs.sampler_log_probs,
+            old_logp=old_logp,
+            advantages=advantages,
+            returns=returns,
+            ref_logp=ref_logp,
+            values=values,
+            group_ids=seqs.group_ids,
+            prompt_lens=seqs.prompt_lens,
+        )
+        return batch, metrics

@@ -45,7 +45,7 @@ from hone.orchestration.rollouts import RolloutSource
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.rollout.multiturn import Episodes
-from hone.training.checkpoint import Checkpointer
+from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer
 from hone.training.critic import CriticTrainer
 from hone.training.models import load_critic, load_reference
 from hone.training.policy import Policy
@@ -335,16 +335,18 @@ def _restore(
             "optimizer steps (scheduler.pt); this one counts RL steps. Start a new run, or delete "
             "scheduler.pt to resume with the new schedule"
         )
-    try:
-        # the LR schedules are trainer state
-        state = checkpointer.load(path, policy, trainer.optimizer, critic=critic)
-        trainer.load_state_dict(state["trainer"])
-        if critic is not None:
-            critic.load_state_dict(state["critic"])
+    try:  # the LR schedules are trainer state; the RNG last
+        parts = {"model/": policy, "optimizer.pt": trainer.optimizer, "trainer": trainer}
+        state = checkpointer.load(path, parts | (_critic_parts(critic) if critic else {}) | {RNG_FILE: RNG})
     except Exception as e:
         detail = " ".join(str(e).split())[:300]  # state-dict mismatches list every tensor
         raise SetupError(f"cannot resume from {path}: {type(e).__name__}: {detail}") from e
     return state
+
+
+def _critic_parts(critic: CriticTrainer) -> dict[str, Any]:
+    """PPO's critic as checkpoint parts: its value model, optimizer and trainer state."""
+    return {"critic/": critic.model, "critic_optimizer.pt": critic.optimizer, "critic": critic}
 
 
 def check_reference(saved: dict[str, str] | None, current: dict[str, str] | None, path: Path) -> None:
@@ -413,7 +415,9 @@ def _train(
         policy=parts.policy,
         ref_policy=parts.ref_policy,
         trainer=trainer,
-        cfg=cfg,
+        algorithm=cfg.algorithm,
+        trainer_cfg=cfg.trainer,
+        temperature=cfg.rollout.temperature,
         pad_id=parts.pad_id,
         publish=rollouts.publish,
         version=begin.version,
@@ -424,21 +428,21 @@ def _train(
         """The checkpoint holds the version counter with the step; admission needs nothing more: it is
         a function of the step (step s is submitted once s - η are done), so a resume submits again
         every step that was buffered or in flight, with its prompts and seed."""
+        critic = begin.critic
         checkpointer.save(
             step,
-            parts.policy,
-            trainer.optimizer,
             {
-                "step": step,
+                "model/": parts.policy,
+                "optimizer.pt": trainer.optimizer,
                 "version": learner.version,
-                "trainer": trainer.state_dict(),
+                "trainer": trainer,
                 "start_eval": start_eval,
                 "curriculum": curriculum.state_dict(),
             }
             | ({"reference": begin.reference} if begin.reference else {})
-            | ({"critic": begin.critic.state_dict()} if begin.critic else {})
-            | ({"replay": replay.state_dict(step)} if replay is not None else {}),
-            critic=begin.critic,
+            | (_critic_parts(critic) if critic else {})
+            | ({"replay": replay.state_dict(step)} if replay is not None else {})
+            | {RNG_FILE: RNG},
         )
 
     step = begin.step

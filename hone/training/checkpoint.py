@@ -1,8 +1,14 @@
-"""Crash-safe training checkpoints: model, optimizer, RNG and run state in one directory.
+"""Crash-safe training checkpoints: named parts (models, optimizers, RNG, trainer and run state) in one
+directory.
 
 A checkpoint is built under a hidden temp name, fsynced, and only then renamed to `step-N`. Rename is
 atomic, so `latest()` sees either a complete checkpoint or none: a run killed mid-save resumes from
 the previous one instead of loading half-written tensors.
+
+A part's name says where it lives, so save and load are one table read both ways: `name/` is a
+directory a model writes (`save_pretrained`) and reads back (`load_weights`); `name.pt` a torch file of
+`state_dict()` (optimizers, the RNG); any other name a key of `state.json`, holding a `Stateful`'s
+JSON-serialisable `state_dict()` or a plain JSON value.
 """
 
 from __future__ import annotations
@@ -15,21 +21,17 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-
-from hone.training.critic import CriticTrainer
-from hone.training.policy import Policy
 
 log = logging.getLogger("hone")
 
 CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
 CRITIC_DIR = "critic"  # PPO's value model (trunk + value head), beside the policy's `model/`
-CRITIC_OPTIMIZER = "critic_optimizer.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TEMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
@@ -55,24 +57,53 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _rng_state() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        # As a tensor, so the file loads with `weights_only=True` (no pickled numpy objects).
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
+@runtime_checkable
+class Stateful(Protocol):
+    """A part saved as its `state_dict()` (to `name.pt`, or into state.json) and restored in place."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+@runtime_checkable
+class Pretrained(Protocol):
+    """A part saved as a directory (`name/`): a policy or value model."""
+
+    def save_pretrained(self, directory: Path) -> None: ...
+
+    def load_weights(self, directory: Path) -> None: ...
+
+
+# A `Stateful`, a `Pretrained` or a plain JSON value (kept in state.json); which one the name says.
+Part = Any
+
+
+class GlobalRNG:
+    """The process's random generators (python, numpy, torch CPU and CUDA) as one `Stateful` part: a
+    resumed run draws exactly what an uninterrupted one would."""
+
+    def state_dict(self) -> dict[str, Any]:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        return {
+            "python": random.getstate(),
+            # As a tensor, so the file loads with `weights_only=True` (no pickled numpy objects).
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+RNG = GlobalRNG()
+RNG_FILE = "rng.pt"
 
 
 def damage(path: Path) -> str | None:
@@ -105,10 +136,10 @@ def damage(path: Path) -> str | None:
 class Checkpointer:
     """Saves `run_dir/checkpoints/step-N/` and restores from it; keeps only the newest `keep_last` if set.
 
-    Layout: `model/` (an HF directory from `Policy.save_pretrained`), `optimizer.pt`, `rng.pt` (python,
-    numpy, torch CPU and CUDA generators) and `state.json` (`step` + `extra_state`, where the trainer keeps
-    its LR-schedule progress); with a critic (PPO) also `critic/` (`ValueModel.save_pretrained`) and
-    `critic_optimizer.pt`. One writer per run directory is assumed.
+    The loop's parts: `model/` (`Policy.save_pretrained`), `optimizer.pt`, `rng.pt` (`RNG`) and state.json
+    (`step`, the trainer's LR-schedule progress under `trainer`, the run's counters); with a critic (PPO)
+    also `critic/` (`ValueModel.save_pretrained`), `critic_optimizer.pt` and its trainer state under
+    `critic`. One writer per run directory is assumed.
     """
 
     def __init__(self, run_dir: str | Path, *, keep_last: int | None = None) -> None:
@@ -146,33 +177,25 @@ class Checkpointer:
             raise ValueError(f"every checkpoint in {self.root} is damaged; move them away to start over")
         return None
 
-    def save(
-        self,
-        step: int,
-        policy: Policy,
-        optimizer: torch.optim.Optimizer | None,
-        extra_state: dict[str, Any] | None = None,
-        *,
-        critic: CriticTrainer | None = None,
-    ) -> Path:
-        """Write checkpoint `step` atomically and return its path. `extra_state` must be JSON-serialisable."""
-        extra_state = dict(extra_state or {})
-        if extra_state.get("step", step) != step:
-            raise ValueError("extra_state['step'] conflicts with the step being saved")
-        state_json = json.dumps({**extra_state, "step": step}, indent=2)  # fail before touching disk
+    def save(self, step: int, parts: dict[str, Part]) -> Path:
+        """Write checkpoint `step` of `parts` (see the module doc for where each lives) atomically and
+        return its path. The JSON parts must be JSON-serialisable."""
+        files = {name: part for name, part in parts.items() if _is_file(name)}
+        state = {name: _json_state(part) for name, part in parts.items() if not _is_file(name)}
+        if state.get("step", step) != step:
+            raise ValueError("the 'step' part conflicts with the step being saved")
+        state_json = json.dumps({**state, "step": step}, indent=2)  # fail before touching disk
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_leftovers()
 
         final = self.root / f"step-{step}"
         tmp = self.root / f"{_TEMP_PREFIX}step-{step}"
         tmp.mkdir()
-        policy.save_pretrained(tmp / MODEL_DIR)
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        if critic is not None:
-            critic.model.save_pretrained(tmp / CRITIC_DIR)
-            torch.save(critic.optimizer.state_dict(), tmp / CRITIC_OPTIMIZER)
-        torch.save(_rng_state(), tmp / "rng.pt")
+        for name, part in files.items():
+            if name.endswith("/"):
+                part.save_pretrained(tmp / name.rstrip("/"))
+            else:
+                torch.save(part.state_dict(), tmp / name)
         (tmp / "state.json").write_text(state_json)
         _fsync_tree(tmp)
 
@@ -183,27 +206,26 @@ class Checkpointer:
         self._prune()
         return final
 
-    def load(
-        self,
-        path: str | Path,
-        policy: Policy,
-        optimizer: torch.optim.Optimizer | None,
-        *,
-        critic: CriticTrainer | None = None,
-    ) -> dict[str, Any]:
-        """Restore weights, optimizer, the critic's (when given) and RNG from `path`; return `extra_state`
-        plus `step`."""
+    def load(self, path: str | Path, parts: dict[str, Part]) -> dict[str, Any]:
+        """Restore each `Stateful`/`Pretrained` part from checkpoint `path`, in the order given (the RNG
+        last, when it is last: loading a model must not draw after it); return state.json (its plain
+        values, `step` among them). A part the checkpoint lacks is a `ValueError` naming it."""
         path = Path(path)
-        policy.load_weights(path / MODEL_DIR)
-        if optimizer is not None:
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        if critic is not None:
-            if not (path / CRITIC_DIR).is_dir():
-                raise ValueError(f"{path} holds no critic (it was saved by a run without one)")
-            critic.model.load_weights(path / CRITIC_DIR)
-            critic.optimizer.load_state_dict(torch.load(path / CRITIC_OPTIMIZER, weights_only=True))
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
-        return json.loads((path / "state.json").read_text())
+        state = json.loads((path / "state.json").read_text())
+        for name, part in parts.items():
+            if _is_file(name):
+                file = path / name.rstrip("/")
+                if not file.exists():
+                    raise ValueError(f"{path} holds no {name} (it was saved by a run without one)")
+                if name.endswith("/"):
+                    part.load_weights(file)
+                else:
+                    part.load_state_dict(torch.load(file, weights_only=True))
+            elif isinstance(part, Stateful):
+                if name not in state:
+                    raise ValueError(f"{path} holds no {name!r} in state.json")
+                part.load_state_dict(state[name])
+        return state
 
     def _discard(self, path: Path) -> None:
         # Rename first so a crash mid-delete leaves a hidden name that `latest()` ignores.
@@ -222,3 +244,11 @@ class Checkpointer:
             return
         for _, path in self._complete()[: -self.keep_last]:
             self._discard(path)
+
+
+def _is_file(name: str) -> bool:
+    return name.endswith(("/", ".pt"))
+
+
+def _json_state(part: Part) -> Any:
+    return part.state_dict() if isinstance(part, Stateful) else part

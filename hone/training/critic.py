@@ -8,15 +8,14 @@ the rewards' (no random baseline noise while the trunk is the policy's). Saved a
 directory plus `value_head.safetensors`, which `critic.path` can load again.
 
 `CriticTrainer.update` regresses V on the batch's returns (`hone.algorithms.value_loss`, PPO2 clipping
-optional) in `trainer.ppo_epochs` x `trainer.mini_batches` optimizer steps, micro-batched like the
-policy's update; its LR follows its own schedule over the RL steps (`RLSchedule`, no warm-up: the
+optional): a second optimizee of the RL update's loop (`hone.training.ppo`), `trainer.ppo_epochs` x
+`trainer.mini_batches` optimizer steps over the policy's `TrainBatch`, with its own optimizer, grad clip
+and mini-batch seed; its LR follows its own schedule over the RL steps (`RLSchedule`, no warm-up: the
 critic's `warmup_steps` are steps during which only the critic trains, see the learner).
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,11 +26,10 @@ from transformers import AutoModel
 
 from hone.algorithms import value_loss
 from hone.config import CriticConfig, TrainerConfig
-from hone.seeding import derive_seed
-from hone.training.optim import OptimizerStepper
+from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.training.policy import DType, disable_dropout
-from hone.training.trainer import RLSchedule
-from hone.types import Batch
+from hone.training.ppo import Optimizee
+from hone.types import TrainBatch
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -71,11 +69,12 @@ class ValueModel(nn.Module):
         ).last_hidden_state
         return self.head(hidden).squeeze(-1).float()
 
-    def values(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
-        """V(s_t) of `rows`, `[b, T]` aligned with the batch's response columns: column t is the value of
-        the state that produces token t + 1 (the prefix up to position t); 0 off the response mask."""
-        out = self(batch.input_ids[rows], batch.attention_mask[rows])[:, :-1]
-        return out * batch.response_mask[rows]
+    def values(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """V(s_t), `[b, T]` aligned with a batch's response columns: column t is the value of the state
+        that produces token t + 1 (the prefix up to position t); 0 off `mask`."""
+        return self(input_ids, attention_mask)[:, :-1] * mask
 
     def save_pretrained(self, directory: str | Path) -> None:
         """The trunk as an HF directory (what `critic.path` loads) plus `value_head.safetensors`."""
@@ -95,8 +94,11 @@ class ValueModel(nn.Module):
         self.head.load_state_dict(load_file(directory / VALUE_HEAD_FILE, device=str(self.device)))
 
 
-class CriticTrainer:
-    """The critic's values for a batch (no grad) and its regression update on the batch's returns."""
+class CriticTrainer(Optimizee):
+    """The critic's values for a batch (no grad), and the critic as the RL update's second optimizee: its
+    regression on the batch's returns."""
+
+    shuffle = "critic-shuffle"
 
     def __init__(
         self,
@@ -110,12 +112,10 @@ class CriticTrainer:
         self.model = model
         self.cfg = cfg
         self.trainer_cfg = trainer
-        self.seed = seed
-        self.updates = 0
         if trainer.disable_dropout:  # values computed in eval mode and trained on must be the same function
             disable_dropout(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.stepper = OptimizerStepper(
+        stepper = OptimizerStepper(
             torch.optim.AdamW(params, lr=cfg.lr, betas=trainer.betas, weight_decay=cfg.weight_decay),
             params,
             grad_clip=cfg.grad_clip,
@@ -124,98 +124,71 @@ class CriticTrainer:
             advice="the last checkpoint is intact. Look for NaN/inf in rewards or returns, or lower "
             "critic.lr",
         )
-        self.schedule = RLSchedule(cfg.schedule, 0, total_rl_steps)
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.stepper.optimizer
+        super().__init__(stepper, RLSchedule(cfg.schedule, 0, total_rl_steps), seed)
 
     def _micro_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return rows.split(self.cfg.micro_batch_size or self.trainer_cfg.micro_batch_size)
 
     @torch.no_grad()
-    def values(self, batch: Batch) -> torch.Tensor:
-        """V(s_t) `[B, T]` for every response position of `batch` (0 elsewhere)."""
+    def values(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """V(s_t) `[B, T]` for every response position (`response_mask`) of a batch (0 elsewhere)."""
         self.model.eval()
-        rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
-        return torch.cat([self.model.values(batch, micro) for micro in self._micro_rows(rows)])
-
-    def _mini_batches(self, rows: int) -> Iterator[torch.Tensor]:
-        """As the policy's: `ppo_epochs` passes of `mini_batches` steps, shuffled with a per-update seed
-        (a resumed run shuffles as an uninterrupted one)."""
-        cfg = self.trainer_cfg
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, "critic-shuffle", self.updates))
-        shuffle = cfg.ppo_epochs > 1 or cfg.mini_batches > 1
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
-            yield from order.tensor_split(min(cfg.mini_batches, rows))
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return torch.cat(
+            [
+                self.model.values(input_ids[r], attention_mask[r], response_mask[r])
+                for r in self._micro_rows(rows)
+            ]
+        )
 
     def _micro_losses(
-        self, batch: Batch, mini: torch.Tensor, sums: dict[str, float]
+        self, batch: TrainBatch, mini: torch.Tensor, sums: dict[str, float]
     ) -> Iterator[torch.Tensor]:
         """Each micro-batch's value loss (x `value_coef`) of mini-batch `mini`, divided by the mini-batch's
         token count so they add up to its mean; lazily, one graph at a time. Adds metrics to `sums`."""
-        assert batch.values is not None and batch.returns is not None  # checked by update
-        num_tokens = batch.response_mask[mini].sum()
+        assert batch.values is not None  # checked by update
+        num_tokens = batch.loss_mask[mini].sum()
         for rows in self._micro_rows(mini):
-            mask = batch.response_mask[rows]
+            mask = batch.loss_mask[rows]
             loss, metrics = value_loss(
-                self.model.values(batch, rows),
+                self.model.values(batch.input_ids[rows], batch.attention_mask[rows], mask),
                 batch.values[rows],
                 batch.returns[rows],
                 mask,
                 clip=self.cfg.value_clip,
                 num_tokens=num_tokens,
             )
-            sums["value/loss"] += float(loss.detach())
-            sums["clipped"] += float(metrics["clip_frac"])
+            sums["loss/value"] += float(loss.detach())
+            sums["clip_frac"] += float(metrics["clip_frac"])
             sums["tokens"] += float(mask.sum())
             yield self.cfg.value_coef * loss
 
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
+    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
         """Regress V on `batch.returns`, clipped around `batch.values` (the values GAE used) when
-        `critic.value_clip` is set. Metrics: `value/loss` (mean over the applied optimizer steps, before
-        `value_coef`), `value/clip_frac` (per trained token), `value/grad_norm`, `value/lr`,
-        `value/nonfinite_steps` (optimizer steps skipped for a NaN/inf gradient norm)."""
-        if batch.returns is None or batch.values is None:
-            raise ValueError("CriticTrainer.update needs a batch with returns and values")
+        `critic.value_clip` is set, in the RL update's loop (`hone.training.ppo.optimize`). Metrics:
+        `value/loss` (mean over the applied optimizer steps, before `value_coef`), `value/clip_frac` (per
+        trained token), `value/grad_norm`, `value/lr`, `value/nonfinite_steps` (optimizer steps skipped for
+        a NaN/inf gradient norm)."""
+        if batch.values is None:
+            raise ValueError("CriticTrainer.update needs a batch with the critic's values")
         self.model.train()
         lr = self.cfg.lr * self.schedule.factor(step)
-        self.stepper.set_lr(lr)
-        totals: dict[str, float] = defaultdict(float)
-        norms: list[float] = []
-        skipped = 0
-        for mini in self._mini_batches(batch.input_ids.shape[0]):
-            sums: dict[str, float] = defaultdict(float)
-            mini = mini.to(batch.input_ids.device)
-            norm = self.stepper.step(
-                self._micro_losses(batch, mini, sums), where=f"RL step {step + 1} (critic)"
-            )
-            if not math.isfinite(norm):  # skipped: its loss says nothing about the update
-                skipped += 1
-                continue
-            norms.append(norm)
-            for key, value in sums.items():
-                totals[key] += value
-        self.updates += 1
-        out = {"value/nonfinite_steps": float(skipped)}
-        if not norms:
+        steps = self.optimize(
+            lambda mini, _, sums: self._micro_losses(batch, mini, sums),
+            batch,
+            cfg=self.trainer_cfg,
+            lr=lr,
+            where=f"RL step {step + 1} (critic)",
+        )
+        out = {"value/nonfinite_steps": float(steps.skipped)}
+        if not steps.grad_norms:
             return out
+        means = steps.means()
         return out | {
-            "value/loss": totals["value/loss"] / len(norms),
-            "value/clip_frac": totals["clipped"] / max(totals["tokens"], 1.0),
-            "value/grad_norm": sum(norms) / len(norms),
+            "value/loss": means["loss/value"],
+            "value/clip_frac": means["clip_frac"],
+            "value/grad_norm": means["grad_norm"],
             "value/lr": lr,
         }
-
-    def state_dict(self) -> dict[str, object]:
-        return {
-            "updates": self.updates,
-            "lr_progress": self.schedule.progress,
-            "nonfinite_streak": self.stepper.nonfinite_streak,
-        }
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.updates = int(state["updates"])  # type: ignore[arg-type]
-        self.schedule.progress = float(state["lr_progress"])  # type: ignore[arg-type]
-        self.stepper.nonfinite_streak = int(state["nonfinite_streak"])  # type: ignore[arg-type]

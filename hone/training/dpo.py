@@ -1,10 +1,10 @@
 """Direct preference optimisation (DPO and its variants) of a policy on (prompt, chosen, rejected) pairs.
 
-The loop is SFT's (`hone.training.sft`): seeded epochs of batches, micro-batched gradient accumulation,
-RL's optimizer step and LR schedule, a wall-clock deadline. A pair is encoded as SFT encodes a
-demonstration (prompt with the tokenizer's special tokens, response + eos), so DPO raises or lowers the
-probability of exactly the tokens the sampler would emit. Chosen and rejected rows of a micro-batch go
-through one forward (TRL's "concatenated forward"). The loss is any `PREFERENCE_LOSSES` entry.
+The loop is the offline one (`hone.training.fit`, SFT's too): seeded epochs of batches, micro-batched
+gradient accumulation, RL's optimizer step and LR schedule, a wall-clock deadline. A pair is encoded as
+SFT encodes a demonstration (prompt with the tokenizer's special tokens, response + eos), so DPO raises or
+lowers the probability of exactly the tokens the sampler would emit. Chosen and rejected rows of a micro-batch
+go through one forward (TRL's "concatenated forward"). The loss is any `PREFERENCE_LOSSES` entry.
 
 The reference is scored without a graph: once for every pair before training (`cache_reference`, the
 default; the reference can then be dropped) or per batch. The metrics are TRL's, so runs compare.
@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
 from hone.models.tokens import pad_token_id
-from hone.training.pair_steps import run_pair_steps
+from hone.training.fit import Stats, fit
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
 
@@ -122,7 +122,7 @@ def run_dpo(
         cached = reference_log_probs(reference, pairs, pad_id, settings.micro_batch_size)
         reference = None  # dropped: a frozen copy the caller did not keep is freed before training
 
-    return run_pair_steps(
+    done = fit(
         policy.model,
         policy.trainable_parameters(),
         len(pairs),
@@ -135,6 +135,7 @@ def run_dpo(
         log=log,
         deadline=deadline,
     )
+    return {"steps": done.steps, "out_of_time": done.out_of_time, **done.metrics}
 
 
 def _batch_losses(
@@ -146,7 +147,7 @@ def _batch_losses(
     pad_id: int,
     reference: Policy | None,
     cached: tuple[torch.Tensor, torch.Tensor] | None,
-    stats: list[dict[str, torch.Tensor]],
+    stats: Stats,
 ) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed pair losses over the batch size (so they add up to the batch mean), one
     forward of its chosen and rejected rows at a time; each micro-batch's per-pair metrics go to `stats`."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -111,3 +112,67 @@ class OptimizerStepper:
                 f"optimizer steps in a row ({self.limit_key}), none applied; {self.advice}"
             )
         return norm
+
+
+def decay_factor(schedule: str, progress: float) -> float:
+    """The LR multiplier `progress` (clamped to [0, 1]) of the way through a constant/cosine/linear decay."""
+    progress = min(1.0, max(0.0, progress))
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 1.0
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant, cosine or linear decay to 0 over `total_steps` optimizer steps (SFT)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return decay_factor(schedule, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class RLSchedule:
+    """The LR multiplier of RL step `step` (0-based): linear warm-up over `warmup_steps` RL steps, then the
+    decay, `progress` of the way through it.
+
+    `progress` is `(step - warmup) / (total - warmup)`, as HF's schedules count (the LR reaches its end
+    at step `total`, the first step not run). Under a time limit (`start_clock`) it is the larger of that
+    and the fraction of the RL time budget spent, so a run the clock stops still ends decayed. Progress
+    never goes back: it is checkpointed, and a resumed session's clock maps the rest of the decay onto
+    that session's budget, so with a time limit a cosine/linear LR depends on the wall clock and a resumed
+    run is not bit-identical to an uninterrupted one. Without a time limit, or with a constant schedule
+    (which never reads the clock), the LR depends on the step alone and resume is exact.
+    """
+
+    def __init__(self, schedule: str, warmup_steps: int, total_steps: int) -> None:
+        self.schedule = schedule
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.progress = 0.0  # of the last step trained
+        self._clock: tuple[float, float, float] | None = None  # (start, budget_s, progress at start)
+
+    def start_clock(self, budget_s: float) -> None:
+        """Count `budget_s` seconds of RL from now (call after restoring `progress` from a checkpoint)."""
+        if self.schedule == "constant":  # nothing to decay: keep the LR (and resume) independent of time
+            return
+        self._clock = (time.perf_counter(), max(budget_s, 1e-9), self.progress)
+
+    def _time_progress(self) -> float:
+        if self._clock is None:
+            return 0.0
+        start, budget_s, at_start = self._clock
+        return at_start + (1.0 - at_start) * (time.perf_counter() - start) / budget_s
+
+    def factor(self, step: int) -> float:
+        """The multiplier for RL step `step`; records its progress."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        by_steps = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
+        self.progress = min(1.0, max(by_steps, self._time_progress(), self.progress))
+        return decay_factor(self.schedule, self.progress)

@@ -1,12 +1,12 @@
 """Reward-model training: a one-logit sequence classifier fitted to preference pairs with the
 Bradley–Terry loss, as TRL's `RewardTrainer`.
 
-The model is `AutoModelForSequenceClassification` with one label loaded from a causal LM's directory:
-the body is the LM's, the `score` head is new. transformers reads the logit at the last non-pad token
-(by `config.pad_token_id`), which is how the `reward_model` reward scores, so the saved directory is a
-reward model as it stands. The loop is SFT's (seeded epochs, micro-batches, RL's optimizer step and LR
-schedule); held-out pair accuracy (the share of pairs whose chosen text scores higher) is measured every
-`eval_every` steps and after the last.
+The model is `AutoModelForSequenceClassification` with one label loaded from a causal LM's directory: the
+body is the LM's, the `score` head is new. transformers reads the logit at the last non-pad token (by
+`config.pad_token_id`), which is how the `reward_model` reward scores, so the saved directory is a reward
+model as it stands. The loop is the offline one (`hone.training.fit`, SFT's too: seeded epochs,
+micro-batches, RL's optimizer step and LR schedule); held-out pair accuracy (the share of pairs whose
+chosen text scores higher) is measured every `eval_every` steps and after the last.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
-from hone.training.pair_steps import run_pair_steps
+from hone.training.fit import Stats, fit
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,10 @@ def run_reward_model(
         out = pair_accuracy(model, tokenizer, val_pairs, settings.micro_batch_size, settings.center_coef)
         return {"eval/pair_accuracy": out["accuracy"], "eval/loss": out["loss"]}
 
-    result = run_pair_steps(
+    def after_step(step: int, row: dict[str, float]) -> tuple[dict[str, float], bool]:
+        return (held_out() if step % settings.eval_every == 0 or step == settings.steps else {}), False
+
+    done = fit(
         model,
         [p for p in model.parameters() if p.requires_grad],
         len(train_pairs),
@@ -144,10 +147,9 @@ def run_reward_model(
         advice="look for NaN/inf in the preference data, or lower rm.lr",
         log=log,
         deadline=deadline,
-        after_step=lambda step: (
-            held_out() if step % settings.eval_every == 0 or step == settings.steps else {}
-        ),
+        after_step=after_step,
     )
+    result = {"steps": done.steps, "out_of_time": done.out_of_time, **done.metrics}
     if "eval/pair_accuracy" not in result:  # stopped by the deadline before any held-out measurement
         result |= held_out()
     return result
@@ -174,7 +176,7 @@ def _batch_losses(
     tokenizer: PreTrainedTokenizerBase,
     batch: list[EncodedComparison],
     settings: RMSettings,
-    stats: list[dict[str, torch.Tensor]],
+    stats: Stats,
 ) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed pair losses over the batch size (adding up to the batch mean), lazily."""
     chunk = settings.micro_batch_size or len(batch)

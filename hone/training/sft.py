@@ -7,7 +7,6 @@ exactly where the prompt ends, as at sampling time when the sampler continues th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -15,9 +14,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.models.tokens import pad_token_id
-from hone.training.optim import adamw_stepper, epoch_batches
+from hone.training.fit import FitPlan, Stats, fit
 from hone.training.policy import Policy
-from hone.training.trainer import build_scheduler
 
 
 def encode_pair(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> tuple[list[int], int]:
@@ -94,20 +92,18 @@ def run_sft(
     max_nonfinite_steps: int = 3,
 ) -> dict[str, Any]:
     """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
-    per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps.
+    per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps of the offline loop
+    (`hone.training.fit`).
 
-    The learning rate warms up linearly over `warmup_steps`, then follows `schedule` (the RL trainer's
-    `build_scheduler`: "cosine", "linear" or "constant") over `max_steps`.
-
-    Each step takes `batch_size` pairs (reshuffled every epoch with `seed`), accumulating gradients over
-    `micro_batch_size` chunks; the loss is the mean NLL over all response tokens of the batch. The optimizer
-    step is RL's (`hone.training.optim`): a step with a non-finite gradient norm is skipped (the LR schedule
-    still advances) and `max_nonfinite_steps` of them in a row raise `NonFiniteGradientError`. Every
-    `eval_every` steps and after the last, `eval_fn()` is called (the model in eval mode) and training
-    stops once it reaches `stop_at`. `deadline` (a `time.perf_counter()` value) is checked before every
-    step and every evaluation: past it, training stops at once (result `"out_of_time": True`), so it
-    overruns the deadline by at most one step or one evaluation. `log` receives `{"step", "sft/loss",
-    "sft/lr", "sft/grad_norm", "sft/tokens"}` per step and `{"step", "sft/eval"}` per evaluation.
+    The learning rate warms up linearly over `warmup_steps`, then follows `schedule` ("cosine", "linear"
+    or "constant") over `max_steps`. Each step takes `batch_size` pairs (reshuffled every epoch with
+    `seed`), accumulating gradients over `micro_batch_size` chunks; the loss is the mean NLL over all
+    response tokens of the batch. A step with a non-finite gradient norm is skipped and
+    `max_nonfinite_steps` of them in a row raise `NonFiniteGradientError`. Every `eval_every` steps and
+    after the last, `eval_fn()` is called (the model in eval mode) and training stops once it reaches
+    `stop_at`. Past `deadline` (a `time.perf_counter()` value) training stops at once (result
+    `"out_of_time": True`). `log` receives `{"step", "sft/loss", "sft/lr", "sft/grad_norm", "sft/tokens"}`
+    per step and `{"step", "sft/eval"}` per evaluation.
     Returns `{"steps", "loss", "eval", "stopped_early", "out_of_time"}` (`eval`: the last score, or None).
     """
     if policy.tokenizer is None:
@@ -118,69 +114,60 @@ def run_sft(
     pad_id = pad_token_id(tokenizer)
     encoded: list[tuple[list[int], int | list[int]]] = [encode_pair(tokenizer, p, r) for p, r in pairs]
     encoded += list(examples)
-    params = policy.trainable_parameters()
-    optimizer, stepper = adamw_stepper(
-        params,
+    scores: list[float] = []
+
+    def losses(indices: list[int], stats: Stats) -> Iterator[torch.Tensor]:
+        return _batch_losses(policy, [encoded[i] for i in indices], pad_id, micro_batch_size, stats)
+
+    def metrics(indices: list[int], stats: Stats, lr_now: float, grad_norm: float) -> dict[str, float]:
+        tokens = float(_response_tokens([encoded[i] for i in indices]))
+        loss = sum(s["nll"] for s in stats) / tokens
+        return {"sft/loss": loss, "sft/lr": lr_now, "sft/grad_norm": grad_norm, "sft/tokens": tokens}
+
+    def evaluate(step: int, row: dict[str, float]) -> tuple[dict[str, float], bool]:
+        if eval_fn is None or not (step % eval_every == 0 or step == max_steps):
+            return {}, False
+        scores.append(float(eval_fn()))
+        return {"sft/eval": scores[-1]}, stop_at is not None and scores[-1] >= stop_at
+
+    def log_rows(row: dict[str, float]) -> None:  # an evaluation is its own row, after its step's
+        assert log is not None
+        score = row.pop("sft/eval", None)
+        log(row)
+        if score is not None:
+            log({"step": row["step"], "sft/eval": score})
+
+    plan = FitPlan(
+        steps=max_steps,
+        batch_size=batch_size,
         lr=lr,
         weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        schedule=schedule,
         grad_clip=grad_clip,
         max_nonfinite_steps=max_nonfinite_steps,
-        advice="look for NaN/inf in the demonstrations, or lower sft.lr",
+        seed=seed,
     )
-    scheduler = build_scheduler(optimizer, schedule, warmup_steps, max_steps)
-    batches = epoch_batches(len(encoded), batch_size, seed)
-    was_training = policy.model.training
-    result: dict[str, Any] = {
-        "steps": 0,
-        "loss": float("nan"),
-        "eval": None,
-        "stopped_early": False,
-        "out_of_time": False,
+    done = fit(
+        policy.model,
+        policy.trainable_parameters(),
+        len(encoded),
+        plan,
+        losses,
+        name="SFT",
+        advice="look for NaN/inf in the demonstrations, or lower sft.lr",
+        metrics=metrics,
+        after_step=evaluate,
+        log=None if log is None else log_rows,
+        deadline=deadline,
+    )
+    return {
+        "steps": done.steps,
+        "loss": done.metrics.get("sft/loss", float("nan")),
+        "eval": scores[-1] if scores else None,
+        "stopped_early": done.stopped and done.steps < max_steps,
+        "out_of_time": done.out_of_time,
     }
-
-    def out_of_time() -> bool:
-        return deadline is not None and time.perf_counter() > deadline
-
-    policy.model.train()
-    try:
-        for step in range(1, max_steps + 1):
-            if out_of_time():
-                result["out_of_time"] = True
-                break
-            batch = [encoded[i] for i in next(batches)]
-            lr_now = scheduler.get_last_lr()[0]
-            nlls: list[float] = []
-            losses = _batch_losses(policy, batch, pad_id, micro_batch_size, nlls)
-            grad_norm = stepper.step(losses, where=f"SFT step {step}")
-            scheduler.step()  # a skipped step still counts: the schedule runs on steps taken, as RL's does
-            tokens = float(_response_tokens(batch))
-            loss = sum(nlls) / tokens
-            result.update(steps=step, loss=loss)
-            if log is not None:
-                log(
-                    {
-                        "step": step,
-                        "sft/loss": loss,
-                        "sft/lr": lr_now,
-                        "sft/grad_norm": grad_norm,
-                        "sft/tokens": tokens,
-                    }
-                )
-            if out_of_time():  # no validation either: it can cost as much as many steps
-                result["out_of_time"] = True
-                break
-            if eval_fn is not None and (step % eval_every == 0 or step == max_steps):
-                policy.model.eval()
-                result["eval"] = score = float(eval_fn())
-                policy.model.train()
-                if log is not None:
-                    log({"step": step, "sft/eval": score})
-                if stop_at is not None and score >= stop_at:
-                    result["stopped_early"] = step < max_steps
-                    break
-    finally:
-        policy.model.train(was_training)
-    return result
 
 
 def _response_tokens(batch: Sequence[tuple[list[int], int | list[int]]]) -> int:
@@ -193,15 +180,15 @@ def _batch_losses(
     batch: list[tuple[list[int], int | list[int]]],
     pad_id: int,
     micro_batch_size: int | None,
-    nlls: list[float],
+    stats: Stats,
 ) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed response-token NLL divided by the whole batch's token count, so the losses
     sum to the batch's token-mean NLL whatever the micro-batch size; one forward at a time (lazily, for
-    `OptimizerStepper.step`). Each summed NLL is appended to `nlls`, for the logged loss."""
+    `OptimizerStepper.step`). Each summed NLL goes to `stats` (as `nll`), for the logged loss."""
     chunk = micro_batch_size or len(batch)
     total_tokens = _response_tokens(batch)
     for start in range(0, len(batch), chunk):
         input_ids, attention_mask, loss_mask = collate_sft(batch[start : start + chunk], pad_id)
         nll, _ = sft_loss(policy, input_ids, attention_mask, loss_mask)
-        nlls.append(nll.item())
+        stats.append({"nll": nll.item()})
         yield nll / total_tokens

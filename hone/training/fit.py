@@ -1,0 +1,158 @@
+"""The one offline training loop (`fit`), shared by SFT, DPO and reward models.
+
+An offline trainer differs from another only in its micro-batch losses (and its data and collation), so
+everything else is written once here: AdamW and RL's optimizer step (`hone.training.optim`: gradient
+accumulation, clipping, non-finite steps skipped), the LR schedule (warm-up, then constant/cosine/linear
+over `steps`), a seeded epoch order of examples, a wall-clock deadline, per-step metrics, an `after_step`
+hook (SFT's periodic evaluation and stop-at-accuracy, the reward model's held-out check), and the
+model's train/eval mode put back as it was found.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from hone.training.optim import adamw_stepper, build_scheduler, epoch_batches
+
+# Per micro-batch, what the loss function reports of it (per-example metric tensors, or anything the
+# trainer's `metrics` function reads), filled while `losses` runs.
+Stats = list[dict[str, Any]]
+
+# `losses(example indices, stats)`: each micro-batch's loss, already divided by its whole step's count so
+# the losses sum to the step's loss; lazily, so one micro-batch graph is alive at a time.
+Losses = Callable[[list[int], Stats], Iterator[torch.Tensor]]
+
+# `metrics(indices, stats, lr, grad_norm)`: the step's row of metrics.
+StepMetrics = Callable[[list[int], Stats, float, float], dict[str, float]]
+
+# `after_step(step, metrics)`: runs with the model in eval mode after each optimizer step (1-based); returns
+# metrics to add to the step's row and whether to stop training.
+AfterStep = Callable[[int, dict[str, float]], tuple[dict[str, float], bool]]
+
+
+class FitSettings(Protocol):
+    """What `fit` reads of a trainer's settings (`DPOSettings`, `RMSettings` and `FitPlan` have them)."""
+
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def grad_clip(self) -> float | None: ...
+    @property
+    def max_nonfinite_steps(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Plain `FitSettings`, for a trainer that takes them as keywords (SFT)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    grad_clip: float | None = 1.0
+    max_nonfinite_steps: int = 3
+    seed: int = 0
+
+
+@dataclass
+class FitResult:
+    steps: int = 0  # optimizer steps taken (skipped non-finite ones included: the schedule counts them)
+    out_of_time: bool = False  # the deadline stopped training
+    stopped: bool = False  # `after_step` stopped training
+    metrics: dict[str, float] = field(default_factory=dict)  # the last step's row (hook's metrics included)
+
+
+def mean_metrics(indices: list[int], stats: Stats, lr: float, grad_norm: float) -> dict[str, float]:
+    """The pairwise trainers' row (TRL's names): each per-pair metric averaged over the step's pairs, plus
+    `learning_rate` and `grad_norm`."""
+    means = {key: torch.cat([s[key] for s in stats]).mean().item() for key in stats[0]}
+    return means | {"learning_rate": lr, "grad_norm": grad_norm}
+
+
+def fit(
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    n_examples: int,
+    settings: FitSettings,
+    losses: Losses,
+    *,
+    name: str,
+    advice: str,
+    metrics: StepMetrics = mean_metrics,
+    after_step: AfterStep | None = None,
+    log: Callable[[dict[str, float]], None] | None = None,
+    deadline: float | None = None,
+) -> FitResult:
+    """Train `model` in place for `settings.steps` optimizer steps over `n_examples` examples.
+
+    Each step takes `settings.batch_size` example indices (reshuffled every epoch with `settings.seed`,
+    `epoch_batches`) and steps on `losses(indices, stats)`; a step with a non-finite gradient norm is
+    skipped (the schedule still advances, as RL's does) and `max_nonfinite_steps` in a row raise
+    `NonFiniteGradientError`, whose line ends with `advice` and names the step as "`name` step N".
+    `metrics` makes the step's row from `stats` (with the LR the step used and its gradient norm), then
+    `after_step` may add to it or stop; `log` receives the row with its `step`.
+
+    `deadline` (a `time.perf_counter()` value) is checked before every step and before every `after_step`
+    (an evaluation can cost as much as many steps): past it, training stops at once, so it overruns the
+    deadline by at most one step or one hook.
+    """
+    optimizer, stepper = adamw_stepper(
+        params,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        grad_clip=settings.grad_clip,
+        max_nonfinite_steps=settings.max_nonfinite_steps,
+        advice=advice,
+    )
+    scheduler = build_scheduler(optimizer, settings.schedule, settings.warmup_steps, settings.steps)
+    batches = epoch_batches(n_examples, settings.batch_size, settings.seed)
+    result = FitResult()
+
+    def out_of_time() -> bool:
+        result.out_of_time = deadline is not None and time.perf_counter() > deadline
+        return result.out_of_time
+
+    was_training = model.training
+    model.train()
+    try:
+        for step in range(1, settings.steps + 1):
+            if out_of_time():
+                break
+            indices = next(batches)
+            lr = float(scheduler.get_last_lr()[0])
+            stats: Stats = []
+            grad_norm = stepper.step(losses(indices, stats), where=f"{name} step {step}")
+            scheduler.step()
+            row = metrics(indices, stats, lr, grad_norm)
+            result.steps, result.metrics = step, row
+            if after_step is not None and not out_of_time():
+                model.eval()
+                added, result.stopped = after_step(step, row)
+                model.train()
+                row |= added
+            if log is not None:
+                log({"step": step, **row})
+            if result.out_of_time or result.stopped:
+                break
+    finally:
+        model.train(was_training)
+    return result
