@@ -90,33 +90,25 @@ class Rollout:
         return "\n".join(replies[len(replies) - len(self.turns) :])
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Batch:
-    """Collated tensors for one optimizer step's worth of rollouts (built by one collate function).
+    """Collated sequences, as `hone.orchestration.collate.collate` builds them from rollouts: the columns
+    everything after it (log-prob passes, advantages, the `TrainBatch`) reads.
 
-    Sequences are right-padded to `L` total tokens; the response tensors (`response_mask`,
-    `old_log_probs`, `advantages`, ...) have `T = L - 1` columns aligned with next-token
-    predictions, i.e. column `t` scores token `input_ids[:, t + 1]`.
+    Sequences are right-padded to `L` total tokens; the response tensors have `T = L - 1` columns aligned
+    with next-token predictions, i.e. column `t` scores token `input_ids[:, t + 1]`.
     """
 
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
-    response_mask: torch.Tensor  # [B, T] float, 1 on trained response tokens
-    old_log_probs: torch.Tensor | None = None  # [B, T]
-    ref_log_probs: torch.Tensor | None = None  # [B, T]
-    advantages: torch.Tensor | None = None  # [B, T]
-    returns: torch.Tensor | None = None  # [B, T]
-    values: torch.Tensor | None = None  # [B, T] the critic's V(s_t) before its update (gae only)
-    group_ids: torch.Tensor | None = None  # [B]
-    # [B, T] the sampler's own log-probs (π_behav), filled by collate; the learner's `TrainBatch` carries
-    # them on as `behaviour_logp`
-    sampler_log_probs: torch.Tensor | None = None
-    prompt_lens: torch.Tensor | None = None  # [B] long: each row's prompt tokens (the rest is response)
+    response_mask: torch.Tensor  # [B, T] float, 1 on sampled response tokens
+    sampler_log_probs: torch.Tensor  # [B, T] the sampler's own log-probs (π_behav)
+    group_ids: torch.Tensor  # [B]
+    prompt_lens: torch.Tensor  # [B] long: each row's prompt tokens (the rest is response)
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""
-        moved = {name: None if t is None else t.to(device) for name, t in vars(self).items()}
-        return Batch(**moved)
+        return Batch(**{name: t.to(device) for name, t in vars(self).items()})
 
 
 @dataclass(frozen=True, kw_only=True)

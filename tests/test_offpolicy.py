@@ -298,5 +298,12 @@ def test_bad_off_policy_config_is_one_line(overrides: list[str], message: str) -
 
 def test_batch_moves_the_sampler_log_probs() -> None:
     zeros = torch.zeros(1, 2)
-    batch = Batch(input_ids=zeros, attention_mask=zeros, response_mask=zeros, sampler_log_probs=zeros)
+    batch = Batch(
+        input_ids=zeros,
+        attention_mask=zeros,
+        response_mask=zeros,
+        sampler_log_probs=zeros,
+        group_ids=zeros,
+        prompt_lens=zeros,
+    )
     assert batch.to("meta").sampler_log_probs.device.type == "meta"

@@ -165,7 +165,8 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
         model = load_score_model(
             model_path, dtype=resolve_dtype(cfg.model.dtype), pad_token_id=tokenizer.pad_token_id
         )
-        model.to(resolve_device(cfg.model.device))
+        # transformers types `PreTrainedModel.to` as a bare functools.wraps wrapper (device reads as self).
+        model.to(resolve_device(cfg.model.device))  # type: ignore[arg-type]
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(model)
 

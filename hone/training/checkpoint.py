@@ -84,7 +84,10 @@ class GlobalRNG:
     resumed run draws exactly what an uninterrupted one would."""
 
     def state_dict(self) -> dict[str, Any]:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state = np.random.get_state()  # legacy=True (the default): the MT19937 tuple
+        if not isinstance(state, tuple):
+            raise TypeError(f"numpy's legacy RNG state is a {type(state).__name__}, expected a tuple")
+        kind, keys, pos, has_gauss, gauss = state
         return {
             "python": random.getstate(),
             # As a tensor, so the file loads with `weights_only=True` (no pickled numpy objects).

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModel
+from transformers import AutoModel, PreTrainedModel
 
 from hone.algorithms import value_loss
 from hone.config import CriticConfig, TrainerConfig
@@ -37,7 +37,9 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 class ValueModel(nn.Module):
     """A transformer trunk and a scalar head: `forward(ids, mask) -> [B, L]` values, one per position."""
 
-    def __init__(self, trunk: nn.Module, head: nn.Linear) -> None:
+    trunk: PreTrainedModel  # declared, so `nn.Module`'s attribute typing does not hide its methods
+
+    def __init__(self, trunk: PreTrainedModel, head: nn.Linear) -> None:
         super().__init__()
         self.trunk = trunk
         self.head = head
