@@ -9,6 +9,8 @@ rewards and envs, so that a verifier is the same function wherever it is called 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import threading
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -44,3 +46,39 @@ def own_time_budget(cap: float | None = None) -> float | None:
         return cap
     left = max(0.0, deadline - time.monotonic()) * _OWN_SHARE
     return left if cap is None else min(cap, left)
+
+
+class CompareTimeout(BaseException):
+    """Raised into a thread whose work outlived its `deadline`. A BaseException, as math-verify's
+    own: sympy's and math-verify's `except Exception` clauses must not swallow it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise `CompareTimeout` in this thread if the block is still running after `seconds`."""
+    thread = threading.get_ident()
+    lock = threading.Lock()
+    armed = [True]
+
+    def fire() -> None:
+        with lock:
+            if armed[0]:
+                _raise_in(thread, CompareTimeout)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:  # after this no exception can be raised into the thread, and none is pending
+            armed[0] = False
+            _raise_in(thread, None)
+
+
+def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
+    """Have `thread` raise `exception` at its next bytecode (None withdraws one not yet raised)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread), None if exception is None else ctypes.py_object(exception)
+    )

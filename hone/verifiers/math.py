@@ -56,19 +56,16 @@ Where this departs from peers, and why:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
 import logging
 import re
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from math import gcd
 from typing import Any
 
-from hone.verifiers.budget import own_time_budget
+from hone.verifiers.budget import CompareTimeout, deadline, own_time_budget
 
 logger = logging.getLogger(__name__)
 
@@ -358,7 +355,7 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     budget = own_time_budget(COMPARE_TIMEOUT_S)
     assert budget is not None  # capped
     try:
-        with _deadline(budget):
+        with deadline(budget):
             # `$...$` makes math-verify's LaTeX extraction take the answer whole (a `\boxed{...}`
             # wrapper would lose e.g. `5.` and `5 $ dollars`). Its own timeouts are off: ours covers both.
             gold_parsed = parse(f"${gold}$", parsing_timeout=None)
@@ -368,47 +365,11 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
             if _too_costly(gold_parsed) or _too_costly(pred_parsed):
                 return re.sub(r"\s+", "", pred) == re.sub(r"\s+", "", gold)
             return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
-    except _CompareTimeout:
+    except CompareTimeout:
         logger.warning(
             "math reward: comparing %.80r with %.80r took over %.1f s; scored 0", pred, gold, budget
         )
         return False
-
-
-class _CompareTimeout(BaseException):
-    """Raised into a thread whose comparison outlived its deadline. A BaseException, as math-verify's
-    own: sympy's and math-verify's `except Exception` clauses must not swallow it."""
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """Raise `_CompareTimeout` in this thread if the block is still running after `seconds`."""
-    thread = threading.get_ident()
-    lock = threading.Lock()
-    armed = [True]
-
-    def fire() -> None:
-        with lock:
-            if armed[0]:
-                _raise_in(thread, _CompareTimeout)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        with lock:  # after this no exception can be raised into the thread, and none is pending
-            armed[0] = False
-            _raise_in(thread, None)
-
-
-def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
-    """Have `thread` raise `exception` at its next bytecode (None withdraws one not yet raised)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread), None if exception is None else ctypes.py_object(exception)
-    )
 
 
 @functools.cache
