@@ -162,7 +162,8 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.envs import release_envs
     from hone.orchestration.components import close_samplers
-    from hone.orchestration.loop import run_eval, setup_components
+    from hone.orchestration.evaluate import run_eval
+    from hone.orchestration.lifecycle import setup_components
 
     parts = setup_components(cfg)
     try:

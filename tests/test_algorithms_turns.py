@@ -12,7 +12,7 @@ from hone.algorithms import ADVANTAGE_ESTIMATORS, scores_to_token_rewards
 from hone.config import load_config
 from hone.orchestration.collate import collate
 from hone.orchestration.learner import compute_advantages
-from hone.orchestration.loop import response_budget
+from hone.orchestration.rl_start import response_budget
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.types import Rollout
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from hone.config import AlgorithmConfig, ConfigError, TrainerConfig, load_config
 from hone.orchestration import evaluate as evaluate_module
-from hone.orchestration import loop
 from hone.orchestration import producer as producer_module
+from hone.orchestration import rl_start
 from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner
@@ -263,9 +263,9 @@ def test_the_run_trainer_normalises_dr_grpo_by_the_episode_budget(micro_model_di
         policy=Policy.from_pretrained(micro_model_dir),
         episodes=Episodes(lambda: None, limits),  # type: ignore[arg-type]
     )
-    assert loop.rl_trainer(cfg, parts).norm_len == 60  # type: ignore[arg-type]  # 3 turns x 20, not 48
+    assert rl_start.rl_trainer(cfg, parts).norm_len == 60  # type: ignore[arg-type]  # 3 turns x 20, not 48
     parts.episodes = None
-    assert loop.rl_trainer(cfg, parts).norm_len == 48  # type: ignore[arg-type]  # single-turn: the budget
+    assert rl_start.rl_trainer(cfg, parts).norm_len == 48  # type: ignore[arg-type]  # single-turn: the budget
 
 
 def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: Path) -> None:

@@ -9,6 +9,8 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms import pass_at_k
 from hone.algorithms.metrics import check_pass_at_ks
+from hone.config import HoneConfig
+from hone.orchestration.components import RunComponents
 from hone.orchestration.prompts import generation_requests
 from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
@@ -81,3 +83,26 @@ def evaluate(
     for k in ks:
         out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(samples)
     return out
+
+
+def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
+    """Held-out accuracy (and pass@k) of the run's sampler: `evaluate` with the recipe's eval settings."""
+    params = SamplingParams(
+        n=cfg.eval.n,
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        stop=cfg.rollout.stop,
+        seed=cfg.run.seed,
+    )
+    return evaluate(
+        parts.sampler,
+        parts.policy.tokenizer,
+        parts.eval_samples,
+        parts.reward,
+        params,
+        chat_template=cfg.data.chat_template,
+        system_prompt=cfg.data.system_prompt,
+        ks=cfg.eval.k,
+        episodes=parts.episodes,
+        agent=parts.agent,
+    )

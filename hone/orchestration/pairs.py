@@ -95,7 +95,7 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
     """Sample, score and pair `cfg.pairs.prompts` training prompts (`cfg.data.prompts_per_step` a batch)."""
     import torch
 
-    from hone.orchestration.loop import setup_components
+    from hone.orchestration.lifecycle import setup_components
 
     if cfg.run.threads is not None:
         torch.set_num_threads(cfg.run.threads)

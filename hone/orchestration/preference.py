@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hone.algorithms import DEFAULT_BETA, REFERENCE_FREE
 from hone.config import HoneConfig, PreferenceDataConfig
 from hone.data import HoneDataError, PreferencePair, load_preferences
-from hone.logging import METRICS_FILE, MetricsLogger, Progress
+from hone.logging import MetricsLogger, Progress
 from hone.models import resolve_model
-from hone.orchestration.loop import SetupError, run_eval, setup_components, write_run_config
+from hone.orchestration.evaluate import run_eval
+from hone.orchestration.lifecycle import (
+    SetupError,
+    deadline,
+    new_run_dir,
+    open_run_log,
+    setup_components,
+    start_process,
+)
 from hone.orchestration.prompts import render_prompt
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
@@ -89,8 +94,8 @@ def dpo_settings(cfg: HoneConfig) -> DPOSettings:
 def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     """`hone dpo`: DPO (or a variant) of `model.path` on `dpo.data`; with `dpo.eval`, held-out task
     accuracy (the RL eval: `data.task` or `data.eval_source`, `reward`) before and after."""
-    started = _start(cfg)
-    run_dir = _new_run_dir(cfg)
+    started = start_process(cfg.run)
+    run_dir = new_run_dir(cfg.run)
     pairs = load_pairs(cfg.dpo, cfg.dpo.data, "dpo.data")
     settings = dpo_settings(cfg)
     parts = setup_components(cfg) if cfg.dpo.eval else None
@@ -113,7 +118,7 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     if cfg.trainer.disable_dropout:  # as TRL's DPO: the policy's and reference's log-probs are comparable
         disable_dropout(policy.model)
 
-    with _metrics_log(cfg, run_dir) as metrics_log:
+    with open_run_log(cfg, run_dir) as metrics_log:
         start_eval: dict[str, float] = {}
         final_eval: dict[str, float] = {}
         if parts is not None:
@@ -131,7 +136,7 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
                 if settings.loss in REFERENCE_FREE
                 else load_reference(cfg.model, policy, model_path, warm_started=False)[0],
                 log=_logger(metrics_log, progress),
-                deadline=_deadline(cfg, started),
+                deadline=deadline(cfg.run, started),
             )
         if parts is not None:
             parts.weights.publish(1)  # the sampler evaluates the trained weights
@@ -147,8 +152,8 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
 def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     """`hone rm`: a one-logit reward model from `model.path` fitted to `rm.data`, checked on held-out pairs
     (`rm.eval_data`, or `rm.val_fraction` of `rm.data` set aside with `run.seed`)."""
-    started = _start(cfg)
-    run_dir = _new_run_dir(cfg)
+    started = start_process(cfg.run)
+    run_dir = new_run_dir(cfg.run)
     if cfg.model.lora is not None:
         raise SetupError(
             "model.lora: hone rm trains the whole model (and its new score head); unset model.lora"
@@ -201,7 +206,7 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     )
     log.info("reward model: %d training pairs, %d held out", len(train_encoded), len(held_out_encoded))
     with (
-        _metrics_log(cfg, run_dir) as metrics_log,
+        open_run_log(cfg, run_dir) as metrics_log,
         Progress(total=settings.steps, description="rm", enabled=cfg.logging.progress) as progress,
     ):
         result = run_reward_model(
@@ -211,37 +216,12 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
             held_out_encoded,
             settings,
             log=_logger(metrics_log, progress),
-            deadline=_deadline(cfg, started),
+            deadline=deadline(cfg.run, started),
         )
     log.info("held-out pair accuracy %.3f", result["eval/pair_accuracy"])
     model.save_pretrained(run_dir / MODEL_DIR)
     tokenizer.save_pretrained(run_dir / MODEL_DIR)
     return PreferenceRunResult(run_dir, result["steps"], result)
-
-
-def _start(cfg: HoneConfig) -> float:
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    torch.manual_seed(cfg.run.seed)
-    return time.perf_counter()
-
-
-def _new_run_dir(cfg: HoneConfig) -> Path:
-    run_dir = Path(cfg.run.dir) / cfg.run.name
-    if (run_dir / METRICS_FILE).exists():
-        raise SetupError(f"{run_dir} already holds a run; choose another run.name")
-    return run_dir
-
-
-def _metrics_log(cfg: HoneConfig, run_dir: Path) -> MetricsLogger:
-    """metrics.jsonl (+ TensorBoard, W&B) and config.yaml, written only once set-up has passed."""
-    wandb = {"project": cfg.logging.wandb_project, "name": cfg.run.name} if cfg.logging.wandb else None
-    try:
-        metrics_log = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard, wandb=wandb)
-    except ImportError as e:
-        raise SetupError(str(e)) from e
-    write_run_config(run_dir, cfg)
-    return metrics_log
 
 
 def _logger(metrics_log: MetricsLogger, progress: Progress) -> Callable[[dict[str, float]], None]:
@@ -252,10 +232,6 @@ def _logger(metrics_log: MetricsLogger, progress: Progress) -> Callable[[dict[st
         progress.update(step, metrics)
 
     return record
-
-
-def _deadline(cfg: HoneConfig, started: float) -> float | None:
-    return None if cfg.run.time_limit_s is None else started + cfg.run.time_limit_s
 
 
 def split_held_out(

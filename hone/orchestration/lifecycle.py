@@ -1,0 +1,120 @@
+"""A run's life around its training, the same for every command (train, sft, dpo, rm): the run directory
+(refused when it already holds a run), the process's threads and seed, `config.yaml` written atomically once
+set-up has passed, the metrics log, the wall-clock deadline, and the one-line errors of set-up and of an
+interrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from hone.config import HoneConfig, RunConfig
+from hone.envs import release_envs
+from hone.errors import HoneError
+from hone.logging import METRICS_FILE, MetricsLogger, read_metrics
+from hone.orchestration.components import RunComponents, build_components
+from hone.training.checkpoint import Checkpointer
+
+
+class SetupError(HoneError, RuntimeError):
+    """Bad input found while building a run (before any training): one line, naming the thing."""
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C (or SIGTERM, see `hone.cli`) during a run; the message is one line: where it stopped, the
+    last checkpoint, and how to resume."""
+
+
+def start_process(run: RunConfig) -> float:
+    """The process's torch threads (`run.threads`) and global seed; returns the run's start time."""
+    if run.threads:
+        torch.set_num_threads(run.threads)
+    torch.manual_seed(run.seed)
+    return time.perf_counter()
+
+
+def deadline(run: RunConfig, started: float) -> float | None:
+    """When the run's wall-clock budget (`run.time_limit_s`) ends, if it has one."""
+    return None if run.time_limit_s is None else started + run.time_limit_s
+
+
+def new_run_dir(run: RunConfig, *, resumable: bool = False) -> Path:
+    """`runs/<name>`, refused when it already holds a run (nothing is written here)."""
+    run_dir = Path(run.dir) / run.name
+    if (run_dir / METRICS_FILE).exists():
+        resume = f"resume it with `hone train --resume {run_dir}` or " if resumable else ""
+        raise SetupError(f"{run_dir} already holds a run; {resume}choose another run.name")
+    return run_dir
+
+
+def setup_components(cfg: HoneConfig) -> RunComponents:
+    """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s.
+    A failure stops what the environment started before it (an OpenEnv server)."""
+    try:
+        try:
+            return build_components(cfg)
+        except BaseException:
+            release_envs()
+            raise
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+        raise SetupError(e.args[0] if e.args else repr(e)) from e
+
+
+def open_run_dir(cfg: HoneConfig, resume: bool) -> tuple[Path, Checkpointer, Path | None]:
+    run_dir = Path(cfg.run.dir) / cfg.run.name if resume else new_run_dir(cfg.run, resumable=True)
+    checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last)
+    try:  # nothing is written here: a start that fails in set-up leaves an existing run as it was
+        return run_dir, checkpointer, checkpointer.latest_intact() if resume else None
+    except ValueError as e:
+        raise SetupError(str(e)) from e
+
+
+def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
+    """Write `config.yaml` (what `--resume` reads) atomically: a crash mid-write keeps the old one."""
+    tmp = run_dir / ".config.yaml.tmp"
+    with tmp.open("w") as f:
+        f.write(cfg.to_yaml())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+def where_stopped(run_dir: Path) -> str:
+    """'at step N; last checkpoint step M; resume with `…`', read from the run directory's files."""
+    rows = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
+    done = max((int(row["step"]) for row in rows), default=0)  # the last step that finished and logged
+    latest = Checkpointer(run_dir).latest()
+    saved = "no checkpoint yet" if latest is None else f"last checkpoint {latest.name.replace('-', ' ')}"
+    at = f"at step {done}" if done else "before the first RL step"
+    return f"{at}; {saved}; resume with `hone train --resume {run_dir}`"
+
+
+def open_run_log(cfg: HoneConfig, run_dir: Path, *, resume_step: int | None = None) -> MetricsLogger:
+    """Open metrics.jsonl/TensorBoard/W&B (a resumed run's rows after `resume_step` go), then write
+    `config.yaml`: only now, once set-up has passed, so a start that failed changed nothing. Opened before
+    any training, so a missing W&B install fails at once, not after minutes of work."""
+    created = not run_dir.exists()
+    wandb = {
+        "project": cfg.logging.wandb_project,
+        "name": cfg.run.name,
+        "id": cfg.run.name,
+        "resume": "allow",
+    }
+    try:
+        metrics_log = MetricsLogger(
+            run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=wandb if cfg.logging.wandb else None,
+            resume_step=resume_step,
+        )
+    except ImportError as e:
+        if created:  # a failed start leaves no empty run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise SetupError(str(e)) from e
+    write_run_config(run_dir, cfg)
+    return metrics_log
