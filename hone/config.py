@@ -23,6 +23,7 @@ from hone.algorithms import (
     POLICY_LOSSES,
     PREFERENCE_LOSSES,
 )
+from hone.algorithms.advantages import reads_values
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
 from hone.errors import HoneError
@@ -695,12 +696,14 @@ class HoneConfig(Section):
 
     @model_validator(mode="after")
     def _critic_with_gae(self) -> HoneConfig:
-        # GAE's advantages are the critic's TD errors, and only GAE reads the critic's values.
-        if (self.algorithm.advantage == "gae") != (self.critic is not None):
+        # An estimator that reads the critic's values (GAE: its advantages are the critic's TD errors)
+        # needs one, and a critic no estimator reads would only cost a model.
+        advantage = self.algorithm.advantage
+        if reads_values(advantage) != (self.critic is not None):
             raise ValueError(
-                "algorithm.advantage: gae needs a critic section (critic: {} for its defaults)"
+                f"algorithm.advantage: {advantage} needs a critic section (critic: {{}} for its defaults)"
                 if self.critic is None
-                else f"critic: set only with algorithm.advantage: gae, not {self.algorithm.advantage!r}"
+                else f"critic: set only with an estimator that reads values (gae), not {advantage!r}"
             )
         return self
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
+from hone.algorithms.advantages import hyperparameters, reads_values
 from hone.config import ConfigError, load_config
 from hone.orchestration.learner import compute_advantages
 from hone.orchestration.loop import train
@@ -26,10 +28,10 @@ VALUE_METRICS = ("value/loss", "value/clip_frac", "value/explained_variance", "v
     ("overrides", "message"),
     [
         (["algorithm.advantage=gae"], "algorithm.advantage: gae needs a critic section"),
-        (["critic.lr=0.001"], "critic: set only with algorithm.advantage: gae, not 'grpo'"),
+        (["critic.lr=0.001"], "critic: set only with an estimator that reads values (gae), not 'grpo'"),
         (
             ["algorithm.advantage=rloo", "critic={}"],
-            "critic: set only with algorithm.advantage: gae, not 'rloo'",
+            "critic: set only with an estimator that reads values (gae), not 'rloo'",
         ),
         (
             ["algorithm.advantage=gae", "critic.value_clip=0"],
@@ -171,3 +173,45 @@ def test_a_resumed_ppo_run_ends_with_the_same_policy_and_critic(
     assert_same_weights(straight.parent / "critic", killed.parent / "critic")
     rows = [_rows(tmp_path / run) for run in ("straight", "killed")]
     assert [r.get("value/loss") for r in rows[0]] == [r.get("value/loss") for r in rows[1]]
+
+
+def test_an_estimators_hyperparameters_are_its_keyword_parameters_beyond_the_batch() -> None:
+    assert hyperparameters("grpo") == {"eps", "norm_by_std"}
+    assert hyperparameters("gae") == {"gamma", "lam", "whiten", "eps"}
+    assert reads_values("gae") and not reads_values("grpo") and not reads_values("turn_grpo")
+
+
+def test_a_new_estimator_gets_its_hyperparameters_from_the_algorithm_section(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The newcomer's path (docs/architecture.md): an estimator function that names a hyperparameter
+    receives the `algorithm` field of that name; one that reads `values` makes the critic required."""
+    seen: dict[str, float] = {}
+
+    def discounted_mean(
+        *,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        gamma: float,
+        lam: float = 9.0,
+        **_: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.update(gamma=gamma, lam=lam)
+        return token_rewards * gamma, token_rewards
+
+    def with_values(*, token_rewards: torch.Tensor, values: torch.Tensor, **_: object) -> tuple[Any, Any]:
+        return token_rewards - values, token_rewards
+
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "discounted_mean", discounted_mean)
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "with_values", with_values)
+    cfg = load_config(
+        None, ["algorithm.advantage=discounted_mean", "algorithm.gamma=0.5", "algorithm.lam=0.25"]
+    )
+    rollouts = [Rollout("s", 0, [5, 6, 7], 1, [1, 1], [0.0, 0.0], reward=2.0)]
+    mask = torch.tensor([[1.0, 1.0]])
+    advantages, _, _ = compute_advantages(rollouts, cfg.algorithm, response_mask=mask, old_logp=mask * 0)
+    assert seen == {"gamma": 0.5, "lam": 0.25}
+    assert advantages.tolist() == [[0.0, 1.0]]  # the reward on the last token, times gamma
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage: with_values needs a critic section"):
+        load_config(None, ["algorithm.advantage=with_values"])
+    assert load_config(None, ["algorithm.advantage=with_values", "critic={}"]).critic is not None

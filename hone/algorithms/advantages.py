@@ -12,6 +12,7 @@ discounts nor resets the return. Rewards placed on masked positions are ignored.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -23,6 +24,26 @@ from hone.registry import Registry
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 register_advantage = ADVANTAGE_ESTIMATORS.register
+
+# What the learner computes for every batch; an estimator's other keyword parameters are hyperparameters.
+BATCH_INPUTS = frozenset(
+    {"token_rewards", "response_mask", "group_ids", "values", "turn_rewards", "turn_mask", "token_turns"}
+)
+
+
+def hyperparameters(name: str) -> frozenset[str]:
+    """The hyperparameters estimator `name` declares: its keyword parameters that are not batch inputs.
+    The learner fills each one from the `algorithm` config field of that name (one it lacks keeps the
+    estimator's default), so a new estimator with a new hyperparameter is its function here plus that
+    config field, and nothing in between."""
+    parameters = inspect.signature(ADVANTAGE_ESTIMATORS[name]).parameters.values()
+    named = {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return frozenset(named - BATCH_INPUTS)
+
+
+def reads_values(name: str) -> bool:
+    """Whether estimator `name` takes the critic's `values` (then the run needs a `critic` section)."""
+    return "values" in inspect.signature(ADVANTAGE_ESTIMATORS[name]).parameters
 
 
 class GroupStats(NamedTuple):

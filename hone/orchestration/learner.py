@@ -19,6 +19,7 @@ from hone.algorithms import (
     scores_to_token_rewards,
     turn_sums,
 )
+from hone.algorithms.advantages import hyperparameters
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
@@ -67,16 +68,14 @@ def compute_advantages(
         penalty = turn_sums(kl, turns["token_turns"], turns["turn_rewards"].shape[1])
         turns["turn_rewards"] = turns["turn_rewards"] - algo.kl.coef * penalty
         metrics["kl"] = float(kl.sum() / response_mask.sum().clamp(min=1))
+    settings = {name: getattr(algo, name) for name in hyperparameters(algo.advantage) if hasattr(algo, name)}
     advantages, returns = ADVANTAGE_ESTIMATORS[algo.advantage](
         **turns,
         token_rewards=token_rewards,
         response_mask=response_mask,
         group_ids=group_ids,
-        eps=algo.eps,
-        norm_by_std=algo.norm_by_std,
-        gamma=algo.gamma,
-        lam=algo.lam,
         values=values,
+        **settings,
     )
     if values is not None:  # the critic before its update, against the targets it is fitted to
         metrics["value/explained_variance"] = explained_variance(values, returns, response_mask)
