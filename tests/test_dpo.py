@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hone.cli import main
-from hone.logging import read_metrics
+from hone.tracking import read_metrics
 from hone.training.dpo import DPOSettings, encode_preference, reference_log_probs, run_dpo, sequence_log_probs
 from hone.training.policy import AdapterReference, LoraSettings, Policy
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2

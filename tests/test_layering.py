@@ -1,7 +1,8 @@
 """The package layering of DESIGN.md ("Packages (import only downward)"), checked on the source with `ast`.
 
 DESIGN.md: `algorithms` <- `training` <- `orchestration` <- `cli`; `rewards` and `envs` <- `rollout` <-
-`orchestration`; `data` and `models` feed both sides; `config` and `logging` are leaves everyone may use.
+`orchestration`; `data` and `models` feed both sides; `config` and `tracking`
+(metrics and plots) are leaves everyone may use.
 `a <- b` means `b` may import `a`: `rewards` and `envs` are siblings, so neither imports the other.
 Modules DESIGN.md names no place for (`types`, `aio`, `seeding`) are leaves like `config`, as are
 `registry` and `verifiers`, which DESIGN.md names.
@@ -19,7 +20,7 @@ HONE = Path(__file__).resolve().parents[1] / "hone"
 
 # `errors` (the `HoneError` base) and `plugins` (the `pkg.mod:attr` loader) serve every package: leaves.
 LEAVES = frozenset(
-    {"types", "aio", "seeding", "registry", "verifiers", "config", "logging", "errors", "plugins"}
+    {"types", "aio", "seeding", "registry", "verifiers", "config", "tracking", "errors", "plugins"}
 )
 _FEEDS = frozenset({"data", "models"})  # "feed both sides"
 _ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout"}

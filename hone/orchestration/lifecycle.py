@@ -16,8 +16,8 @@ import torch
 from hone.config import HoneConfig, RunConfig
 from hone.envs import release_envs
 from hone.errors import HoneError
-from hone.logging import METRICS_FILE, MetricsLogger, read_metrics
 from hone.orchestration.components import RunComponents, build_components
+from hone.tracking import METRICS_FILE, MetricsLogger, read_metrics
 from hone.training.checkpoint import Checkpointer
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum, build_curriculum
 from hone.envs import release_envs
-from hone.logging import MetricsLogger, Progress, plot_metrics
 from hone.orchestration.components import RunComponents, close_samplers
 from hone.orchestration.evaluate import run_eval
 from hone.orchestration.learner import Learner
@@ -44,6 +43,7 @@ from hone.orchestration.rl_start import RLStart, checkpoint_parts, resume_rl, st
 from hone.orchestration.rollouts import RolloutSource
 from hone.orchestration.warmstart import SFTData
 from hone.orchestration.warmstart import sft_data as make_sft_data
+from hone.tracking import MetricsLogger, Progress, plot_metrics
 from hone.training.checkpoint import Checkpointer
 
 __all__ = ["RunInterrupted", "RunResult", "SetupError", "rl_step", "run_learner", "train"]

@@ -19,7 +19,6 @@ from typing import Any
 from hone.algorithms import DEFAULT_BETA, REFERENCE_FREE
 from hone.config import HoneConfig, PreferenceDataConfig
 from hone.data import HoneDataError, PreferencePair, load_preferences
-from hone.logging import MetricsLogger, Progress
 from hone.models import resolve_model
 from hone.orchestration.evaluate import run_eval
 from hone.orchestration.lifecycle import (
@@ -32,6 +31,7 @@ from hone.orchestration.lifecycle import (
 )
 from hone.orchestration.prompts import render_prompt
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
+from hone.tracking import MetricsLogger, Progress
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
 from hone.training.models import check_tokenizer, load_policy, load_reference
 from hone.training.policy import disable_dropout, enable_checkpointing

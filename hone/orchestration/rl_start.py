@@ -13,13 +13,13 @@ from typing import Any
 
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum
-from hone.logging import MetricsLogger
 from hone.orchestration.components import RunComponents
 from hone.orchestration.evaluate import run_eval
 from hone.orchestration.lifecycle import SetupError, deadline
 from hone.orchestration.replay import ReplayBuffer
 from hone.orchestration.warmstart import SFTData, warm_start_sft
 from hone.rollout.multiturn import Episodes
+from hone.tracking import MetricsLogger
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer, Part
 from hone.training.critic import CriticTrainer
 from hone.training.models import load_critic, load_reference

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from hone.logging.metrics import read_metrics
+from hone.tracking.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from hone.logging import MetricsLogger, Progress, plot_metrics, read_metrics
+from hone.tracking import MetricsLogger, Progress, plot_metrics, read_metrics
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -136,7 +136,7 @@ def test_disabled_progress_prints_nothing() -> None:
 
 def test_progress_eta_counts_only_this_session(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([100.0, 110.0])
-    monkeypatch.setattr("hone.logging.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("hone.tracking.progress.time.monotonic", lambda: next(clock))
     progress = Progress(100, initial=50, console=Console(file=io.StringIO(), force_terminal=False))
     assert progress.eta_s(60) == pytest.approx(40.0)  # 10 steps in 10 s, 40 to go
 
