@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hone.algorithms import DEFAULT_BETA, REFERENCE_FREE
-from hone.config import HoneConfig, PreferenceDataConfig
+from hone.config import DPOConfig, HoneConfig, PreferenceDataConfig, RMConfig
 from hone.data import HoneDataError, PreferencePair, load_preferences
 from hone.models import resolve_model
 from hone.orchestration.evaluate import run_eval
@@ -70,24 +70,32 @@ def load_pairs(section: PreferenceDataConfig, source: str | None, key: str) -> l
         raise SetupError(str(e)) from e
 
 
+def fit_plan(section: DPOConfig | RMConfig, cfg: HoneConfig) -> dict[str, Any]:
+    """The offline loop's settings (`FitPlan`'s fields) from a preference section, the trainer's gradient
+    clipping and non-finite-step limit, and the run's seed."""
+    return {
+        "batch_size": section.batch_size,
+        "micro_batch_size": section.micro_batch_size,
+        "lr": section.lr,
+        "weight_decay": section.weight_decay,
+        "warmup_steps": section.warmup_steps,
+        "schedule": section.schedule,
+        "steps": section.steps,
+        "grad_clip": cfg.trainer.grad_clip,
+        "max_nonfinite_steps": cfg.trainer.max_nonfinite_steps,
+        "seed": cfg.run.seed,
+    }
+
+
 def dpo_settings(cfg: HoneConfig) -> DPOSettings:
     d = cfg.dpo
     return DPOSettings(
+        **fit_plan(d, cfg),
         loss=d.loss,
         beta=d.beta if d.beta is not None else DEFAULT_BETA[d.loss],
         label_smoothing=d.label_smoothing or (CDPO_LABEL_SMOOTHING if d.loss == "cdpo" else 0.0),
         gamma=d.simpo_gamma if d.simpo_gamma is not None else SIMPO_GAMMA,
         cache_reference=d.cache_reference,
-        batch_size=d.batch_size,
-        micro_batch_size=d.micro_batch_size,
-        lr=d.lr,
-        weight_decay=d.weight_decay,
-        warmup_steps=d.warmup_steps,
-        schedule=d.schedule,
-        grad_clip=cfg.trainer.grad_clip,
-        steps=d.steps,
-        seed=cfg.run.seed,
-        max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
     )
 
 
@@ -190,20 +198,7 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     if cfg.trainer.disable_dropout:  # TRL's RewardTrainer default too: both texts of a pair see one network
         disable_dropout(model)
     r = cfg.rm
-    settings = RMSettings(
-        batch_size=r.batch_size,
-        micro_batch_size=r.micro_batch_size,
-        lr=r.lr,
-        weight_decay=r.weight_decay,
-        warmup_steps=r.warmup_steps,
-        schedule=r.schedule,
-        grad_clip=cfg.trainer.grad_clip,
-        steps=r.steps,
-        eval_every=r.eval_every,
-        center_coef=r.center_rewards_coef,
-        seed=cfg.run.seed,
-        max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
-    )
+    settings = RMSettings(**fit_plan(r, cfg), eval_every=r.eval_every, center_coef=r.center_rewards_coef)
     log.info("reward model: %d training pairs, %d held out", len(train_encoded), len(held_out_encoded))
     with (
         open_run_log(cfg, run_dir) as metrics_log,

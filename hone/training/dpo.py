@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
 from hone.models.tokens import pad_token_id
-from hone.training.fit import Stats, fit
+from hone.training.fit import FitPlan, Stats, fit
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
 
@@ -35,22 +35,15 @@ class EncodedPair:
 
 
 @dataclass(frozen=True)
-class DPOSettings:
+class DPOSettings(FitPlan):
+    """The preference loss and its reference, on top of the offline loop's `FitPlan`."""
+
+    lr: float = 1e-6
     loss: str = "sigmoid"
     beta: float = 0.1
     label_smoothing: float = 0.0  # cdpo's ε
     gamma: float = 0.5  # simpo's target margin
     cache_reference: bool = True
-    batch_size: int = 8
-    micro_batch_size: int | None = None
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "linear"
-    grad_clip: float | None = 1.0
-    steps: int = 100
-    seed: int = 0
-    max_nonfinite_steps: int = 3
 
 
 def encode_preference(

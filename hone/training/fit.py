@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -35,39 +35,18 @@ StepMetrics = Callable[[list[int], Stats, float, float], dict[str, float]]
 AfterStep = Callable[[int, dict[str, float]], tuple[dict[str, float], bool]]
 
 
-class FitSettings(Protocol):
-    """What `fit` reads of a trainer's settings (`DPOSettings`, `RMSettings` and `FitPlan` have them)."""
-
-    @property
-    def lr(self) -> float: ...
-    @property
-    def weight_decay(self) -> float: ...
-    @property
-    def grad_clip(self) -> float | None: ...
-    @property
-    def max_nonfinite_steps(self) -> int: ...
-    @property
-    def schedule(self) -> str: ...
-    @property
-    def warmup_steps(self) -> int: ...
-    @property
-    def steps(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class FitPlan:
-    """Plain `FitSettings`, for a trainer that takes them as keywords (SFT)."""
+    """What `fit` reads: the optimizer, LR schedule, batches and steps of an offline trainer. DPO's and the
+    reward model's settings extend it with their own (`DPOSettings`, `RMSettings`)."""
 
-    steps: int
-    batch_size: int
-    lr: float
+    steps: int = 100
+    batch_size: int = 8
+    micro_batch_size: int | None = None  # rows per forward/backward; None: the whole batch at once
+    lr: float = 1e-5
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    schedule: str = "cosine"
+    schedule: str = "linear"
     grad_clip: float | None = 1.0
     max_nonfinite_steps: int = 3
     seed: int = 0
@@ -92,7 +71,7 @@ def fit(
     model: torch.nn.Module,
     params: list[torch.nn.Parameter],
     n_examples: int,
-    settings: FitSettings,
+    settings: FitPlan,
     losses: Losses,
     *,
     name: str,

@@ -21,7 +21,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
-from hone.training.fit import Stats, fit
+from hone.training.fit import FitPlan, Stats, fit
 
 
 @dataclass(frozen=True)
@@ -34,19 +34,11 @@ class EncodedComparison:
 
 
 @dataclass(frozen=True)
-class RMSettings:
-    batch_size: int = 8
-    micro_batch_size: int | None = None
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "linear"
-    grad_clip: float | None = 1.0
-    steps: int = 100
+class RMSettings(FitPlan):
+    """The held-out cadence and the centring term, on top of the offline loop's `FitPlan`."""
+
     eval_every: int = 25
     center_coef: float = 0.0
-    seed: int = 0
-    max_nonfinite_steps: int = 3
 
 
 def load_score_model(path: str | Path, *, dtype: torch.dtype | str, pad_token_id: int) -> PreTrainedModel:
