@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -96,6 +97,7 @@ def truncation_mask(rollouts: list[Rollout], response_mask: torch.Tensor) -> tup
     return loss_mask, float(truncated.float().mean())
 
 
+@dataclass(kw_only=True)
 class Learner:
     """Trains the policy on `ScoredGroups` and publishes each new version of its weights.
 
@@ -114,30 +116,16 @@ class Learner:
     `temperature` must be the trainer's (the no-grad log-prob passes match its forward: micro-batch
     rows, shared prompts, temperature)."""
 
-    def __init__(
-        self,
-        *,
-        policy: Policy,
-        ref_policy: Policy | None,
-        trainer: RLTrainer,
-        algorithm: AlgorithmConfig,
-        trainer_cfg: TrainerConfig,
-        temperature: float,
-        pad_id: int,
-        publish: Callable[[int], None],
-        version: int = 0,
-        critic: CriticTrainer | None = None,
-    ) -> None:
-        self.policy = policy
-        self.ref_policy = ref_policy
-        self.trainer = trainer
-        self.algo = algorithm
-        self.trainer_cfg = trainer_cfg
-        self.temperature = temperature
-        self.pad_id = pad_id
-        self.publish = publish
-        self.version = version
-        self.critic = critic
+    policy: Policy
+    ref_policy: Policy | None
+    trainer: RLTrainer
+    algorithm: AlgorithmConfig
+    trainer_cfg: TrainerConfig
+    temperature: float
+    pad_id: int
+    publish: Callable[[int], None]
+    version: int = 0
+    critic: CriticTrainer | None = None
 
     def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
         """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish the next version.
@@ -171,7 +159,7 @@ class Learner:
         micro = micro_batch_rows(self.trainer_cfg, seqs.input_ids.shape[1])
         shared = self.trainer_cfg.shared_prompts
         old_logp = seqs.sampler_log_probs
-        if self.algo.old_log_probs == "recompute":
+        if self.algorithm.old_log_probs == "recompute":
             # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the
             # first optimizer step, and the ratio measures the update, not the rounding.
             with self.trainer.autocast():
@@ -184,7 +172,7 @@ class Learner:
             values = self.critic.values(seqs.input_ids, seqs.attention_mask, seqs.response_mask)
         advantages, returns, metrics = compute_advantages(
             rollouts,
-            self.algo,
+            self.algorithm,
             response_mask=seqs.response_mask,
             old_logp=old_logp,
             ref_logp=ref_logp,
@@ -192,7 +180,7 @@ class Learner:
             group_ids=seqs.group_ids,
         )
         loss_mask = seqs.response_mask
-        if self.algo.mask_truncated:
+        if self.algorithm.mask_truncated:
             loss_mask, metrics["loss/truncated_masked_frac"] = truncation_mask(rollouts, seqs.response_mask)
         batch = TrainBatch(
             input_ids=seqs.input_ids,

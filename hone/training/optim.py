@@ -14,6 +14,7 @@ import math
 import random
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 
@@ -61,6 +62,7 @@ class NonFiniteGradientError(HoneError, RuntimeError):
     """Too many optimizer steps in a row had a non-finite gradient norm; the message is one line."""
 
 
+@dataclass
 class OptimizerStepper:
     """Accumulate, clip, skip non-finite, step: `step(losses, where) -> gradient norm`.
 
@@ -69,23 +71,13 @@ class OptimizerStepper:
     swap it, and checkpoints save it directly.
     """
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        params: list[torch.nn.Parameter],
-        *,
-        grad_clip: float | None,
-        max_nonfinite_steps: int,
-        limit_key: str,
-        advice: str,
-    ) -> None:
-        self.optimizer = optimizer
-        self.params = params
-        self.grad_clip = grad_clip
-        self.max_nonfinite_steps = max_nonfinite_steps
-        self.limit_key = limit_key
-        self.advice = advice
-        self.nonfinite_streak = 0  # optimizer steps in a row skipped for a non-finite gradient norm
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    grad_clip: float | None = field(kw_only=True)
+    max_nonfinite_steps: int = field(kw_only=True)
+    limit_key: str = field(kw_only=True)
+    advice: str = field(kw_only=True)
+    nonfinite_streak: int = field(default=0, init=False)  # optimizer steps in a row skipped (non-finite norm)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
