@@ -289,7 +289,7 @@ def test_make_env_returns_fresh_instances():
         ("no_such_env", {}, "unknown environment 'no_such_env'; registered: .*frozen_lake"),
         ("hone.envs.games:Missing", {}, "'hone.envs.games:Missing'.*cannot import"),
         ("no_such_pkg.mod:Env", {}, "no_such_pkg"),
-        ("hone.envs.games:_MOVES", {}, "not a class"),
+        ("hone.envs.games.lake:_MOVES", {}, "not a class"),
         ("hone.types:Sample", {"id": "x"}, "not an Environment"),
     ],
 )
