@@ -13,7 +13,8 @@ from hone.orchestration.prompts import encode_prompt
 from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes
-from hone.rollout.episodes import EpisodeKind, Episodes, SingleTurn, play_sync
+from hone.rollout.episodes import EpisodeKind, SingleTurn, play_sync
+from hone.rollout.multiturn import Episodes
 from hone.types import Rollout, Sample, SamplingParams
 
 # A response is correct when its correctness component (see `RewardScorer`) earns full marks:

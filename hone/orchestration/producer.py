@@ -22,7 +22,8 @@ from hone.orchestration.prompts import encode_prompt
 from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.rewards import RewardScorer, reward_failed, score_rollouts, top_answer_share
 from hone.rollout.batcher import Batcher
-from hone.rollout.episodes import ENV_ERRORS, EpisodeKind, Model, SingleTurn, play, play_sync
+from hone.rollout.episodes import EpisodeKind, Model, SingleTurn, play, play_sync
+from hone.rollout.multiturn import ENV_ERRORS
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
 
