@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -489,7 +490,11 @@ def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -
 async def waiting(client: openai.AsyncOpenAI, sample: Sample) -> float:
     """Tells the test its endpoint's URL, then waits: the run is mid-episode when it is stopped."""
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    Path(os.environ["HONE_TEST_AGENT_READY"]).write_text(str(client.base_url))
+    ready = Path(os.environ["HONE_TEST_AGENT_READY"])
+    # Written whole, then renamed into place: the test polls for the file and must never read half of it.
+    partial = ready.with_name(f"{ready.name}.{uuid.uuid4().hex}")
+    partial.write_text(str(client.base_url))
+    partial.replace(ready)
     await asyncio.sleep(60)
     return 0.0
 

@@ -2,8 +2,8 @@
 
 Episodes are coroutines that each ask for one request at a time (`await batcher.generate(request,
 params)`); the engine wants large batches. The batcher collects the requests and hands them to
-`Sampler.generate` on one generation thread (the event loop stays free: environments step and rewards
-score while the engine samples), in one of two flush modes:
+`Sampler.generate` on one daemon generation thread (the event loop stays free: environments step and
+rewards score while the engine samples), in one of two flush modes:
 
 * lock-step (`window_s=None`): flush when every open episode is waiting for the model. With the
   episodes of one produce call this is exactly today's batch: all prompts of a single-turn step in one
@@ -20,7 +20,10 @@ score while the engine samples), in one of two flush modes:
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +38,42 @@ class _Pending:
     request: GenerationRequest
     params: SamplingParams
     future: asyncio.Future[list[Rollout]]
+
+
+class DaemonThread(Executor):
+    """One daemon thread running submitted calls in order. Daemon, unlike a `ThreadPoolExecutor`'s (joined
+    at exit): a generate call cannot be interrupted, and Ctrl-C must not wait for it to finish."""
+
+    def __init__(self, name: str = "hone-generate") -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._started = self._closed = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self._closed:
+            raise RuntimeError("submit after shutdown")
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        future: Future[Any] = Future()
+        self._jobs.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if self._started:
+            self._jobs.put(None)
+            if wait:
+                self._thread.join()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as e:  # handed to the waiting episode, never lost in this thread
+                    future.set_exception(e)
 
 
 def _params_key(params: SamplingParams, *, with_cap: bool) -> tuple[Any, ...]:
@@ -54,12 +93,12 @@ class Batcher:
         *,
         window_s: float | None = None,
         max_batch: int = 256,
-        pool: ThreadPoolExecutor | None = None,
+        pool: Executor | None = None,
     ) -> None:
         self.sampler = sampler
         self.window_s, self.max_batch = window_s, max_batch
         self._own_pool = pool is None
-        self._pool = pool or ThreadPoolExecutor(1, thread_name_prefix="hone-generate")
+        self._pool = pool or DaemonThread()
         self._open: set[int] = set()
         self._next_slot = 0
         self._pending: list[_Pending] = []
@@ -102,8 +141,8 @@ class Batcher:
             if not p.future.done():
                 p.future.cancel()
         self._pending.clear()
-        if self._own_pool:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._own_pool:  # an idle thread ends at once; a running call is not waited for
+            self._pool.shutdown(wait=False)
 
     # --- the batching task ---
 

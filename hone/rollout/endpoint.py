@@ -5,8 +5,9 @@ each episode gets its own base URL, `http://127.0.0.1:<port>/e/<episode id>/v1`,
 in the path and client code needs no header or extra field. The server renders the request's `messages`
 (and `tools=`) through the tokenizer's chat template, samples from the sampler, parses tool calls from the
 output in the template's format (Hermes `<tool_call>` by default, `hone.envs.parsers`) and returns them as
-OpenAI `tool_calls`. Only the HTTP and the bookkeeping are here; generation goes through the `Sampler`
-protocol, so the HF sampler, vLLM or a remote engine serve the same way.
+OpenAI `tool_calls`. Only the HTTP is here: each request is one `Model.chat` call (`rollout/episodes.py`),
+which records it token-exactly in the episode's `Trajectory`s and samples through the one `Batcher`
+in front of the `Sampler`, so the HF sampler, vLLM or a remote engine serve the same way.
 
 Token-exact trajectories (where this departs from a plain OpenAI server): a request whose rendered
 conversation extends, as text, what an earlier completion of the same episode left in the context is
@@ -26,9 +27,9 @@ episode's cap on new tokens, and its `stop` strings are added to the recipe's. `
 samples `rollout.n` episodes per prompt) and `stream` must be false: either is refused with a 400.
 
 Concurrency: requests from all episodes are queued and, after `batch_wait_s` of collecting, sent to the
-sampler in one `generate` call (grouped by their sampling parameters), on one generation thread; at most
-`max_in_flight` requests are admitted at once. Requests of one episode are served one after another (the
-trajectory is one sequence).
+sampler in one `generate` call (grouped by their sampling parameters; the batcher's window mode), on one
+generation thread; at most `max_in_flight` requests are admitted at once. Requests of one episode are
+served one after another (the trajectory is one sequence).
 """
 
 from __future__ import annotations
