@@ -32,7 +32,7 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,7 +242,7 @@ class ScoringRound:
             self._started[id(rollout)] = asyncio.ensure_future(self._each(rollout, sample))
 
     async def _each(self, rollout: Rollout, sample: Sample) -> list[Score | _Failure | None]:
-        calls = []
+        calls: list[Awaitable[Score | _Failure | None]] = []
         for comp in self.scorer.components:
             if isinstance(comp.fn, BatchRewardFn):
                 calls.append(_none())

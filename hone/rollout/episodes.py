@@ -21,7 +21,7 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -79,8 +79,11 @@ class Model:
         that extends none (the caller rewrote its history, or the template rewrites past turns) starts a
         new sequence. A template that cannot render the messages raises `ChatTemplateError`."""
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            text = cast(
+                str,
+                self.tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True
+                ),
             )
         except Exception as e:  # the template rejects the conversation (a role it lacks, bad tools)
             raise ChatTemplateError(f"the chat template cannot render these messages: {e}") from e

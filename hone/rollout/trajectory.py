@@ -19,7 +19,7 @@ Plain message dicts only: this module knows no environment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -74,7 +74,7 @@ class Trajectory:
 
     def decode_text(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Refresh `text`, what a later full rendering must start with to extend this sequence."""
-        self.text = tokenizer.decode(self.context, skip_special_tokens=False)
+        self.text = cast(str, tokenizer.decode(self.context, skip_special_tokens=False))
 
     def to_rollout(self, sample_id: str, group_id: int, **fields: Any) -> Rollout:
         """The sequence as a `Rollout`; `fields` are the rest (response_text, finish_reason, metrics...)."""
@@ -99,7 +99,7 @@ def completion_of(out: Rollout, prompt_ids: list[int], tokenizer: PreTrainedToke
         prompt_ids=prompt_ids,
         completion_ids=list(out.response_ids),
         logprobs=list(out.sampler_logprobs),
-        text=tokenizer.decode(out.response_ids, skip_special_tokens=True),
+        text=cast(str, tokenizer.decode(out.response_ids, skip_special_tokens=True)),
         finish_reason=out.finish_reason,
         policy_version=out.policy_version,
     )
@@ -166,6 +166,7 @@ class ObservationRenderer:
         return ids
 
     def _render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        text = self.tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
+        return cast(str, text)
