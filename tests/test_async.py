@@ -21,13 +21,13 @@ import torch
 
 from hone.config import load_config
 from hone.orchestration import loop
-from hone.orchestration import producer as producer_module
 from hone.orchestration.executors import ThreadExecutor
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import train
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups, sampling_params
 from hone.orchestration.rollouts import Rollouts
 from hone.orchestration.weights import LocalWeightChannel
+from hone.rewards.scoring import ScoringRound
 from hone.training.checkpoint import Checkpointer
 from hone.types import Rollout, Sample
 from tests.helpers import TOKEN_REWARD, final_weights, tiny_overrides, train_tiny
@@ -119,16 +119,16 @@ def test_a_producer_fault_that_passes_is_retried_and_the_run_trains_as_if_it_nev
     seed and weights), counted in `faults/producer_retries`, and the run ends on the weights of a run
     without the fault (async with η = 0 is synchronous training exactly)."""
     clean = final_weights(train_tiny(tmp_path, micro_model_dir, "clean"))
-    real_score = producer_module.score_rollouts
+    real_finish = ScoringRound.finish
     calls: list[int] = []
 
-    def flaky_score(*args: Any) -> dict[str, float]:
+    async def flaky_finish(self: ScoringRound, *args: Any) -> dict[str, float]:
         calls.append(len(calls))
         if len(calls) == 3:  # steps 0 and 1 scored; step 2's first attempt fails
             raise ConnectionError("judge returned HTTP 502")
-        return real_score(*args)
+        return await real_finish(self, *args)
 
-    monkeypatch.setattr(producer_module, "score_rollouts", flaky_score)
+    monkeypatch.setattr(ScoringRound, "finish", flaky_finish)
     run = train_tiny(tmp_path, micro_model_dir, "flaky", **{"trainer.mode": mode, "trainer.max_staleness": 0})
     assert len(calls) == 4
     faulty = final_weights(run)

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from hone.config import AlgorithmConfig, ConfigError, TrainerConfig, load_config
 from hone.orchestration import evaluate as evaluate_module
-from hone.orchestration import producer as producer_module
 from hone.orchestration import rl_start
 from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
@@ -26,11 +25,14 @@ from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward
 from hone.rewards.scoring import RewardOutageError
+from hone.rollout.base import GenerationRequest
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Rollout, Sample, SamplingParams, TrainBatch
 from tests.helpers import (
+    FixedSampler,
+    PlainTokenizer,
     RecordingTrainer,
     assert_same_weights,
     killed_and_resumed,
@@ -283,18 +285,16 @@ def one_step(
     """`rl_step` on fixed rollouts (`responses[sample_id]`: the token ids of each of its n responses),
     through the producer and learner the loop uses."""
 
-    def collect(parts: object, cfg: object, samples: list[Sample], params: SamplingParams) -> list[Rollout]:
+    def respond(request: GenerationRequest, params: SamplingParams) -> list[Rollout]:
         return [
-            Rollout(s.id, g, [1, 2, *ids], 2, [1] * len(ids), [-0.5] * len(ids))
-            for g, s in enumerate(samples)
-            for ids in responses[s.id]
+            Rollout(request.sample_id, request.group_id, [1, 2, *ids], 2, [1] * len(ids), [-0.5] * len(ids))
+            for ids in responses[request.sample_id]
         ]
 
-    monkeypatch.setattr(producer_module, "collect_rollouts", collect)
     samples = [Sample(id=sid, prompt="p") for sid in responses]
-    sampler = SimpleNamespace(policy_version=0, load_weights=lambda weights, version: None)
+    sampler = FixedSampler(respond)
     parts = RunComponents(
-        policy=SimpleNamespace(device=torch.device("cpu")),  # type: ignore[arg-type]
+        policy=SimpleNamespace(device=torch.device("cpu"), tokenizer=PlainTokenizer()),  # type: ignore[arg-type]
         ref_policy=None,
         sampler=sampler,  # type: ignore[arg-type]
         weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]
@@ -401,11 +401,10 @@ def test_eval_accuracy_counts_the_correctness_component_not_the_shaped_total(
     )
     responses = [("\\boxed{42}", 6), ("\\boxed{41}", 2), ("\\boxed{42}", 2)]  # right but long, wrong, right
     rollouts = [Rollout("s", 0, [0] * (2 + n), 2, [1] * n, [0.0] * n, text) for text, n in responses]
-    monkeypatch.setattr(evaluate_module, "generation_requests", lambda *request_args: [])
-    sampler = SimpleNamespace(generate=lambda requests, params: rollouts)
+    sampler = FixedSampler(lambda request, params: rollouts)
     out = evaluate_module.evaluate(
         sampler,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
+        PlainTokenizer(),  # type: ignore[arg-type]
         [Sample("s", prompt="What is 6*7?", answer="42")],
         load_reward(cfg.reward, None),
         SamplingParams(n=3, temperature=1.0),

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 from hone.config import load_config
 from hone.models import build_tiny_model
 from hone.orchestration.pairs import pair_row
-from hone.orchestration.prompts import encode_prompt, generation_requests, render_prompt
+from hone.orchestration.prompts import encode_prompt, render_prompt
 from hone.types import Rollout, Sample
 
 SYSTEM = "Answer inside <answer></answer>."
@@ -24,11 +24,9 @@ def test_system_prompt_opens_a_chat_prompt(tokenizer) -> None:
     assert render_prompt(sample, tokenizer, True) == "user: 2+2=\nassistant: "
     with_system = render_prompt(sample, tokenizer, True, SYSTEM)
     assert with_system == f"system: {SYSTEM}\nuser: 2+2=\nassistant: "
-    # What the sampler is given is exactly that text's tokens.
+    # What the sampler is given (a single-turn episode's prompt) is exactly that text's tokens.
     ids = encode_prompt(sample, tokenizer, True, SYSTEM)
     assert ids == tokenizer(with_system, add_special_tokens=False)["input_ids"]
-    (request,) = generation_requests([sample], tokenizer, True, SYSTEM)
-    assert request.prompt_ids == ids
 
 
 def test_a_sample_with_its_own_system_message_keeps_it(tokenizer) -> None:

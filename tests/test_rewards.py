@@ -269,3 +269,38 @@ def test_a_reward_call_knows_its_own_time_budget_under_the_scorer_timeout() -> N
     assert seen["async"] == 1.0
     assert seen["batch"] == pytest.approx(3.4, abs=0.1)
     assert own_time_budget() is None and own_time_budget(cap=2.0) == 2.0  # outside a scorer call
+
+
+def test_a_round_scores_rollouts_as_they_arrive_with_the_metrics_of_one_batch_score() -> None:
+    """What the producer does: each episode's rollouts are submitted as it ends (the slow verifier starts
+    at once), the batched component runs once over the step; the metrics equal `score`'s exactly."""
+
+    class LengthModel:
+        calls = 0
+
+        def score_batch(self, rollouts: list[Rollout], samples: list[Sample]) -> list[float]:
+            LengthModel.calls += 1
+            return [len(r.response_text) / 10 for r in rollouts]
+
+    def make() -> tuple[RewardScorer, list[Rollout]]:
+        components = [RewardComponent("rm", LengthModel(), 2.0), RewardComponent("short", short)]
+        return RewardScorer([*components, RewardComponent("correct", exact)]), [
+            rollout("a", "2"),
+            rollout("b", "4444"),
+            rollout("a", "boom"),
+        ]
+
+    scorer, batch = make()
+    expected = scorer.score(batch, SAMPLES)
+    scorer, rollouts = make()
+
+    async def produce() -> dict[str, float]:
+        scoring = scorer.round(SAMPLES)
+        scoring.submit(rollouts[1:2])  # an episode that ended first
+        await asyncio.sleep(0)
+        scoring.submit(rollouts[:1])
+        return await scoring.finish(rollouts)  # the third was never submitted: scored here
+
+    LengthModel.calls = 0
+    assert asyncio.run(produce()) == expected and LengthModel.calls == 1
+    assert [(r.reward, r.reward_parts) for r in rollouts] == [(r.reward, r.reward_parts) for r in batch]

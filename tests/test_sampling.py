@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from hone.config import AlgorithmConfig, ConfigError, ReplayConfig, TrainerConfig, load_config
-from hone.orchestration import producer as producer_module
 from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner, truncation_mask
@@ -21,10 +20,13 @@ from hone.orchestration.producer import Producer
 from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
+from hone.rollout.base import GenerationRequest
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Rollout, Sample, SamplingParams, TrainBatch
 from tests.helpers import (
+    FixedSampler,
+    PlainTokenizer,
     RecordingTrainer,
     assert_same_weights,
     killed_and_resumed,
@@ -36,20 +38,18 @@ from tests.helpers import (
 N = 2  # rollouts per prompt in the unit tests
 
 
-def _fake_rollouts(truncated: set[str] = frozenset()):  # type: ignore[assignment]
+def _fake_sampler(truncated: set[str] = frozenset()) -> FixedSampler:  # type: ignore[assignment]
     """A stand-in for sampling: prompt `s` gets N one-token responses [0] and [1] (group = its index);
     the responses of prompts in `truncated` end on the length limit."""
 
-    def collect(parts: object, cfg: object, samples: list[Sample], params: SamplingParams) -> list[Rollout]:
+    def respond(request: GenerationRequest, params: SamplingParams) -> list[Rollout]:
+        end = "length" if request.sample_id in truncated else "stop"
         return [
-            Rollout(
-                s.id, g, [1, 2, k], 2, [1], [-0.5], finish_reason="length" if s.id in truncated else "stop"
-            )
-            for g, s in enumerate(samples)
+            Rollout(request.sample_id, request.group_id, [1, 2, k], 2, [1], [-0.5], finish_reason=end)
             for k in range(N)
         ]
 
-    return collect
+    return FixedSampler(respond)
 
 
 def _reward(rollout: Rollout, sample: Sample) -> float:
@@ -66,11 +66,10 @@ def _step(
 ) -> tuple[dict[str, float], RecordingTrainer]:
     """One `rl_step` through the loop's producer and learner on fixed rollouts: the step's prompts are
     `step_ids`, the training set (what a refill draws from) `pool_ids`."""
-    monkeypatch.setattr(producer_module, "collect_rollouts", _fake_rollouts(truncated))
     pool = {i: Sample(id=i, prompt=i) for i in pool_ids}
-    sampler = SimpleNamespace(policy_version=0, load_weights=lambda weights, version: None)
+    sampler = _fake_sampler(truncated)
     parts = RunComponents(
-        policy=SimpleNamespace(device=torch.device("cpu")),  # type: ignore[arg-type]
+        policy=SimpleNamespace(device=torch.device("cpu"), tokenizer=PlainTokenizer()),  # type: ignore[arg-type]
         ref_policy=None,
         sampler=sampler,  # type: ignore[arg-type]
         weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]

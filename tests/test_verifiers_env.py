@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,10 @@ from tests.helpers import Scripted
 
 SINGLE = "verifiers:tests.vf_envs_for_tests"
 GUESS = "verifiers:hone.envs.vf_guess_number"
+
+
+class OutOfMoves(BaseException):
+    """A scripted model with no move left (a BaseException, as Hone's own limit is)."""
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +106,7 @@ def test_a_guess_number_episode_sees_what_the_built_in_game_shows_for_the_same_m
     rng = random.Random(0)
 
     async def play(env: Environment, sample: Sample, moves: list[str]) -> list[tuple]:
+        """The built-in game stepped move by move: what it shows after each (messages, done, reward)."""
         start = env.reset(sample)
         seen: list[tuple] = [
             tuple(m["content"] for m in (await start if asyncio.iscoroutine(start) else start))
@@ -114,6 +120,26 @@ def test_a_guess_number_episode_sees_what_the_built_in_game_shows_for_the_same_m
                 break
         return seen
 
+    async def plays_itself(env: Environment, sample: Sample, moves: list[str]) -> list[tuple]:
+        """The port playing itself, its model calls answered by `moves`: the same record."""
+        replies, seen = iter(moves), []
+
+        async def chat(messages: list[dict], info: object = None) -> str:
+            if seen:  # the game's answer to the last move: not over, no reward yet
+                seen.append((messages, False, 0.0))
+            else:
+                seen.append(tuple(m["content"] for m in messages))
+            move = next(replies, None)
+            if move is None:
+                raise OutOfMoves
+            return move
+
+        try:
+            end = await env.play(sample, chat)  # type: ignore[attr-defined]
+        except OutOfMoves:
+            return seen
+        return [*seen, ([], True, end.reward)]
+
     endings = set()
     for mine, theirs in zip(ported_samples, built_in_samples, strict=True):
         secret = theirs.meta["secret"]
@@ -123,7 +149,7 @@ def test_a_guess_number_episode_sees_what_the_built_in_game_shows_for_the_same_m
         ]
         if rng.random() < 0.7:
             moves.insert(rng.randint(0, 7), str(secret))
-        ours = asyncio.run(play(ported(), mine, moves))
+        ours = asyncio.run(plays_itself(ported(), mine, moves))
         built_in = asyncio.run(play(GuessNumber(high=64), theirs, moves))
         assert ours == built_in
         endings.add((len(ours) - 1, ours[-1][2]))  # (turns played, final reward)
@@ -162,22 +188,22 @@ def test_an_environment_that_fails_is_counted_in_env_errors_and_the_episode_ends
     )
     sample = replace(type(broken()).make_samples(1, 0, "train")[0], id="broken")
 
-    async def reset_then_step() -> None:
-        env = broken()
-        assert await env.reset(sample) == sample.messages  # reset answers: the failure comes at the end
-        await env.step("1")
+    async def answer(messages: list[dict], info: object = None) -> str:
+        return "1"
 
     with pytest.raises(RuntimeError, match="the game server is down") as failure:
-        asyncio.run(reset_then_step())
+        asyncio.run(broken().play(sample, answer))  # type: ignore[attr-defined]
     assert "\n" not in str(failure.value) and "tests.vf_broken_for_tests" in str(failure.value)
 
     class EitherEnv(Environment):  # the broken environment for the "broken" sample, the working one else
-        async def reset(self, s: Sample) -> list:
-            self.inner = (broken if s.id == "broken" else fine)()
-            return await self.inner.reset(s)
+        def reset(self, s: Sample) -> list:
+            raise NotImplementedError
 
-        async def step(self, text: str) -> StepResult:
-            return await self.inner.step(text)
+        def step(self, text: str) -> StepResult:
+            raise NotImplementedError
+
+        async def play(self, s: Sample, chat: Any) -> StepResult:
+            return await (broken if s.id == "broken" else fine)().play(s, chat)  # type: ignore[attr-defined]
 
     # Through the rollout loop: that episode ends, counted in env/errors, beside one that did not fail.
     tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer

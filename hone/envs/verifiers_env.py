@@ -15,11 +15,10 @@ What maps to what:
 * An episode is verifiers' own: the environment's `setup` / `run(task, agents)` / `finalize` hooks
   (`SingleAgentEnv.run` is one `agents.agent.run(task)`; a multi-turn game drives
   `agents.<seat>.interaction(task)` turn by turn). Departure: verifiers' `Agent` runs a harness program
-  in a sandbox that calls the model over HTTP; here the seat is `_Seat`, whose every `turn()` hands the
-  conversation to Hone's rollout loop and returns the reply Hone's sampler produced, so each turn is
-  batched with the other episodes' and its tokens and log-probs are exactly the sampler's.
-  The episode coroutine runs beside the loop: `reset` starts it and returns the first request's
-  messages, each `step` delivers a reply and returns the next user message (an observation) or the end.
+  in a sandbox that calls the model over HTTP; here the seat is `_Seat`, whose every `turn()` calls
+  the model directly (`play(sample, chat)`: `await chat(messages)` is the reply Hone's sampler produced,
+  batched with the other episodes' turns, its tokens and log-probs exactly the sampler's). The
+  environment plays itself; Hone's rollout loop does not step it.
 * The reward is the task's `@vf.reward` functions (and rewards `run`/`finalize` record), scored by
   verifiers itself (`Task.score` on a real `vf.Trace`, whose turns are committed through verifiers'
   message graph); the episode's last `StepResult` carries the trace's weighted sum (`Trace.reward`) and
@@ -31,7 +30,7 @@ serves tools as MCP servers to its harness programs; a taskset or task declaring
 set-up); no sandboxes (task `setup`/`finalize`/rewards get `runtime=None`; rewards that need one are
 skipped by verifiers' own scoring); `@vf.stop` hooks and agent limits are not applied (Hone's
 `env.max_turns` / token limits are). A failure of the environment's code (or an episode waiting more
-than `STEP_TIMEOUT_S` between turns) is raised from `reset`/`step` as one line, so the rollout loop
+than `STEP_TIMEOUT_S` between turns) is raised from `play` as one line, so the rollout loop
 handles it as any environment's: that episode ends, counted in `env/errors` and left out of training;
 the run goes on (unless every episode of a batch failed).
 """
@@ -45,7 +44,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, NoReturn
 
@@ -58,6 +57,8 @@ PREFIX = "verifiers:"
 STEP_TIMEOUT_S = 60.0  # the most an episode's own code may take between two model turns
 EVAL_FRACTION = 0.1  # held-out share of the tasks when `eval_args` is not given
 _TASK_KEY = "verifiers_task"
+# How the seat reaches the model: the turn's new messages in, the sampled reply out.
+Chat = Callable[..., Awaitable[str]]
 
 
 def verifiers_env(env_id: str, args: dict[str, Any]) -> type[VerifiersEnv]:
@@ -154,9 +155,7 @@ class VerifiersEnv(Environment):
 
     def __init__(self, **args: Any) -> None:
         # `args` built the class's environment already (`verifiers_env`); make_env passes them again.
-        self._channel: _Channel | None = None
-        self._episode: asyncio.Task[StepResult] | None = None
-        self._end: StepResult | None = None
+        pass
 
     @classmethod
     def make_samples(cls, n: int, seed: int, split: str, **args: Any) -> list[Sample]:
@@ -195,25 +194,37 @@ class VerifiersEnv(Environment):
             return super().demonstration(sample)
         return [dict(m) for m in demo()]
 
-    async def reset(self, sample: Sample) -> list[Message]:
-        self._channel = _Channel()
-        self._episode = asyncio.create_task(self._play(self._task(sample)))
-        first = await self._next()
-        if isinstance(first, StepResult):  # the episode ended before asking for a turn
-            self._end = first
-            return [dict(m) for m in sample.messages or []]
-        return first
+    def reset(self, sample: Sample) -> NoReturn:
+        raise TypeError("a verifiers environment plays itself: call play(sample, chat), not reset/step")
 
-    async def step(self, assistant_message: str) -> StepResult:
-        if self._end is not None:
-            return self._end
-        assert self._channel is not None, "step before reset"
-        self._channel.replies.put_nowait(assistant_message)
-        event = await self._next()
-        if isinstance(event, StepResult):
-            self._end = event
-            return event
-        return StepResult(event, info=self._unscored())
+    def step(self, assistant_message: str) -> NoReturn:
+        raise TypeError("a verifiers environment plays itself: call play(sample, chat), not reset/step")
+
+    async def play(self, sample: Sample, chat: Chat) -> StepResult:
+        """verifiers' episode on `sample`, its seat's every turn one `chat` call (Hone's rollout loop
+        samples it, batched with the other episodes' turns). Its end: the trace's reward and rubric.
+        The episode's own code may take at most `STEP_TIMEOUT_S` between two turns."""
+        idle_since: list[float | None] = [asyncio.get_running_loop().time()]
+
+        async def turn(messages: list[Message]) -> str:
+            idle_since[0] = None  # waiting on the model is not the environment's time
+            try:
+                return await chat(messages, self._unscored())
+            finally:
+                idle_since[0] = asyncio.get_running_loop().time()
+
+        episode = asyncio.ensure_future(self._play(self._task(sample), turn))
+        try:
+            while not episode.done():
+                await asyncio.wait({episode}, timeout=1.0)
+                since = idle_since[0]
+                if since is not None and asyncio.get_running_loop().time() - since > STEP_TIMEOUT_S:
+                    self._failed(TimeoutError(f"no turn and no end within {STEP_TIMEOUT_S:g} s"))
+            return episode.result()
+        finally:
+            if not episode.done():
+                episode.cancel()
+                await asyncio.gather(episode, return_exceptions=True)
 
     def _unscored(self) -> dict[str, float]:
         """0 for each reward the task declares, on every turn: a part's mean is taken over the rollouts that
@@ -227,31 +238,13 @@ class VerifiersEnv(Environment):
         data = task_cls.data_type().model_validate(sample.meta[_TASK_KEY])
         return task_cls(data, taskset.config.task)
 
-    async def _next(self) -> list[Message] | StepResult:
-        """The episode's next request for a turn (its new messages), or its end."""
-        assert self._channel is not None and self._episode is not None
-        ask = asyncio.ensure_future(self._channel.asks.get())
-        done, _ = await asyncio.wait(
-            {ask, self._episode}, timeout=STEP_TIMEOUT_S, return_when="FIRST_COMPLETED"
-        )
-        if ask in done:
-            return [_to_hone(m) for m in ask.result()]
-        ask.cancel()
-        if self._episode in done:
-            return self._episode.result()
-        self._episode.cancel()
-        return self._failed(TimeoutError(f"no turn and no end within {STEP_TIMEOUT_S:g} s"))
-
-    async def _play(self, task: Any) -> StepResult:
+    async def _play(self, task: Any, turn: Chat) -> StepResult:
         """verifiers' episode (`Env.run_episode`'s hooks) with Hone's seat; its end as a `StepResult`."""
         import verifiers.v1 as vf
 
         env = self.vf_env
         traces: list[Any] = []
-        assert self._channel is not None
-        agents = vf.Agents(
-            env.config, lambda name, config: _Seat(name, config, self._channel, traces, self.build)
-        )
+        agents = vf.Agents(env.config, lambda name, config: _Seat(name, config, turn, traces, self.build))
         episode = vf.Episode(
             env=vf.EnvInfo(id=env.config.env_id),
             task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
@@ -319,31 +312,12 @@ def _to_hone(message: Any) -> Message:
     return out
 
 
-class _Channel:
-    """The two queues between an episode coroutine and Hone's rollout loop: the episode asks for a turn
-    with the messages the model has not seen yet; the loop answers with the sampled reply."""
-
-    def __init__(self) -> None:
-        self.asks: asyncio.Queue[list[Any]] = asyncio.Queue()
-        self.replies: asyncio.Queue[str] = asyncio.Queue()
-
-    async def ask(self, messages: list[Any]) -> str:
-        self.asks.put_nowait(messages)
-        return await self.replies.get()
-
-
 class _Seat:
     """Hone's stand-in for verifiers' `Agent` in one seat (see the module docstring): `run` and
-    `interaction` with verifiers' semantics, the model being Hone's sampler behind `_Channel`."""
+    `interaction` with verifiers' semantics, the model being Hone's (`turn`: messages in, reply out)."""
 
-    def __init__(self, name: str, config: Any, channel: _Channel, completed: list[Any], build: Any) -> None:
-        self.name, self.config, self.channel, self.completed, self.build = (
-            name,
-            config,
-            channel,
-            completed,
-            build,
-        )
+    def __init__(self, name: str, config: Any, turn: Chat, completed: list[Any], build: Any) -> None:
+        self.name, self.config, self.turn, self.completed, self.build = name, config, turn, completed, build
         self.trainable = True
 
     async def run(self, task: Any, **_: Any) -> Any:
@@ -365,7 +339,7 @@ class _Seat:
             state=state_cls(type(task))(),
             agent=vf.AgentInfo(config=self.config, name=self.name),
         )
-        interaction = _Interaction(trace, task, self.channel)
+        interaction = _Interaction(trace, task, self.turn)
         try:
             await invoke(task.setup, {"trace": trace, "runtime": None})
             yield interaction
@@ -385,8 +359,8 @@ class _Interaction:
     """verifiers' `Interaction.turn` contract: a prompted task's first turn is a bare `turn()`; each turn
     is committed to the trace's message graph as verifiers commits a model response."""
 
-    def __init__(self, trace: Any, task: Any, channel: _Channel) -> None:
-        self.trace, self.task, self.channel = trace, task, channel
+    def __init__(self, trace: Any, task: Any, chat: Chat) -> None:
+        self.trace, self.task, self.chat = trace, task, chat
         self.history: list[Any] = []
 
     async def turn(self, message: Any = None) -> Any:
@@ -408,7 +382,7 @@ class _Interaction:
         if not self.history and self.task.data.system_prompt is not None and message is not None:
             new.insert(0, vf.SystemMessage(content=self.task.data.system_prompt))
         self.history += new
-        text = await self.channel.ask(new)
+        text = await self.chat([_to_hone(m) for m in new])
         reply = vf.AssistantMessage(content=text)
         response = vf.Response(
             id=f"hone-{len(self.history)}",

@@ -11,11 +11,12 @@ from hone.algorithms import pass_at_k
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents
-from hone.orchestration.prompts import generation_requests
+from hone.orchestration.prompts import encode_prompt
 from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes
-from hone.rollout.multiturn import Episodes, run_episodes
+from hone.rollout.episodes import EpisodeKind, SingleTurn, play_sync
+from hone.rollout.multiturn import Episodes
 from hone.types import Rollout, Sample, SamplingParams
 
 # A response is correct when its correctness component (see `RewardScorer`) earns full marks:
@@ -53,16 +54,12 @@ def evaluate(
     (and in `eval/env/errors`), and one whose requests split into several sequences is scored by its last.
     """
     check_pass_at_ks(ks, params.n)
-    failed: dict[str, float] = {}
-    if agent is not None:
-        played = agent.play(samples, params, last_segment_only=True)
-        rollouts, failed = played.rollouts, {f"eval/{k}": v for k, v in played.metrics.items()}
-    elif episodes is None:
-        rollouts = sampler.generate(
-            generation_requests(samples, tokenizer, chat_template, system_prompt), params
-        )
-    else:
-        rollouts = run_episodes(sampler, tokenizer, episodes.make_env, samples, params, episodes.limits)
+    # The one dispatch, as training's (`producer.episode_kind`): the same episode functions play both.
+    kind: EpisodeKind = (
+        agent or episodes or SingleTurn(lambda s: encode_prompt(s, tokenizer, chat_template, system_prompt))
+    )
+    rollouts, played = play_sync(sampler, tokenizer, kind, samples, params, last_only=True)
+    failed = {f"eval/{k}": v for k, v in played.items()}  # agent episodes that failed (eval/env/errors)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)
     correct = [0] * len(samples)
     for r in rollouts:
@@ -75,7 +72,7 @@ def evaluate(
         "eval/response_length": sum(r.response_len for r in rollouts) / len(rollouts),
         "eval/top_answer_share": top_answer_share([r.response_text for r in rollouts]),
     }
-    if episodes is not None or agent is not None:
+    if kind.multi_turn:
         by_turns = Counter(len(r.turns) for r in rollouts if is_correct(r))
         for turns in range(1, max((len(r.turns) for r in rollouts), default=0) + 1):
             out[f"eval/correct_in_{turns}_turns"] = by_turns[turns] / len(rollouts)

@@ -14,13 +14,16 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
-from hone.config import HoneConfig
+from hone.aio import run_coroutine
+from hone.config import DataConfig, HoneConfig
 from hone.orchestration.components import RunComponents
 from hone.orchestration.outcomes import prompt_outcomes
-from hone.orchestration.prompts import generation_requests
+from hone.orchestration.prompts import encode_prompt
 from hone.orchestration.replay import ReplayBuffer, is_replayed
-from hone.rewards import reward_failed, score_rollouts, top_answer_share
-from hone.rollout.multiturn import ENV_ERRORS, run_episodes
+from hone.rewards import RewardScorer, reward_failed, score_rollouts, top_answer_share
+from hone.rollout.batcher import Batcher
+from hone.rollout.episodes import EpisodeKind, Model, SingleTurn, play, play_sync
+from hone.rollout.multiturn import ENV_ERRORS
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -83,22 +86,23 @@ def sampling_params(cfg: HoneConfig, step: int, part: int = 0) -> SamplingParams
     )
 
 
+def episode_kind(parts: RunComponents, data: DataConfig) -> EpisodeKind:
+    """How the run plays its samples, chosen once: the agent's episodes (`rollout.agent`), one
+    environment episode per rollout (`env.name`), or single-turn generation."""
+    if parts.agent is not None:
+        return parts.agent
+    if parts.episodes is not None:
+        return parts.episodes
+    tokenizer = parts.policy.tokenizer
+    return SingleTurn(lambda s: encode_prompt(s, tokenizer, data.chat_template, data.system_prompt))
+
+
 def collect_rollouts(
     parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
 ) -> list[Rollout]:
-    """Single-turn generations, one multi-turn episode per rollout when the run has an environment, or the
-    agent's episodes (`rollout.agent`; failed ones are dropped, see `Producer._sample_and_score`)."""
-    if parts.agent is not None:
-        return parts.agent.play(samples, params).rollouts
-    if parts.episodes is None:
-        requests = generation_requests(
-            samples, parts.policy.tokenizer, cfg.data.chat_template, cfg.data.system_prompt
-        )
-        return parts.sampler.generate(requests, params)
-    episodes = parts.episodes
-    return run_episodes(
-        parts.sampler, parts.policy.tokenizer, episodes.make_env, samples, params, episodes.limits
-    )
+    """The run's episodes of `samples`, unscored (failed agent episodes are dropped)."""
+    kind = episode_kind(parts, cfg.data)
+    return play_sync(parts.sampler, parts.policy.tokenizer, kind, samples, params)[0]
 
 
 def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
@@ -114,23 +118,33 @@ class Producer:
         self.parts = parts
         self.cfg = cfg
         self.replay = replay  # `algorithm.replay`: past successes mixed into groups before the filters
+        self.kind = episode_kind(parts, cfg.data)
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
+        """Sample, score and filter one step's prompts: its episodes, their scoring and any refill
+        rounds run on one event loop, through one batcher in front of the sampler."""
+        return run_coroutine(self._produce(prompts))
+
+    async def _produce(self, prompts: PromptBatch) -> ScoredGroups:
         params = sampling_params(self.cfg, prompts.step, prompts.part)
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
         if self.replay is not None:
             self.replay.begin(prompts.step)
-        rollouts, metrics = self._sample_and_score(prompts.samples, params, timing)
-        metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not
-        outcomes = prompt_outcomes(rollouts)  # for the curriculum: the sampled answers, before replay
-        self._mix(rollouts)
-        kept, filtered = self.filter(prompts.step, rollouts)
-        metrics |= filtered
-        new_tokens = sum(r.response_len for r in rollouts)
-        if self.cfg.algorithm.dynamic_sampling.enabled:
-            kept, refilled, refill_tokens = self.refill(prompts, params, kept, timing)
-            metrics |= refilled
-            new_tokens += refill_tokens
+        model = Model(Batcher(self.parts.sampler), self.parts.policy.tokenizer)
+        try:
+            rollouts, metrics = await self._sample_and_score(model, prompts.samples, params, timing)
+            metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not
+            outcomes = prompt_outcomes(rollouts)  # for the curriculum: the sampled answers, before replay
+            self._mix(rollouts)
+            kept, filtered = self.filter(prompts.step, rollouts)
+            metrics |= filtered
+            new_tokens = sum(r.response_len for r in rollouts)
+            if self.cfg.algorithm.dynamic_sampling.enabled:
+                kept, refilled, refill_tokens = await self.refill(model, prompts, params, kept, timing)
+                metrics |= refilled
+                new_tokens += refill_tokens
+        finally:
+            await model.batcher.aclose()
         if self.replay is not None:
             metrics["replay/frac"] = sum(map(is_replayed, kept)) / max(1, len(kept))
         metrics |= timing
@@ -138,21 +152,26 @@ class Producer:
             step=prompts.step, rollouts=kept, metrics=metrics, new_tokens=new_tokens, outcomes=outcomes
         )
 
-    def _sample_and_score(
-        self, samples: list[Sample], params: SamplingParams, timing: dict[str, float]
+    async def _sample_and_score(
+        self, model: Model, samples: list[Sample], params: SamplingParams, timing: dict[str, float]
     ) -> tuple[list[Rollout], dict[str, float]]:
-        """Sample `samples` with `params` and score them; the times add to `timing`."""
+        """Play `samples` with `params` and score them; the times add to `timing`. A `RewardScorer`
+        scores each episode's rollouts as soon as it ends (slow verifiers overlap sampling); other
+        scorers (the Ray back-end's reward workers) score the batch after."""
         t0 = time.perf_counter()
-        if self.parts.agent is not None:  # its failed episodes are dropped: counted in env/errors
-            played = self.parts.agent.play(samples, params)
-            rollouts, failed = played.rollouts, played.metrics
-        else:
-            rollouts, failed = collect_rollouts(self.parts, self.cfg, samples, params), {}
+        by_id = {s.id: s for s in samples}
+        reward = self.parts.reward
+        scoring = reward.round(by_id) if isinstance(reward, RewardScorer) else None
+        on_done = None if scoring is None else scoring.submit
+        rollouts, failed = await play(model, self.kind, samples, params, on_done=on_done)
         t_sample = time.perf_counter()
-        metrics = score_rollouts(rollouts, {s.id: s for s in samples}, self.parts.reward) | failed
+        if scoring is not None:
+            metrics = await scoring.finish(rollouts)
+        else:
+            metrics = score_rollouts(rollouts, by_id, reward)
         timing["time/sample_s"] += t_sample - t0
         timing["time/reward_s"] += time.perf_counter() - t_sample
-        return rollouts, metrics
+        return rollouts, metrics | failed
 
     def _mix(self, rollouts: list[Rollout]) -> None:
         """Replay stored successes into their prompts' groups (before the filters: a group of fresh
@@ -160,8 +179,13 @@ class Producer:
         if self.replay is not None:
             self.replay.mix(rollouts)
 
-    def refill(
-        self, prompts: PromptBatch, params: SamplingParams, kept: list[Rollout], timing: dict[str, float]
+    async def refill(
+        self,
+        model: Model,
+        prompts: PromptBatch,
+        params: SamplingParams,
+        kept: list[Rollout],
+        timing: dict[str, float],
     ) -> tuple[list[Rollout], dict[str, float], int]:
         """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step has fewer groups with differing
         rewards than it has prompts, sample another round of prompts, at most `max_rounds` times; keep
@@ -186,7 +210,7 @@ class Producer:
                 range(len(pool)), min(draw, len(pool))
             )
             round_params = replace(params, seed=derive_seed(params.seed, "refill-sampling", extra))
-            rollouts, _ = self._sample_and_score([pool[i] for i in picks], round_params, timing)
+            rollouts, _ = await self._sample_and_score(model, [pool[i] for i in picks], round_params, timing)
             sampled += len(picks)
             new_tokens += sum(r.response_len for r in rollouts)
             self._mix(rollouts)

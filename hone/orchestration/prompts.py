@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from transformers import PreTrainedTokenizerBase
 
 from hone.data.schedulers import PromptStream as PromptStream  # re-exported: moved to hone.data
-from hone.rollout import GenerationRequest
 from hone.types import Sample
 
 
@@ -45,16 +42,3 @@ def render_prompt(
     if messages is not None:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return sample.prompt or ""
-
-
-def generation_requests(
-    samples: Sequence[Sample],
-    tokenizer: PreTrainedTokenizerBase,
-    chat_template: bool,
-    system_prompt: str | None = None,
-) -> list[GenerationRequest]:
-    """One request per sample; its group id is the sample's index (the n rollouts of it share it)."""
-    return [
-        GenerationRequest(s.id, i, encode_prompt(s, tokenizer, chat_template, system_prompt))
-        for i, s in enumerate(samples)
-    ]

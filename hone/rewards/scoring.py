@@ -32,7 +32,7 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,10 @@ class RewardScorer:
         samples = [samples_by_id[r.sample_id] for r in rollouts]
         results = run_coroutine(self._score_all(rollouts, samples)) if rollouts else []
         return self._combine(rollouts, results)
+
+    def round(self, samples_by_id: Mapping[str, Sample]) -> ScoringRound:
+        """Score a step's rollouts as their episodes end (call within the step's event loop)."""
+        return ScoringRound(self, samples_by_id)
 
     async def _score_all(
         self, rollouts: Sequence[Rollout], samples: Sequence[Sample]
@@ -215,6 +219,61 @@ class RewardScorer:
         if rollouts:
             metrics["reward/mean"] = sum(r.reward for r in rollouts) / len(rollouts)
         return metrics
+
+
+class ScoringRound:
+    """One step's scoring, started rollout by rollout as episodes end, so slow verifiers overlap the
+    sampling of the episodes still playing. `finish` waits for them and returns exactly the metrics
+    `RewardScorer.score` would on the same rollouts: each call is the same call, and the metrics are
+    combined over the rollouts in their order. A batched component (`score_batch`, a reward model) is
+    still one call over the whole step, in `finish`: its batch must not depend on which episode ended
+    first."""
+
+    def __init__(self, scorer: RewardScorer, samples_by_id: Mapping[str, Sample]) -> None:
+        self.scorer, self.samples_by_id = scorer, samples_by_id
+        self._slots = asyncio.Semaphore(scorer.max_concurrency)
+        self._started: dict[int, asyncio.Future[list[Score | _Failure | None]]] = {}
+
+    def submit(self, rollouts: Sequence[Rollout]) -> None:
+        """Start scoring `rollouts` with every per-rollout component."""
+        for rollout in rollouts:
+            sample = self.samples_by_id.get(rollout.sample_id)
+            if sample is None:
+                raise KeyError(f"rollout refers to unknown sample id {rollout.sample_id!r}")
+            self._started[id(rollout)] = asyncio.ensure_future(self._each(rollout, sample))
+
+    async def _each(self, rollout: Rollout, sample: Sample) -> list[Score | _Failure | None]:
+        calls: list[Awaitable[Score | _Failure | None]] = []
+        for comp in self.scorer.components:
+            if isinstance(comp.fn, BatchRewardFn):
+                calls.append(_none())
+            else:
+                calls.append(self.scorer._one(comp.fn, rollout, sample, self._timeout(comp), self._slots))
+        return await _gather(calls)
+
+    def _timeout(self, comp: RewardComponent) -> float:
+        return comp.timeout_s or self.scorer.timeout_s
+
+    async def finish(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """Score in place what is not scored yet; the metrics of `RewardScorer.score`."""
+        self.submit([r for r in rollouts if id(r) not in self._started])
+        if not rollouts:
+            return self.scorer._combine(rollouts, [])
+        samples = [self.samples_by_id[r.sample_id] for r in rollouts]
+        each = [await self._started.pop(id(r)) for r in rollouts]
+        results: list[list[Score | _Failure]] = []
+        for k, comp in enumerate(self.scorer.components):
+            if isinstance(comp.fn, BatchRewardFn):
+                results.append(
+                    await self.scorer._batch(comp.fn, rollouts, samples, self._timeout(comp), self._slots)
+                )
+            else:
+                results.append([e[k] for e in each])  # type: ignore[misc]
+        return self.scorer._combine(rollouts, results)
+
+
+async def _none() -> None:
+    return None
 
 
 def correctness_component(

@@ -18,6 +18,7 @@ dropped; the run goes on. Only a step whose every episode failed raises (a broke
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from hone.aio import run_coroutine
 from hone.plugins import load_object
+from hone.rollout.episodes import EpisodeResult, Job, Model
+from hone.rollout.trajectory import Trajectory
 from hone.types import Rollout, Sample, SamplingParams
 
 if TYPE_CHECKING:  # the server needs aiohttp (the `agents` extra): imported where one is started
-    from hone.rollout.endpoint import EndpointServer, EpisodeRecord, Segment
+    from hone.rollout.endpoint import EndpointServer
 
 log = logging.getLogger("hone")
 
@@ -84,7 +87,10 @@ class AgentRollouts:
 
 
 class AgentEpisodes:
-    """Plays `params.n` episodes of the agent per sample against the endpoint, `concurrency` at a time."""
+    """Agent episodes against the endpoint, `concurrency` at a time: an `EpisodeKind` (the agent calls
+    the model over HTTP, so the step's own `Model` goes unused; the endpoint's `Model.chat` serves it)."""
+
+    multi_turn = True
 
     def __init__(
         self,
@@ -102,40 +108,49 @@ class AgentEpisodes:
         self, samples: Sequence[Sample], params: SamplingParams, *, last_segment_only: bool = False
     ) -> AgentRollouts:
         """Rollouts of every episode that succeeded (group id = the sample's index), in sample order."""
-        return run_coroutine(self._play(samples, params, last_segment_only))
+
+        async def run() -> list[EpisodeResult]:
+            jobs = self.jobs(None, samples, params, last_only=last_segment_only)
+            return list(await asyncio.gather(*(job() for job in jobs)))
+
+        return AgentRollouts(*self.collect(run_coroutine(run())))
 
     def close(self) -> None:
         self.server.close()
 
-    async def _play(
-        self, samples: Sequence[Sample], params: SamplingParams, last_only: bool
-    ) -> AgentRollouts:
+    def jobs(
+        self,
+        model: Model | None,
+        samples: Sequence[Sample],
+        params: SamplingParams,
+        *,
+        last_only: bool = False,
+    ) -> list[Job]:
+        """`params.n` episodes per sample; at most `concurrency` run at once."""
         gate = asyncio.Semaphore(self.concurrency)
-        jobs = [(i, s) for i, s in enumerate(samples) for _ in range(params.n)]
-        results = await asyncio.gather(*(self._episode(gate, s, params) for _, s in jobs))
-        rollouts: list[Rollout] = []
-        errors: list[str] = []
-        timeouts = 0
-        for (group, sample), (record, reward, error) in zip(jobs, results, strict=True):
-            if error is not None:
-                errors.append(error)
-                timeouts += error.startswith("timed out")
-                continue
-            assert record is not None and reward is not None
-            segments = record.segments[-1:] if last_only else record.segments
-            rollouts += [_to_rollout(sample, group, seg, reward, len(record.segments)) for seg in segments]
+        return [
+            functools.partial(self._episode, gate, i, s, params, last_only)
+            for i, s in enumerate(samples)
+            for _ in range(params.n)
+        ]
+
+    def collect(self, results: list[EpisodeResult]) -> tuple[list[Rollout], dict[str, float]]:
+        """The rollouts and `env/errors`, `env/timeouts`; raises when every episode failed."""
+        errors = [r.error for r in results if r.error is not None]
         if errors:
             log.warning(
-                "%d of %d agent episodes failed (env/errors); first: %s", len(errors), len(jobs), errors[0]
+                "%d of %d agent episodes failed (env/errors); first: %s", len(errors), len(results), errors[0]
             )
+        rollouts = [r for result in results for r in result.rollouts]
         if not rollouts:
-            raise RuntimeError(f"every one of {len(jobs)} agent episodes failed; first: {errors[0]}")
-        return AgentRollouts(rollouts, {"env/errors": float(len(errors)), "env/timeouts": float(timeouts)})
+            raise RuntimeError(f"every one of {len(results)} agent episodes failed; first: {errors[0]}")
+        timeouts = sum(r.timed_out for r in results)
+        return rollouts, {"env/errors": float(len(errors)), "env/timeouts": float(timeouts)}
 
     async def _episode(
-        self, gate: asyncio.Semaphore, sample: Sample, params: SamplingParams
-    ) -> tuple[EpisodeRecord | None, list[float] | None, str | None]:
-        """(what the episode was served, its reward per turn, None), or (None, None, why it failed)."""
+        self, gate: asyncio.Semaphore, group: int, sample: Sample, params: SamplingParams, last_only: bool
+    ) -> EpisodeResult:
+        """The agent's episode: its rollouts, or none and why it failed."""
         async with gate:
             episode_id = self.server.open_episode(params, self.max_completions)
             base_url = self.server.base_url(episode_id)
@@ -146,16 +161,18 @@ class AgentEpisodes:
                 )
                 reward = _reward(value)
             except TimeoutError:
-                return None, None, f"timed out after {self.timeout_s:g} s (rollout.agent_timeout_s)"
+                why = f"timed out after {self.timeout_s:g} s (rollout.agent_timeout_s)"
+                return EpisodeResult([], why, timed_out=True)
             except Exception as e:  # the agent's own failure: counted, the episode dropped
-                return None, None, " ".join(f"{type(e).__name__}: {e}".split())
+                return EpisodeResult([], " ".join(f"{type(e).__name__}: {e}".split()))
             finally:
                 record = self.server.close_episode(episode_id)
                 if client is not None:
                     await client.close()
-            if not record.segments:
-                return None, None, "the agent returned without calling the model"
-            return record, reward, None
+        if not record.segments:
+            return EpisodeResult([], "the agent returned without calling the model")
+        segments = record.segments[-1:] if last_only else record.segments
+        return EpisodeResult([_to_rollout(sample, group, s, reward, len(record.segments)) for s in segments])
 
 
 def _client(base_url: str, timeout_s: float) -> Any:
@@ -177,22 +194,14 @@ def _reward(value: Any) -> list[float]:
     return [float(v) for v in values]
 
 
-def _to_rollout(sample: Sample, group: int, seg: Segment, reward: list[float], segments: int) -> Rollout:
-    sampled = sum(len(c.completion_ids) for c in seg.completions)
-    # The one invariant training relies on: exactly the sampled tokens are trained on.
-    assert sum(seg.loss_mask) == sampled and len(seg.loss_mask) == len(seg.response_ids)
+def _to_rollout(sample: Sample, group: int, seg: Trajectory, reward: list[float], segments: int) -> Rollout:
     last = seg.completions[-1]
-    return Rollout(
-        sample_id=sample.id,
-        group_id=group,
-        token_ids=seg.context,
-        prompt_len=len(seg.prompt_ids),
-        loss_mask=list(seg.loss_mask),
-        sampler_logprobs=list(seg.logprobs),
+    return seg.to_rollout(
+        sample.id,
+        group,
         response_text=last.text,
         finish_reason=last.finish_reason,
         policy_version=min(c.policy_version for c in seg.completions),
-        turns=list(seg.turns),
         metrics={"episode/turns": float(len(seg.completions)), "episode/segments": float(segments)},
         turn_rewards=reward,
     )

@@ -5,8 +5,9 @@ each episode gets its own base URL, `http://127.0.0.1:<port>/e/<episode id>/v1`,
 in the path and client code needs no header or extra field. The server renders the request's `messages`
 (and `tools=`) through the tokenizer's chat template, samples from the sampler, parses tool calls from the
 output in the template's format (Hermes `<tool_call>` by default, `hone.envs.parsers`) and returns them as
-OpenAI `tool_calls`. Only the HTTP and the bookkeeping are here; generation goes through the `Sampler`
-protocol, so the HF sampler, vLLM or a remote engine serve the same way.
+OpenAI `tool_calls`. Only the HTTP is here: each request is one `Model.chat` call (`rollout/episodes.py`),
+which records it token-exactly in the episode's `Trajectory`s and samples through the one `Batcher`
+in front of the `Sampler`, so the HF sampler, vLLM or a remote engine serve the same way.
 
 Token-exact trajectories (where this departs from a plain OpenAI server): a request whose rendered
 conversation extends, as text, what an earlier completion of the same episode left in the context is
@@ -26,9 +27,9 @@ episode's cap on new tokens, and its `stop` strings are added to the recipe's. `
 samples `rollout.n` episodes per prompt) and `stream` must be false: either is refused with a 400.
 
 Concurrency: requests from all episodes are queued and, after `batch_wait_s` of collecting, sent to the
-sampler in one `generate` call (grouped by their sampling parameters), on one generation thread; at most
-`max_in_flight` requests are admitted at once. Requests of one episode are served one after another (the
-trajectory is one sequence).
+sampler in one `generate` call (grouped by their sampling parameters; the batcher's window mode), on one
+generation thread; at most `max_in_flight` requests are admitted at once. Requests of one episode are
+served one after another (the trajectory is one sequence).
 """
 
 from __future__ import annotations
@@ -48,42 +49,14 @@ from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
 from hone.envs.parsers import ToolCall, ToolCallParser, get_parser
-from hone.rollout.base import GenerationRequest, Sampler
-from hone.seeding import derive_seed
-from hone.types import Rollout, SamplingParams
+from hone.rollout.base import Sampler
+from hone.rollout.batcher import Batcher
+from hone.rollout.episodes import ChatTemplateError, Model
+from hone.rollout.trajectory import Completion, Trajectory
+from hone.types import SamplingParams
 
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
-
-
-@dataclass
-class Completion:
-    """One completion the server sampled: the exact prompt ids the sampler saw, its tokens and log-probs."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    text: str  # the sampled tokens decoded (special tokens skipped): what an assistant turn is rendered as
-    finish_reason: str
-    policy_version: int
-
-
-@dataclass
-class Segment:
-    """One token sequence of an episode: a prompt, then sampled tokens (mask 1) and the tokens the
-    conversation added between completions (mask 0)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: list[tuple[int, int]] = field(default_factory=list)
-    completions: list[Completion] = field(default_factory=list)
-    text: str = ""  # the whole context decoded with special tokens: what a later rendering must start with
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
 
 
 @dataclass
@@ -92,7 +65,7 @@ class EpisodeRecord:
 
     params: SamplingParams
     max_completions: int
-    segments: list[Segment] = field(default_factory=list)
+    segments: list[Trajectory] = field(default_factory=list)
     served: dict[str, str] = field(default_factory=dict)  # returned message key -> sampled raw text
     lock: asyncio.Lock | None = None  # made in the server's loop on first use
 
@@ -134,7 +107,6 @@ class EndpointServer:
         self.batch_wait_s, self.max_batch, self.max_in_flight = batch_wait_s, max_batch, max_in_flight
         self._episodes: dict[str, EpisodeRecord] = {}
         self._episodes_lock = threading.Lock()
-        self._calls = 0  # generate calls, for their seeds
         try:
             self._sock = socket.create_server((host, port))
         except OSError as e:
@@ -145,8 +117,9 @@ class EndpointServer:
         self.host = host
         self._thread = threading.Thread(target=self._loop.run_forever, name="hone-endpoint", daemon=True)
         self._runner: web.AppRunner | None = None
-        self._queue: asyncio.Queue[tuple[GenerationRequest, SamplingParams, asyncio.Future[Rollout]]]
-        self._batcher: asyncio.Task[None] | None = None
+        # Agent programs' requests arrive at any time: the batcher collects them for `batch_wait_s`.
+        batcher = Batcher(sampler, window_s=batch_wait_s, max_batch=max_batch, pool=self._pool)
+        self.model = Model(batcher, tokenizer)
         self._thread.start()
         try:
             asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=_START_TIMEOUT_S)
@@ -198,7 +171,6 @@ class EndpointServer:
     # --- the server's loop ---
 
     async def _start(self) -> None:
-        self._queue = asyncio.Queue()
         self._admit = asyncio.Semaphore(self.max_in_flight)
         app = web.Application(client_max_size=64 * 2**20)
         app.add_routes(
@@ -213,11 +185,9 @@ class EndpointServer:
         await self._runner.setup()
         # Requests still open at close (an agent that timed out) get at most this long to finish.
         await web.SockSite(self._runner, self._sock, shutdown_timeout=1.0).start()
-        self._batcher = asyncio.create_task(self._batch_forever())
 
     async def _stop(self) -> None:
-        if self._batcher is not None:
-            self._batcher.cancel()
+        await self.model.batcher.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -261,27 +231,21 @@ class EndpointServer:
                     "episode_limit",
                 )
             rendered = [_as_sampled(m, episode.served) for m in messages]
-            segment, prompt_ids, added = self._place(episode, rendered, tools)
             params = replace(
                 episode.params,
                 n=1,
                 max_new_tokens=min(cap or episode.params.max_new_tokens, episode.params.max_new_tokens),
                 stop=sorted(set(episode.params.stop) | set(stop)),
             )
-            request = GenerationRequest(episode_id, 0, prompt_ids, params.max_new_tokens)
-            out = await self._generate(request, params)
-            completion = Completion(
-                prompt_ids=prompt_ids,
-                completion_ids=out.response_ids,
-                logprobs=list(out.sampler_logprobs),
-                text=self.tokenizer.decode(out.response_ids, skip_special_tokens=True),
-                finish_reason=out.finish_reason,
-                policy_version=out.policy_version,
-            )
+            try:
+                completion = await self.model.chat(episode.segments, rendered, tools, params, episode_id)
+            except ChatTemplateError as e:
+                raise RequestError(400, str(e)) from e
+            except Exception as e:  # the sampler failed: every request of its call gets a 500
+                raise RequestError(500, f"generation failed: {e}", "server_error") from e
             with self._episodes_lock:
                 if episode_id not in self._episodes:  # the agent timed out and was closed meanwhile
                     raise RequestError(404, f"episode {episode_id!r} ended", "episode_not_found")
-                self._record(episode, segment, added, completion)
             message = self._message(completion, params.stop)
             episode.served[_message_key(message)] = completion.text
         return {
@@ -300,49 +264,11 @@ class EndpointServer:
                 }
             ],
             "usage": {
-                "prompt_tokens": len(prompt_ids),
+                "prompt_tokens": len(completion.prompt_ids),
                 "completion_tokens": len(completion.completion_ids),
-                "total_tokens": len(prompt_ids) + len(completion.completion_ids),
+                "total_tokens": len(completion.prompt_ids) + len(completion.completion_ids),
             },
         }
-
-    def _place(
-        self, episode: EpisodeRecord, messages: list[dict[str, Any]], tools: list[dict] | None
-    ) -> tuple[Segment | None, list[int], list[int]]:
-        """(segment the request extends or None for a new one, the prompt ids, the ids it adds to it)."""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:  # the template rejects the conversation (a role it lacks, bad tools)
-            raise RequestError(400, f"the chat template cannot render these messages: {e}") from e
-        extended = [s for s in episode.segments if s.text and text.startswith(s.text)]
-        if extended:
-            segment = max(extended, key=lambda s: len(s.text))
-            added = self.tokenizer.encode(text[len(segment.text) :], add_special_tokens=False)
-            return segment, segment.context + added, added
-        ids = self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=True, add_generation_prompt=True
-        )
-        return None, list(ids["input_ids"] if hasattr(ids, "keys") else ids), []
-
-    def _record(
-        self, episode: EpisodeRecord, segment: Segment | None, added: list[int], c: Completion
-    ) -> None:
-        if segment is None:
-            segment = Segment(prompt_ids=c.prompt_ids)
-            episode.segments.append(segment)
-        else:  # what the conversation added since the last completion: in the context, not trained on
-            segment.response_ids += added
-            segment.loss_mask += [0] * len(added)
-            segment.logprobs += [0.0] * len(added)
-        start = len(segment.response_ids)
-        segment.response_ids += c.completion_ids
-        segment.loss_mask += [1] * len(c.completion_ids)
-        segment.logprobs += c.logprobs
-        segment.turns.append((start, len(segment.response_ids)))
-        segment.completions.append(c)
-        segment.text = self.tokenizer.decode(segment.context, skip_special_tokens=False)
 
     def _message(self, c: Completion, stop: list[str]) -> dict[str, Any]:
         """The OpenAI assistant message: text outside tool-call tags as `content`, calls as `tool_calls`
@@ -367,49 +293,6 @@ class EndpointServer:
                 for call in calls
             ],
         }
-
-    async def _generate(self, request: GenerationRequest, params: SamplingParams) -> Rollout:
-        future: asyncio.Future[Rollout] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((request, params, future))
-        return await future
-
-    async def _batch_forever(self) -> None:
-        """Collect requests for `batch_wait_s`, then one `generate` per distinct sampling setting."""
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + self.batch_wait_s
-            while len(batch) < self.max_batch and (left := deadline - loop.time()) > 0:
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), left))
-                except TimeoutError:
-                    break
-            groups: dict[tuple[Any, ...], list[tuple[GenerationRequest, asyncio.Future[Rollout]]]] = {}
-            for request, params, future in batch:
-                key = (params.temperature, params.top_p, params.top_k, tuple(params.stop), params.seed)
-                groups.setdefault(key, []).append((request, future))
-            for (temperature, top_p, top_k, stop, seed), items in groups.items():
-                self._calls += 1
-                params = SamplingParams(
-                    n=1,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=top_k,
-                    stop=list(stop),
-                    max_new_tokens=max(r.max_new_tokens or 1 for r, _ in items),
-                    seed=None if seed is None else derive_seed(seed, "endpoint-call", self._calls),
-                )
-                requests = [r for r, _ in items]
-                try:
-                    outs = await loop.run_in_executor(self._pool, self.sampler.generate, requests, params)
-                except Exception as e:  # the sampler failed: every request of the call gets a 500
-                    for _, future in items:
-                        if not future.done():
-                            future.set_exception(RequestError(500, f"generation failed: {e}", "server_error"))
-                    continue
-                for (_, future), out in zip(items, outs, strict=True):
-                    if not future.done():
-                        future.set_result(out)
 
 
 def _read_request(body: Any) -> tuple[list[dict[str, Any]], list[dict] | None, int | None, list[str]]:

@@ -1,32 +1,24 @@
-"""Multi-turn rollouts: drive one `Environment` per trajectory with a `Sampler`, turn by turn.
+"""Environment episodes: drive one `Environment` per trajectory through the `Model`, turn by turn.
 
-A trajectory is one token sequence: the rendered initial messages (the prompt), then alternating
-assistant tokens — kept *exactly as sampled*, never re-tokenised from text — and observation tokens
-(tool results, game replies) that are in the context but masked out of the loss (`loss_mask` 0,
-`sampler_logprobs` 0). Each turn, every live trajectory's whole context goes to the sampler in one
-batch; environments step concurrently on one event loop (their `step` may be async).
-
-Observation tokens come from the chat template, as the *difference* between a rendered conversation
-with and without the new messages (on a fixed two-message stand-in, so templates that rewrite earlier
-turns, e.g. dropping reasoning, can't shift it), plus the template's closing of an assistant message
-(e.g. Qwen's "<|im_end|>\\n"). A turn that stopped on an eos already holds its end-of-turn token, the one
-the model sampled: the closing's leading end-of-turn token is then dropped, whichever eos was sampled, and
-only the rest of the closing (Qwen's "\\n") follows. A turn cut off by a limit gets the whole closing.
+A trajectory is one token sequence (`Trajectory`): the rendered initial messages (the prompt), then
+alternating assistant tokens, kept *exactly as sampled*, and observation tokens (tool results, game
+replies, `ObservationRenderer`) that are in the context but masked out of the loss. Every live episode's
+turn is sampled in one batch (the batcher flushes when all of them wait, each turn seeded by its index);
+environments step concurrently on one event loop (their `step` may be async).
 
 Limits: `max_turns` assistant turns, `max_tokens_per_turn`, and `max_total_tokens` for the whole
 sequence (each episode's turn is capped by its own room left, whatever else is in the batch); an
 episode that hits a limit before the environment says done ends with `finish_reason="length"` and
-`metrics["episode/truncated"] = 1`. A "void turn" (SimpleTIR, Xue et al.
-2025: a turn that produced nothing usable — empty, or cut off by the per-turn limit) is counted in
-`metrics["episode/void_turns"]` so the trainer can filter such trajectories.
+`metrics["episode/truncated"] = 1`. A "void turn" (SimpleTIR, Xue et al. 2025: a turn that produced
+nothing usable: empty, or cut off by the per-turn limit) is counted in `metrics["episode/void_turns"]`
+so the trainer can filter such trajectories.
 
-An environment that raises (in `reset` or `step`: a server error, a lost connection) ends that episode,
-not the run: the rollout's `env/errors` metric is 1 (0 otherwise), the first error of a batch is logged,
-and the producer leaves the episode out of training (its reward says nothing about the policy). A batch
-whose every episode failed raises instead (a server down for good, a broken environment: the producer
-retries the step, then the run stops with one line) rather than train on nothing step after step, as
-`rollout.agent` does. Every environment's `close()` is called when the batch's episodes end, however
-they ended.
+An environment that raises (in `reset`, `step` or its own `play`: a server error, a lost connection)
+ends that episode, not the run: the rollout's `env/errors` metric is 1 (0 otherwise), the first error of
+a batch is logged, and the producer leaves the episode out of training. A batch whose every episode
+failed raises instead (a server down for good, a broken environment: the producer retries the step,
+then the run stops with one line). Every environment's `close()` is called when its episode ends,
+however it ended.
 
 A rollout's `response_text`, what text rewards score, is the final assistant message; `messages` holds the
 whole conversation for rewards that want more.
@@ -34,18 +26,18 @@ whole conversation for rewards that want more.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from hone.aio import run_coroutine
 from hone.envs import Environment, Message, StepResult
 from hone.rollout.base import GenerationRequest, Sampler
+from hone.rollout.episodes import EpisodeResult, Job, Model, bind, play_sync
+from hone.rollout.trajectory import ObservationRenderer, Trajectory, completion_of, render_prompt
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -61,126 +53,226 @@ class EpisodeLimits:
     max_total_tokens: int = 1024
 
 
+class _Cut(BaseException):
+    """Raised out of `chat` into an environment's own code when a limit ends its episode: a
+    BaseException, so that the environment's `except Exception` handlers let it pass."""
+
+
+class _EnvTurns:
+    """One environment episode's state: its trajectory, conversation, per-turn rewards and metrics, and
+    the turn it is at. Both ways an environment is played go through it: `env_episode` calls `step`
+    after each turn; an environment with its own `play` calls `chat` (see `env_episode`)."""
+
+    def __init__(
+        self,
+        model: Model,
+        sample: Sample,
+        group_id: int,
+        env: Environment,
+        params: SamplingParams,
+        limits: EpisodeLimits,
+        render: ObservationRenderer,
+    ) -> None:
+        self.model, self.sample, self.group_id, self.tools = model, sample, group_id, env.tools
+        self.params, self.limits, self.render = params, limits, render
+        self.messages: list[Message] = []
+        self.trajectory: Trajectory | None = None
+        self.turn = 0
+        self.turn_rewards: list[float] = []
+        self.metrics: dict[str, float] = {}
+        self.done = self.truncated = False
+        self.error: Exception | None = None
+        self.ended = False  # the last turn stopped on an eos token
+
+    def start(self, messages: list[Message]) -> None:
+        """The initial messages: the prompt."""
+        self.messages = list(messages)
+        self.trajectory = Trajectory(render_prompt(self.model.tokenizer, self.messages, self.tools))
+
+    def fail(self, error: Exception) -> None:
+        """End the episode on its environment's error, counted in `env/errors`."""
+        self.done = True
+        self.metrics[ENV_ERRORS] = 1.0
+        self.error = error
+
+    async def sample_turn(self) -> str | None:
+        """The next assistant turn's text, or None when a limit ends the episode first."""
+        assert self.trajectory is not None
+        if self.done or self.turn >= self.limits.max_turns:
+            return None
+        room = self.limits.max_total_tokens - len(self.trajectory.context)
+        if room <= 0:
+            self.done = self.truncated = True
+            return None
+        # Each episode's own room: a shared cap would let the longest episode cut every other's turn.
+        budget = min(self.limits.max_tokens_per_turn, room)
+        request = GenerationRequest(self.sample.id, self.group_id, self.trajectory.context, budget)
+        turn_params = _turn_params(self.params, self.limits.max_tokens_per_turn, self.turn)
+        [out] = await self.model.generate(request, turn_params)
+        completion = completion_of(out, request.prompt_ids, self.model.tokenizer)
+        self.trajectory.add_completion(completion)
+        if not completion.text.strip() or out.finish_reason == "length":
+            self.metrics["episode/void_turns"] = self.metrics.get("episode/void_turns", 0.0) + 1
+        self.messages.append({"role": "assistant", "content": completion.text})
+        self.ended = bool(out.response_ids) and out.response_ids[-1] in self.model.eos_token_ids
+        return completion.text
+
+    def answer(self, result: StepResult) -> None:
+        """Record the environment's answer to the turn just sampled."""
+        assert self.trajectory is not None
+        turn, self.turn = self.turn, self.turn + 1
+        self.turn_rewards.append(float(result.reward))
+        for key, value in result.info.items():
+            self.metrics[f"env/{key}"] = self.metrics.get(f"env/{key}", 0.0) + float(value)
+        if result.done:
+            self.done = True
+            return
+        if turn + 1 >= self.limits.max_turns:
+            self.done = self.truncated = True
+            return
+        obs_ids = self.render(result.messages, ended_with_eos=self.ended, tools=self.tools)
+        self.messages += result.messages
+        if len(obs_ids) >= self.limits.max_total_tokens - len(self.trajectory.context):  # no room left
+            self.done = self.truncated = True
+            return
+        self.trajectory.add_context(obs_ids)
+
+    async def chat(self, messages: list[Message], info: dict[str, float] | None = None) -> str:
+        """For an environment's own code: the first call's `messages` open the conversation; a later
+        call's are the environment's answer to the last turn (with `info`, as a `StepResult`'s)."""
+        if self.trajectory is None:
+            self.start(messages)
+        else:
+            self.answer(StepResult(list(messages), info=dict(info or {})))
+        text = await self.sample_turn()
+        if text is None:
+            raise _Cut
+        return text
+
+    def result(self) -> EpisodeResult:
+        assert self.trajectory is not None
+        if not self.done:  # ran out of turns
+            self.truncated = True
+        self.metrics.setdefault(ENV_ERRORS, 0.0)
+        self.metrics["episode/turns"] = float(len(self.trajectory.turns))
+        self.metrics["episode/truncated"] = float(self.truncated)
+        completions = self.trajectory.completions
+        rollout = self.trajectory.to_rollout(
+            self.sample.id,
+            self.group_id,
+            # What text rewards score: the final assistant message, never the observations (a tool result
+            # holding the right number must not pass `math`'s last-number fallback). `messages` has all.
+            response_text=completions[-1].text if completions else "",
+            finish_reason="length" if self.truncated else "stop",
+            policy_version=self.model.policy_version,
+            metrics=self.metrics,
+            messages=self.messages,
+            turn_rewards=self.turn_rewards,
+        )
+        if self.error is None:
+            return EpisodeResult([rollout])
+        error = f"on sample {self.sample.id!r}: {type(self.error).__name__}: {self.error}"
+        return EpisodeResult([rollout], error, cause=self.error)
+
+
+async def env_episode(
+    model: Model,
+    sample: Sample,
+    group_id: int,
+    env: Environment,
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    render: ObservationRenderer,
+) -> EpisodeResult:
+    """Play `env` on `sample` turn by turn (see the module docstring for the rules).
+
+    An environment whose own code calls the model (a verifiers environment, an agent harness) defines
+    `async def play(sample, chat) -> StepResult` instead of being stepped: `await chat(messages, info)`
+    opens the conversation, then answers each turn with its new messages (and that turn's `info`) and
+    returns the next reply; `play` returns the last turn's result (`done`, its reward and info). The
+    same limits apply: a call past one raises out of `chat` (not an `Exception`) and ends the episode."""
+    episode = _EnvTurns(model, sample, group_id, env, params, limits, render)
+    play = getattr(env, "play", None)
+    if play is not None:
+        return await _played(episode, play)
+    start = await _attempt(env.reset, sample)
+    if isinstance(start, _EnvError):
+        # An environment that failed to start: the sample's own prompt stands in, and the episode ends
+        # before any turn (a rollout with no response, which the producer leaves out of training).
+        episode.start(_sample_messages(sample))
+        episode.fail(start.error)
+        return episode.result()
+    episode.start(start)
+    while (text := await episode.sample_turn()) is not None:
+        result = await _attempt(env.step, text)
+        if isinstance(result, _EnvError):
+            episode.turn_rewards.append(0.0)
+            episode.fail(result.error)
+            break
+        episode.answer(result)
+    return episode.result()
+
+
+async def _played(episode: _EnvTurns, play: Callable[..., Awaitable[StepResult]]) -> EpisodeResult:
+    """An environment that plays itself, calling `episode.chat` for each turn."""
+    try:
+        end = await play(episode.sample, episode.chat)
+    except _Cut:  # a limit ended it (recorded as truncated, or its turns ran out)
+        return episode.result()
+    except Exception as error:  # its code failed: the episode ends there, counted in env/errors
+        if episode.trajectory is None:
+            episode.start(_sample_messages(episode.sample))
+        elif len(episode.turn_rewards) < len(episode.trajectory.turns):
+            episode.turn_rewards.append(0.0)  # the turn it failed to answer
+        episode.fail(error)
+        return episode.result()
+    if episode.trajectory is None:  # it ended without a turn: its opening is the sample's prompt
+        episode.start(_sample_messages(episode.sample))
+        episode.done = True
+        return episode.result()
+    episode.answer(replace(end, done=True))
+    return episode.result()
+
+
 @dataclass
 class Episodes:
     """How to play a multi-turn run: a fresh environment per episode, and the limits."""
 
     make_env: Callable[[], Environment]
     limits: EpisodeLimits
+    multi_turn: bool = True
 
+    def jobs(
+        self, model: Model, samples: Sequence[Sample], params: SamplingParams, *, last_only: bool = False
+    ) -> list[Job]:
+        """`params.n` episodes per sample; every environment is made first, in order (a factory may count)."""
+        envs = [(i, s, self.make_env()) for i, s in enumerate(samples) for _ in range(params.n)]
+        render = ObservationRenderer(model.tokenizer, model.eos_token_ids)
 
-@dataclass
-class _Episode:
-    sample: Sample
-    group_id: int
-    env: Environment
-    messages: list[Message]
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: list[tuple[int, int]] = field(default_factory=list)
-    replies: list[str] = field(default_factory=list)  # each sampled assistant message's text
-    turn_rewards: list[float] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-    done: bool = False
-    truncated: bool = False
+        async def job(i: int, s: Sample, env: Environment) -> EpisodeResult:
+            try:
+                return await env_episode(model, s, i, env, params, self.limits, render)
+            finally:  # the episode's session or connection, however it ended
+                await _attempt(env.close)
 
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
+        return [bind(job, i, s, env) for i, s, env in envs]
 
-
-def run_episodes(
-    sampler: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
-    make_env: Callable[[], Environment],
-    samples: Sequence[Sample],
-    params: SamplingParams,
-    limits: EpisodeLimits,
-) -> list[Rollout]:
-    """`params.n` trajectories per sample (group id = the sample's index), in sample order."""
-    return run_coroutine(_play(sampler, tokenizer, make_env, samples, params, limits))
-
-
-async def _play(
-    sampler: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
-    make_env: Callable[[], Environment],
-    samples: Sequence[Sample],
-    params: SamplingParams,
-    limits: EpisodeLimits,
-) -> list[Rollout]:
-    envs = [(i, s, make_env()) for i, s in enumerate(samples) for _ in range(params.n)]
-    try:
-        return await _play_envs(sampler, tokenizer, envs, limits, params)
-    finally:  # every episode's session or connection, however the episodes ended
-        await asyncio.gather(*(_attempt(env.close) for _, _, env in envs))
-
-
-async def _play_envs(
-    sampler: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
-    envs: list[tuple[int, Sample, Environment]],
-    limits: EpisodeLimits,
-    params: SamplingParams,
-) -> list[Rollout]:
-    starts = await asyncio.gather(*(_attempt(env.reset, s) for _, s, env in envs))
-    failures: list[tuple[str, Exception]] = []
-    episodes = []
-    for (i, s, env), start in zip(envs, starts, strict=True):
-        # An environment that failed to start: the sample's own prompt stands in, and the episode ends
-        # before any turn (a rollout with no response, which the producer leaves out of training).
-        msgs = _sample_messages(s) if isinstance(start, _EnvError) else list(start)
-        e = _Episode(s, i, env, msgs, _render_prompt(tokenizer, msgs, env.tools))
-        if isinstance(start, _EnvError):
-            _fail(e, start, failures)
-        episodes.append(e)
-    eos = sampler.eos_token_ids
-    render = _ObservationRenderer(tokenizer, eos)
-    for turn in range(limits.max_turns):
-        live = [e for e in episodes if not e.done]
-        if not live:
-            break
-        for e in live:
-            if len(e.context) >= limits.max_total_tokens:
-                e.done = e.truncated = True
-        live = [e for e in live if not e.done]
-        # Each episode's own room: a shared cap would let the longest episode cut every other's turn.
-        requests = [
-            GenerationRequest(e.sample.id, e.group_id, e.context, _turn_budget(e, limits)) for e in live
-        ]
-        outs = sampler.generate(requests, _turn_params(params, limits.max_tokens_per_turn, turn))
-        texts = [_take_turn(e, out, tokenizer) for e, out in zip(live, outs, strict=True)]
-        results = await asyncio.gather(*(_attempt(e.env.step, t) for e, t in zip(live, texts, strict=True)))
-        for e, out, text, result in zip(live, outs, texts, results, strict=True):
-            if isinstance(result, _EnvError):
-                e.messages.append({"role": "assistant", "content": text})
-                e.turn_rewards.append(0.0)
-                _fail(e, result, failures)
-                continue
-            ended = bool(out.response_ids) and out.response_ids[-1] in eos
-            _apply(e, text, ended, result, render, limits, turn)
-    for e in episodes:
-        if not e.done:  # ran out of turns
-            e.truncated = True
-    if failures:
-        sample_id, error = failures[0]
-        if len(failures) == len(episodes):
-            raise RuntimeError(
-                f"every one of {len(episodes)} episodes ended on an environment error; the first, on sample "
-                f"{sample_id!r}: {type(error).__name__}: {error}"
-            ) from error
-        log.warning(
-            "%d of %d episodes ended on an environment error (counted in env/errors); the first, on sample "
-            "%r: %s: %s",
-            len(failures),
-            len(episodes),
-            sample_id,
-            type(error).__name__,
-            error,
-        )
-    return [_to_rollout(e, sampler.policy_version) for e in episodes]
+    def collect(self, results: list[EpisodeResult]) -> tuple[list[Rollout], dict[str, float]]:
+        failures = [r for r in results if r.error is not None]
+        if failures:
+            first = failures[0]
+            if len(failures) == len(results):  # a server down for good, a broken environment
+                raise RuntimeError(
+                    f"every one of {len(results)} episodes ended on an environment error; the first, "
+                    f"{first.error}"
+                ) from first.cause
+            log.warning(
+                "%d of %d episodes ended on an environment error (counted in env/errors); the first, %s",
+                len(failures),
+                len(results),
+                first.error,
+            )
+        return [r for result in results for r in result.rollouts], {}
 
 
 @dataclass
@@ -192,16 +284,10 @@ class _EnvError:
 
 async def _attempt(method: Callable[..., Any], *args: Any) -> Any:
     try:
-        return await _maybe_await(method(*args))
+        value = method(*args)
+        return await value if inspect.isawaitable(value) else value
     except Exception as error:
         return _EnvError(error)
-
-
-def _fail(e: _Episode, failure: _EnvError, failures: list[tuple[str, Exception]]) -> None:
-    """End an episode on its environment's error, counted in `env/errors`."""
-    e.done = True
-    e.metrics[ENV_ERRORS] = 1.0
-    failures.append((e.sample.id, failure.error))
 
 
 def _sample_messages(sample: Sample) -> list[Message]:
@@ -210,143 +296,22 @@ def _sample_messages(sample: Sample) -> list[Message]:
     return [{"role": "user", "content": sample.prompt or ""}]
 
 
-def _turn_budget(e: _Episode, limits: EpisodeLimits) -> int:
-    """New tokens this episode's next turn may take (its context is below `max_total_tokens`)."""
-    return min(limits.max_tokens_per_turn, limits.max_total_tokens - len(e.context))
-
-
 def _turn_params(params: SamplingParams, budget: int, turn: int) -> SamplingParams:
+    """A turn's parameters: one response, seeded per turn (every live episode's turn is one batch)."""
     seed = None if params.seed is None else derive_seed(params.seed, "turn", turn)
     return replace(params, n=1, max_new_tokens=budget, seed=seed)
 
 
-def _take_turn(e: _Episode, out: Rollout, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Append the sampled tokens (trained on) and return the assistant message text."""
-    start = len(e.response_ids)
-    e.response_ids += out.response_ids
-    e.loss_mask += [1] * out.response_len
-    e.logprobs += out.sampler_logprobs
-    e.turns.append((start, len(e.response_ids)))
-    text = tokenizer.decode(out.response_ids, skip_special_tokens=True)
-    e.replies.append(text)
-    if not text.strip() or out.finish_reason == "length":
-        e.metrics["episode/void_turns"] = e.metrics.get("episode/void_turns", 0.0) + 1
-    return text
-
-
-def _apply(
-    e: _Episode,
-    text: str,
-    ended: bool,
-    result: StepResult,
-    render: _ObservationRenderer,
+def run_episodes(
+    sampler: Sampler,
+    tokenizer: PreTrainedTokenizerBase,
+    make_env: Callable[[], Environment],
+    samples: Sequence[Sample],
+    params: SamplingParams,
     limits: EpisodeLimits,
-    turn: int,
-) -> None:
-    """Record the environment's answer to a turn (`ended`: the turn stopped on an eos token)."""
-    e.messages.append({"role": "assistant", "content": text})
-    e.turn_rewards.append(float(result.reward))
-    for key, value in result.info.items():
-        e.metrics[f"env/{key}"] = e.metrics.get(f"env/{key}", 0.0) + float(value)
-    if result.done:
-        e.done = True
-        return
-    if turn + 1 >= limits.max_turns:
-        e.done = e.truncated = True
-        return
-    obs_ids = render(result.messages, ended_with_eos=ended, tools=e.env.tools)
-    e.messages += result.messages
-    room = limits.max_total_tokens - len(e.context)
-    if len(obs_ids) >= room:  # no room left for the observation and a reply
-        e.done = e.truncated = True
-        return
-    e.response_ids += obs_ids
-    e.loss_mask += [0] * len(obs_ids)
-    e.logprobs += [0.0] * len(obs_ids)
-
-
-def _to_rollout(e: _Episode, version: int) -> Rollout:
-    e.metrics.setdefault(ENV_ERRORS, 0.0)
-    e.metrics["episode/turns"] = float(len(e.turns))
-    e.metrics["episode/truncated"] = float(e.truncated)
-    return Rollout(
-        sample_id=e.sample.id,
-        group_id=e.group_id,
-        token_ids=e.context,
-        prompt_len=len(e.prompt_ids),
-        loss_mask=e.loss_mask,
-        sampler_logprobs=e.logprobs,
-        # What text rewards score: the final assistant message, never the observations (a tool result
-        # holding the right number must not pass `math`'s last-number fallback). `messages` has it all.
-        response_text=e.replies[-1] if e.replies else "",
-        finish_reason="length" if e.truncated else "stop",
-        policy_version=version,
-        turns=e.turns,
-        metrics=e.metrics,
-        messages=e.messages,
-        turn_rewards=e.turn_rewards,
-    )
-
-
-class _ObservationRenderer:
-    """Token ids the chat template puts between a sampled assistant turn and the next one."""
-
-    _MARK = "hone-stand-in-reply"
-    _STAND_IN: ClassVar[list[Message]] = [
-        {"role": "user", "content": "Q"},
-        {"role": "assistant", "content": _MARK},
-    ]
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_ids: frozenset[int]) -> None:
-        self.tokenizer = tokenizer
-        # What can open a closing as its end-of-turn token: an id the sampler stops on, or a special token
-        # (a template's marker such as <|im_end|>, even where the generation config stops on another eos).
-        special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-        self.end_ids = frozenset(eos_ids) | special | set(tokenizer.all_special_ids)
-        # Environments repeat themselves ("wrong", "higher") and a template render costs more than a
-        # model's decode step on a tiny model: remember each distinct observation's ids for this renderer.
-        self._seen: dict[str, list[int]] = {}
-
-    def __call__(
-        self, observation: list[Message], *, ended_with_eos: bool, tools: list[dict] | None
-    ) -> list[int]:
-        key = repr((observation, ended_with_eos, tools))
-        if key not in self._seen:
-            self._seen[key] = self._ids(observation, ended_with_eos, tools)
-        return list(self._seen[key])
-
-    def _ids(self, observation: list[Message], ended_with_eos: bool, tools: list[dict] | None) -> list[int]:
-        before = self._render(self._STAND_IN, tools, generation_prompt=False)
-        after = self._render(self._STAND_IN + observation, tools, generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError(
-                "the chat template rewrites earlier turns when messages are added; cannot splice"
-            )
-        # What follows the assistant content, e.g. "<|im_end|>\n". A turn that stopped on an eos has
-        # ended with the token the model sampled: the closing's own end-of-turn token, if it opens with
-        # one, is not added again (a token, not a text prefix: "<" must not eat the start of "<eos>").
-        closing = before[before.rindex(self._MARK) + len(self._MARK) :]
-        ids = self.tokenizer.encode(closing + after[len(before) :], add_special_tokens=False)
-        opening = self.tokenizer.encode(closing, add_special_tokens=False)[:1]
-        if ended_with_eos and opening and ids[:1] == opening and opening[0] in self.end_ids:
-            return ids[1:]
-        return ids
-
-    def _render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-        )
-
-
-def _render_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[dict] | None
-) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
+) -> list[Rollout]:
+    """`params.n` trajectories per sample (group id = the sample's index), in sample order."""
+    return play_sync(sampler, tokenizer, Episodes(make_env, limits), samples, params)[0]
 
 
 def demonstration_tokens(
@@ -377,9 +342,9 @@ def demonstration_tokens(
             f"multi-turn SFT ends turns with the tokenizer's eos {tokenizer.eos_token!r} (id {eos}), but "
             f"generation stops on ids {sorted(eos_ids)} only (generation_config.eos_token_id): add it there"
         )
-    ids = _render_prompt(tokenizer, messages[:first], tools)
+    ids = render_prompt(tokenizer, messages[:first], tools)
     mask = [0] * len(ids)
-    render = _ObservationRenderer(tokenizer, eos_ids)
+    render = ObservationRenderer(tokenizer, eos_ids)
     observation: list[Message] = []
     for message in messages[first:]:
         if message["role"] != "assistant":

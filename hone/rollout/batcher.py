@@ -1,0 +1,216 @@
+"""The one batcher between episodes and a synchronous `Sampler.generate`.
+
+Episodes are coroutines that each ask for one request at a time (`await batcher.generate(request,
+params)`); the engine wants large batches. The batcher collects the requests and hands them to
+`Sampler.generate` on one daemon generation thread (the event loop stays free: environments step and
+rewards score while the engine samples), in one of two flush modes:
+
+* lock-step (`window_s=None`): flush when every open episode is waiting for the model. With the
+  episodes of one produce call this is exactly today's batch: all prompts of a single-turn step in one
+  call, all live episodes' turn in one call per turn. Requests are ordered by their episode's slot (the
+  order the episodes were opened), never by arrival, and grouped by their `SamplingParams` (equal
+  params: one call), so the engine sees the same calls, in the same order, with the same seeds, as a
+  hand-written loop over the same episodes. Bit-identical sampling rests on this.
+* window (`window_s` seconds): for agent programs behind the HTTP endpoint, whose requests arrive at
+  arbitrary times and whose episode count the batcher does not know: collect for `window_s` after the
+  first request (at most `max_batch`), then one call per distinct sampling setting, each seeded by its
+  call number (`derive_seed(seed, "endpoint-call", k)`), since arrival order is not reproducible anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hone.rollout.base import GenerationRequest, Sampler
+from hone.seeding import derive_seed
+from hone.types import Rollout, SamplingParams
+
+
+@dataclass
+class _Pending:
+    slot: int
+    request: GenerationRequest
+    params: SamplingParams
+    future: asyncio.Future[list[Rollout]]
+
+
+class DaemonThread(Executor):
+    """One daemon thread running submitted calls in order. Daemon, unlike a `ThreadPoolExecutor`'s (joined
+    at exit): a generate call cannot be interrupted, and Ctrl-C must not wait for it to finish."""
+
+    def __init__(self, name: str = "hone-generate") -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._started = self._closed = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self._closed:
+            raise RuntimeError("submit after shutdown")
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        future: Future[Any] = Future()
+        self._jobs.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if self._started:
+            self._jobs.put(None)
+            if wait:
+                self._thread.join()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as e:  # handed to the waiting episode, never lost in this thread
+                    future.set_exception(e)
+
+
+def _params_key(params: SamplingParams, *, with_cap: bool) -> tuple[Any, ...]:
+    key = (params.n, params.temperature, params.top_p, params.top_k, tuple(params.stop), params.seed)
+    return (*key, params.max_new_tokens) if with_cap else key
+
+
+class Batcher:
+    """Queue requests from many episode coroutines (on one event loop) into batched `generate` calls.
+
+    Lock-step mode counts open episodes: `open()` returns a slot and `close(slot)` ends it (an episode
+    that ends must close, or the others would wait for it forever). Window mode needs neither."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        *,
+        window_s: float | None = None,
+        max_batch: int = 256,
+        pool: Executor | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.window_s, self.max_batch = window_s, max_batch
+        self._own_pool = pool is None
+        self._pool = pool or DaemonThread()
+        self._open: set[int] = set()
+        self._next_slot = 0
+        self._pending: list[_Pending] = []
+        self._calls = 0  # window mode: generate calls so far, for their seeds
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # --- episodes ---
+
+    def open(self) -> int:
+        """Register an episode (lock-step mode); returns its slot, the order its requests are batched in."""
+        slot = self._next_slot
+        self._next_slot += 1
+        self._open.add(slot)
+        return slot
+
+    def close(self, slot: int) -> None:
+        """The episode in `slot` will ask for nothing more (it may have ended on an error)."""
+        self._open.discard(slot)
+        self._poke()
+
+    async def generate(
+        self, request: GenerationRequest, params: SamplingParams, slot: int = -1
+    ) -> list[Rollout]:
+        """`params.n` rollouts of `request`, sampled in a batch with the other episodes' requests."""
+        loop = asyncio.get_running_loop()
+        self._ensure_running(loop)
+        future: asyncio.Future[list[Rollout]] = loop.create_future()
+        self._pending.append(_Pending(slot, request, params, future))
+        self._poke()
+        return await future
+
+    async def aclose(self) -> None:
+        """Stop the batching task (queued requests are cancelled); shut the generation thread if owned."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for p in self._pending:
+            if not p.future.done():
+                p.future.cancel()
+        self._pending.clear()
+        if self._own_pool:  # an idle thread ends at once; a running call is not waited for
+            self._pool.shutdown(wait=False)
+
+    # --- the batching task ---
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _ensure_running(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._task is None or self._task.get_loop() is not loop or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run())
+
+    def _ready(self) -> bool:
+        if not self._pending:
+            return False
+        if self.window_s is not None:
+            return True
+        # Lock-step: every open episode waits (a request from an unregistered slot never holds a batch).
+        waiting = {p.slot for p in self._pending}
+        return self._open <= waiting
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            while not self._ready():
+                self._wake.clear()
+                await self._wake.wait()
+            if self.window_s is None:
+                batch = sorted(self._pending, key=lambda p: p.slot)
+                self._pending = []
+                await self._lock_step(batch)
+            else:
+                await asyncio.sleep(self.window_s)
+                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+                await self._windowed(batch)
+
+    async def _lock_step(self, batch: list[_Pending]) -> None:
+        groups: dict[tuple[Any, ...], list[_Pending]] = {}
+        for p in batch:
+            groups.setdefault(_params_key(p.params, with_cap=True), []).append(p)
+        for items in groups.values():
+            await self._call(items, items[0].params)
+
+    async def _windowed(self, batch: list[_Pending]) -> None:
+        groups: dict[tuple[Any, ...], list[_Pending]] = {}
+        for p in batch:
+            groups.setdefault(_params_key(p.params, with_cap=False), []).append(p)
+        for items in groups.values():
+            self._calls += 1
+            first = items[0].params
+            params = replace(
+                first,
+                max_new_tokens=max(p.request.max_new_tokens or 1 for p in items),
+                seed=None if first.seed is None else derive_seed(first.seed, "endpoint-call", self._calls),
+            )
+            await self._call(items, params)
+
+    async def _call(self, items: list[_Pending], params: SamplingParams) -> None:
+        requests = [p.request for p in items]
+        loop = asyncio.get_running_loop()
+        try:
+            outs = await loop.run_in_executor(self._pool, self.sampler.generate, requests, params)
+        except Exception as e:  # every request of the call fails with the sampler's error; other calls go on
+            for p in items:
+                if not p.future.done():
+                    p.future.set_exception(e)
+            return
+        n = params.n
+        for k, p in enumerate(items):
+            if not p.future.done():
+                p.future.set_result(outs[k * n : (k + 1) * n])
