@@ -107,6 +107,14 @@ def register_env(name: str) -> Callable[[E], E]:
     return add
 
 
+# Spec prefixes naming a family of environments an adapter builds (`prefix<id>`), each with the
+# `pkg.mod:function(id, args) -> environment class` that builds one; loaded only when a recipe names one
+# (the adapters need optional dependencies).
+ENV_FAMILIES: dict[str, str] = {
+    "verifiers:": "hone.envs.verifiers_env:verifiers_env",  # a verifiers environment, by its id
+}
+
+
 def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
     """A zero-argument factory for the environment `spec` (a registered name, `pkg.mod:Class` /
     `pkg.mod.Class`, or `verifiers:<id>`, a verifiers environment: `hone.envs.verifiers_env`) built with
@@ -116,10 +124,10 @@ def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Envi
     `args` are shared by every instance: environments must treat them as read-only.
     """
     args = dict(args or {})
-    if spec.startswith("verifiers:"):
-        from hone.envs.verifiers_env import verifiers_env  # here: verifiers is an optional dependency
-
-        cls: Callable[..., Environment] = verifiers_env(spec.removeprefix("verifiers:"), args)
+    family = next((prefix for prefix in ENV_FAMILIES if spec.startswith(prefix)), None)
+    if family is not None:
+        build = load_object(ENV_FAMILIES[family], what=f"environment {spec!r}")
+        cls: Callable[..., Environment] = build(spec.removeprefix(family), args)
     else:
         cls = resolve_env(spec)
     try:

@@ -200,16 +200,18 @@ class Producer:
         missing count, at most a step's worth), so a step whose groups mostly survive costs one small
         round, not a whole extra batch."""
         target, rounds = len(prompts.samples), self.cfg.algorithm.dynamic_sampling.max_rounds
+        assert params.seed is not None  # `sampling_params` always seeds a training step
+        seed = params.seed
         groups = grouped(kept)
         sampled, extra, new_tokens, pool = target, 0, 0, self.parts.train_samples
         while len(groups) < target and extra < rounds:
             extra += 1
             missing = target - len(groups)
             draw = min(target, math.ceil(missing * sampled / len(groups))) if groups else target
-            picks = random.Random(derive_seed(params.seed, "refill-prompts", extra)).sample(
+            picks = random.Random(derive_seed(seed, "refill-prompts", extra)).sample(
                 range(len(pool)), min(draw, len(pool))
             )
-            round_params = replace(params, seed=derive_seed(params.seed, "refill-sampling", extra))
+            round_params = replace(params, seed=derive_seed(seed, "refill-sampling", extra))
             rollouts, _ = await self._sample_and_score(model, [pool[i] for i in picks], round_params, timing)
             sampled += len(picks)
             new_tokens += sum(r.response_len for r in rollouts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 from hone.data.schedulers import PromptStream as PromptStream  # re-exported: moved to hone.data
+from hone.models.chat import chat_ids, chat_text
 from hone.types import Sample
 
 
@@ -27,9 +28,7 @@ def encode_prompt(
     """Token ids of a sample's prompt: plain text as is, or chat messages through the chat template."""
     messages = chat_messages(sample, chat_template, system_prompt)
     if messages is not None:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        # transformers 5 returns a BatchEncoding here, 4.x a plain list.
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return chat_ids(tokenizer, messages, add_generation_prompt=True)
     # Special tokens as the tokenizer adds them by default (BOS for Llama-style models), as SFT does.
     return tokenizer(sample.prompt or "")["input_ids"]
 
@@ -40,5 +39,5 @@ def render_prompt(
     """The prompt as text, exactly as `encode_prompt` sees it (for SFT, which tokenises text)."""
     messages = chat_messages(sample, chat_template, system_prompt)
     if messages is not None:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return chat_text(tokenizer, messages, add_generation_prompt=True)
     return sample.prompt or ""

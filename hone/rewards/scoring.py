@@ -81,7 +81,7 @@ class RewardScorer:
         max_concurrency: int = 16,
     ) -> None:
         if callable(components) or isinstance(components, BatchRewardFn):
-            components = [RewardComponent("reward", components)]  # type: ignore[arg-type]
+            components = [RewardComponent("reward", components)]
         if not components:
             raise ValueError("a reward needs at least one component")
         names = [c.name for c in components]
@@ -334,7 +334,7 @@ def score_rollouts(
 ) -> dict[str, float]:
     """Score with `reward` (a scorer, or one reward function with default timeout and concurrency)."""
     # Anything with `score` stands in for a scorer (the Ray back-end's reward workers); else a bare fn.
-    scorer = reward if hasattr(reward, "score") else RewardScorer(reward)  # type: ignore[arg-type]
+    scorer = reward if hasattr(reward, "score") else RewardScorer(reward)
     return scorer.score(rollouts, samples_by_id)
 
 

@@ -21,11 +21,12 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
 from hone.aio import run_coroutine
+from hone.models.chat import chat_text
 from hone.rollout.base import GenerationRequest, Sampler
 from hone.rollout.batcher import Batcher
 from hone.rollout.trajectory import (
@@ -79,12 +80,7 @@ class Model:
         that extends none (the caller rewrote its history, or the template rewrites past turns) starts a
         new sequence. A template that cannot render the messages raises `ChatTemplateError`."""
         try:
-            text = cast(
-                str,
-                self.tokenizer.apply_chat_template(
-                    messages, tools=tools, tokenize=False, add_generation_prompt=True
-                ),
-            )
+            text = chat_text(self.tokenizer, messages, tools=tools, add_generation_prompt=True)
         except Exception as e:  # the template rejects the conversation (a role it lacks, bad tools)
             raise ChatTemplateError(f"the chat template cannot render these messages: {e}") from e
         extended = [s for s in segments if s.text and text.startswith(s.text)]

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, cast
 
 from transformers import PreTrainedTokenizerBase
 
+from hone.models.chat import chat_ids, chat_text
 from hone.types import Rollout
 
 Message = dict[str, Any]
@@ -109,9 +110,7 @@ def render_prompt(
     tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[dict] | None
 ) -> list[int]:
     """Prompt ids of a conversation through the chat template, with the generation prompt."""
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-    # transformers 5 returns a BatchEncoding here, 4.x a plain list.
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return chat_ids(tokenizer, messages, tools=tools, add_generation_prompt=True)
 
 
 class ObservationRenderer:
@@ -166,7 +165,4 @@ class ObservationRenderer:
         return ids
 
     def _render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-        )
-        return cast(str, text)
+        return chat_text(self.tokenizer, messages, tools=tools, add_generation_prompt=generation_prompt)
