@@ -471,3 +471,19 @@ def test_the_environments_args_shape_the_runs_samples() -> None:
     # agent-retry asks for zero-padded 2–3-digit additions: "045+367=" → "0412"
     assert all(len(s.prompt or "") == 8 and "+" in (s.prompt or "") for s in train + held_out)
     assert all(len(s.answer or "") == 4 for s in train + held_out)
+
+
+def test_an_environment_written_as_its_own_program_is_one_file(micro_model_dir: Path) -> None:
+    """docs/architecture.md's worked example: `SelfCheck.play` calls the model twice through `chat`; the
+    rollout loop records both turns token for token and grades the episode by what `play` returns."""
+    tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
+    make = make_env("tests.self_check_env_for_tests:SelfCheck")
+    samples = [Sample("s0", prompt="2+3=", answer="5"), Sample("s1", prompt="4+4=", answer="9")]
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_total_tokens=512)
+    rollouts = run_episodes(Scripted(tok, ["6", "5"]), tok, make, samples, SamplingParams(n=1), limits)
+    assert [len(r.turns) for r in rollouts] == [2, 2]
+    assert [r.turn_rewards for r in rollouts] == [[0.0, 1.0], [0.0, 0.0]]  # graded on the second reply
+    assert [r.metrics["env/changed"] for r in rollouts] == [1.0, 1.0]
+    for r in rollouts:  # the loss covers the two sampled replies and nothing the environment wrote
+        sampled = [r.token_ids[r.prompt_len + i] for i, m in enumerate(r.loss_mask) if m]
+        assert tok.decode(sampled, skip_special_tokens=True) == "65"

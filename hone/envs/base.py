@@ -78,6 +78,33 @@ class Environment(ABC):
         raise NotImplementedError(f"environment {type(self).__name__} has no scripted demonstration")
 
 
+# `chat(messages, info) -> reply`: a self-playing environment's one call into the model (see below).
+Chat = Callable[[list[Message], dict[str, float]], Awaitable[str]]
+
+
+class PlayingEnvironment(Environment):
+    """An environment whose own code calls the model (an agent harness, a verifiers environment, a
+    debate): it implements `play` instead of `reset`/`step`.
+
+    `await chat(messages, info)` sends the policy the conversation's new messages (the first call: the
+    opening ones; later calls: what the environment answers the last reply with, and that turn's `info`
+    numbers) and returns the policy's next reply. Every call is one turn of the episode: batched with the
+    other episodes' turns, recorded token for token, and cut by the run's turn and token limits (a call
+    past a limit raises out of `chat`, a `BaseException` that `except Exception` lets pass). `play` returns
+    the last turn's result: its reward, info and any closing messages (`done` is implied).
+    """
+
+    @abstractmethod
+    async def play(self, sample: Sample, chat: Chat) -> StepResult:
+        """Play one episode on `sample`, calling the model through `chat`."""
+
+    def reset(self, sample: Sample) -> list[Message]:
+        raise TypeError(f"{type(self).__name__} plays itself: the rollout loop calls play(sample, chat)")
+
+    def step(self, assistant_message: str) -> StepResult:
+        raise TypeError(f"{type(self).__name__} plays itself: the rollout loop calls play(sample, chat)")
+
+
 _RELEASES: list[Callable[[], None]] = []
 
 

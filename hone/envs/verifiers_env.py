@@ -48,7 +48,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, NoReturn
 
-from hone.envs.base import Environment, Message, StepResult
+from hone.envs.base import Message, PlayingEnvironment, StepResult
 from hone.types import Sample
 
 log = logging.getLogger("hone")
@@ -142,7 +142,7 @@ def _one_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-class VerifiersEnv(Environment):
+class VerifiersEnv(PlayingEnvironment):
     """One episode of a verifiers environment; `verifiers_env` makes the subclass bound to one."""
 
     env_id: ClassVar[str]
@@ -193,12 +193,6 @@ class VerifiersEnv(Environment):
         if demo is None:
             return super().demonstration(sample)
         return [dict(m) for m in demo()]
-
-    def reset(self, sample: Sample) -> NoReturn:
-        raise TypeError("a verifiers environment plays itself: call play(sample, chat), not reset/step")
-
-    def step(self, assistant_message: str) -> NoReturn:
-        raise TypeError("a verifiers environment plays itself: call play(sample, chat), not reset/step")
 
     async def play(self, sample: Sample, chat: Chat) -> StepResult:
         """verifiers' episode on `sample`, its seat's every turn one `chat` call (Hone's rollout loop
