@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.config import load_config
-from hone.orchestration import components, loop
+from hone.orchestration import components, lifecycle
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import train
 from hone.orchestration.producer import ScoredGroups
@@ -198,7 +198,7 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
         trained_versions.append((step, {r.policy_version for r in groups.rollouts}))
         return real_learn(self, groups, step)
 
-    monkeypatch.setattr(loop, "build_components", recording_build)
+    monkeypatch.setattr(lifecycle, "build_components", recording_build)
     monkeypatch.setattr(LocalWeightChannel, "publish", checked_publish)
     monkeypatch.setattr(Learner, "learn", recording_learn)
     finals = {}
