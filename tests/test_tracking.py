@@ -152,7 +152,10 @@ def test_progress_draws_a_live_bar_on_a_terminal() -> None:
 def test_plot_is_skipped_with_a_message_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    # Every matplotlib module, not just the package: a test before this one in the same worker may have
+    # imported the submodules plot_metrics imports, and a cached submodule imports whatever its parent.
+    for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     with caplog.at_level(logging.WARNING):
         assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "out.png", ["loss"]) is None
