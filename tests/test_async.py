@@ -274,7 +274,7 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     real_produce, real_learn, real_step = Producer.produce, Learner.learn, loop.rl_step
 
     def recording_produce(self: Producer, prompts: PromptBatch) -> ScoredGroups:
-        seed = sampling_params(self.cfg, prompts.step).seed
+        seed = sampling_params(self.settings.rollout, self.settings.seed, prompts.step).seed
         ids = tuple(s.id for s in prompts.samples)
         produced.append((prompts.step, self.parts.weights.version, ids, seed))
         groups = real_produce(self, prompts)

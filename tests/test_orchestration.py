@@ -19,7 +19,7 @@ from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner
 from hone.orchestration.loop import SetupError, rl_step, train
-from hone.orchestration.producer import Producer, drop_zero_variance_groups
+from hone.orchestration.producer import Producer, ProducerSettings, drop_zero_variance_groups
 from hone.orchestration.prompts import PromptStream
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
@@ -309,7 +309,11 @@ def one_step(
     trainer = RecordingTrainer()
     # Retries as a run has them: an outage must stop the run, not be produced again.
     rollouts = sync_source(
-        Producer(parts, cfg), parts.weights, 0, samples, retries=cfg.trainer.producer_retries
+        Producer(parts, ProducerSettings.of(cfg)),
+        parts.weights,
+        0,
+        samples,
+        retries=cfg.trainer.producer_retries,
     )
     learner = Learner(
         policy=parts.policy,

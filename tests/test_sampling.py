@@ -16,7 +16,7 @@ from hone.orchestration.collate import collate
 from hone.orchestration.components import RunComponents
 from hone.orchestration.learner import Learner, truncation_mask
 from hone.orchestration.loop import rl_step, train
-from hone.orchestration.producer import Producer
+from hone.orchestration.producer import Producer, ProducerSettings
 from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
@@ -82,7 +82,12 @@ def _step(
     )
     cfg = load_config(None, ["algorithm.kl.coef=0", *overrides])
     trainer = RecordingTrainer()
-    rollouts = sync_source(Producer(parts, cfg), parts.weights, 3, [Sample(id=i, prompt=i) for i in step_ids])
+    rollouts = sync_source(
+        Producer(parts, ProducerSettings.of(cfg)),
+        parts.weights,
+        3,
+        [Sample(id=i, prompt=i) for i in step_ids],
+    )
     learner = Learner(
         policy=parts.policy,
         ref_policy=None,

@@ -116,7 +116,9 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
             size = cfg.data.prompts_per_step
             for step, start in enumerate(range(0, len(samples), size)):
                 chunk = samples[start : start + size]
-                rollouts = collect_rollouts(parts, cfg, chunk, sampling_params(cfg, step))
+                rollouts = collect_rollouts(
+                    parts, cfg.data, chunk, sampling_params(cfg.rollout, cfg.run.seed, step)
+                )
                 score_rollouts(rollouts, {s.id: s for s in chunk}, parts.reward)
                 reward_sum += sum(r.reward for r in rollouts)
                 scored += len(rollouts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents, close_samplers, producer_replica, weight_source
 from hone.orchestration.executors import InlineExecutor, ThreadExecutor
-from hone.orchestration.producer import Producer
+from hone.orchestration.producer import Producer, ProducerSettings
 from hone.orchestration.replay import ReplayBuffer
 from hone.orchestration.rollouts import Executor, PromptPlan, Rollouts
 
@@ -28,11 +28,12 @@ def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None 
         return RayExecutor(
             cfg.cluster, recipe, weight_source(cfg, parts.policy), parts.weights, retries=retries
         )
-    producer = Producer(parts, cfg, replay)
+    settings = ProducerSettings.of(cfg)
+    producer = Producer(parts, settings, replay)
     if cfg.trainer.mode == "async":
         replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
         return ThreadExecutor(
-            [(producer, parts.weights), *((Producer(r, cfg), r.weights) for r in replicas)],
+            [(producer, parts.weights), *((Producer(r, settings), r.weights) for r in replicas)],
             retries=retries,
             on_close=lambda: close_samplers(*replicas),
         )

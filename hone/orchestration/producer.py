@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hone.aio import run_coroutine
-from hone.config import DataConfig, HoneConfig
+from hone.config import DataConfig, DynamicSamplingConfig, HoneConfig, RolloutConfig
 from hone.orchestration.components import RunComponents
 from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.prompts import encode_prompt
@@ -70,20 +70,47 @@ def drop_zero_variance_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], f
     return kept, 1.0 - len(kept) / max(1, len(rollouts))
 
 
-def sampling_params(cfg: HoneConfig, step: int, part: int = 0) -> SamplingParams:
+def sampling_params(rollout: RolloutConfig, run_seed: int, step: int, part: int = 0) -> SamplingParams:
     """The training sampling parameters of `step` (seeded by the run's seed, the step and the part)."""
-    seed = derive_seed(cfg.run.seed, "sampling", step)
+    seed = derive_seed(run_seed, "sampling", step)
     if part:
         seed = derive_seed(seed, "sampling-part", part)
     return SamplingParams(
-        n=cfg.rollout.n,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        stop=cfg.rollout.stop,
+        n=rollout.n,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens,
+        stop=rollout.stop,
         seed=seed,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerSettings:
+    """What a producer reads of the recipe: the run's seed, the rollout and data sections (sampling, the
+    prompt's chat template), dynamic sampling, and the filters. `of(cfg)` is the one place that maps a
+    recipe onto it."""
+
+    seed: int
+    rollout: RolloutConfig
+    data: DataConfig
+    dynamic_sampling: DynamicSamplingConfig
+    skip_zero_variance_groups: bool
+    max_failed_steps: int
+    drop_void_turns: bool
+
+    @classmethod
+    def of(cls, cfg: HoneConfig) -> ProducerSettings:
+        return cls(
+            seed=cfg.run.seed,
+            rollout=cfg.rollout,
+            data=cfg.data,
+            dynamic_sampling=cfg.algorithm.dynamic_sampling,
+            skip_zero_variance_groups=cfg.algorithm.skip_zero_variance_groups,
+            max_failed_steps=cfg.reward.max_failed_steps,
+            drop_void_turns=cfg.env.drop_void_turns,
+        )
 
 
 def episode_kind(parts: RunComponents, data: DataConfig) -> EpisodeKind:
@@ -98,10 +125,10 @@ def episode_kind(parts: RunComponents, data: DataConfig) -> EpisodeKind:
 
 
 def collect_rollouts(
-    parts: RunComponents, cfg: HoneConfig, samples: list[Sample], params: SamplingParams
+    parts: RunComponents, data: DataConfig, samples: list[Sample], params: SamplingParams
 ) -> list[Rollout]:
     """The run's episodes of `samples`, unscored (failed agent episodes are dropped)."""
-    kind = episode_kind(parts, cfg.data)
+    kind = episode_kind(parts, data)
     return play_sync(parts.sampler, parts.policy.tokenizer, kind, samples, params)[0]
 
 
@@ -114,11 +141,13 @@ def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
 class Producer:
     """Turns a `PromptBatch` into `ScoredGroups` with the run's sampler, reward and environment."""
 
-    def __init__(self, parts: RunComponents, cfg: HoneConfig, replay: ReplayBuffer | None = None) -> None:
+    def __init__(
+        self, parts: RunComponents, settings: ProducerSettings, replay: ReplayBuffer | None = None
+    ) -> None:
         self.parts = parts
-        self.cfg = cfg
+        self.settings = settings
         self.replay = replay  # `algorithm.replay`: past successes mixed into groups before the filters
-        self.kind = episode_kind(parts, cfg.data)
+        self.kind = episode_kind(parts, settings.data)
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
         """Sample, score and filter one step's prompts: its episodes, their scoring and any refill
@@ -126,7 +155,7 @@ class Producer:
         return run_coroutine(self._produce(prompts))
 
     async def _produce(self, prompts: PromptBatch) -> ScoredGroups:
-        params = sampling_params(self.cfg, prompts.step, prompts.part)
+        params = sampling_params(self.settings.rollout, self.settings.seed, prompts.step, prompts.part)
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
         if self.replay is not None:
             self.replay.begin(prompts.step)
@@ -139,7 +168,7 @@ class Producer:
             kept, filtered = self.filter(prompts.step, rollouts)
             metrics |= filtered
             new_tokens = sum(r.response_len for r in rollouts)
-            if self.cfg.algorithm.dynamic_sampling.enabled:
+            if self.settings.dynamic_sampling.enabled:
                 kept, refilled, refill_tokens = await self.refill(model, prompts, params, kept, timing)
                 metrics |= refilled
                 new_tokens += refill_tokens
@@ -199,7 +228,7 @@ class Producer:
         A round draws as many prompts as the keep rate so far says will fill the step (at least the
         missing count, at most a step's worth), so a step whose groups mostly survive costs one small
         round, not a whole extra batch."""
-        target, rounds = len(prompts.samples), self.cfg.algorithm.dynamic_sampling.max_rounds
+        target, rounds = len(prompts.samples), self.settings.dynamic_sampling.max_rounds
         assert params.seed is not None  # `sampling_params` always seeds a training step
         seed = params.seed
         groups = grouped(kept)
@@ -241,7 +270,7 @@ class Producer:
         """Drop what must not be trained on: failed rewards and environments, void turns (if set), uniform
         groups (if set).
         `observe`: count the step toward the reward-outage streak (once a step: not its refill rounds)."""
-        cfg = self.cfg
+        settings = self.settings
         metrics: dict[str, float] = {}
         rollouts, metrics["reward/excluded_frac"] = drop_failed_rewards(rollouts)
         # An episode its environment's error ended (`env/errors`, a server down?) is no grade either.
@@ -249,13 +278,13 @@ class Producer:
         # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
         if observe:
             self.parts.reward.outage.observe(
-                step, metrics["reward/excluded_frac"], cfg.reward.max_failed_steps
+                step, metrics["reward/excluded_frac"], settings.max_failed_steps
             )
-        if self.parts.episodes is not None and cfg.env.drop_void_turns:
+        if self.parts.episodes is not None and settings.drop_void_turns:
             kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
             metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))
             rollouts = kept
-        if cfg.algorithm.skip_zero_variance_groups or cfg.algorithm.dynamic_sampling.enabled:
+        if settings.skip_zero_variance_groups or settings.dynamic_sampling.enabled:
             rollouts, metrics["groups/skipped_frac"] = drop_zero_variance_groups(rollouts)
         return rollouts, metrics
 

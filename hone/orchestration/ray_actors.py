@@ -23,7 +23,7 @@ from hone.envs import make_env as _make_env
 from hone.models import resolve_model
 from hone.models.tokens import pad_token_id
 from hone.orchestration.components import RunComponents, build_sampler, episode_limits
-from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
+from hone.orchestration.producer import Producer, ProducerSettings, PromptBatch, ScoredGroups
 from hone.orchestration.ray_cluster import RayClusterError, await_restart
 from hone.orchestration.rollouts import produce_with_retries
 from hone.orchestration.weights import LocalWeightChannel
@@ -179,7 +179,7 @@ class SamplerActor:
             model_path=model_path,
             episodes=None if make_env is None else Episodes(make_env, episode_limits(config, make_env)),
         )
-        self.producer = Producer(parts, config)
+        self.producer = Producer(parts, ProducerSettings.of(config))
 
     def __repr__(self) -> str:
         return "sampler"
