@@ -10,7 +10,8 @@ same built model, and reads `time/step_s` from `metrics.jsonl`. Prints each roun
 
 Workloads (`--workload`): `tiny` is bench/vs_trl.py's tiny row (the demo's 1 M-parameter Qwen2, no SFT,
 16 prompts x 8 samples x 8 new tokens); `demo` is the demo recipe's RL (32 x 8 x 8, shared prompts) after
-a 40-step SFT; `demo-math` the same with the demo's math-verifier reward; `guess` a multi-turn environment episode (agent-guess, 16 x 8, up to 8 turns).
+a 40-step SFT; `demo-math` the same with the demo's math-verifier reward; `guess` a multi-turn
+environment episode (agent-guess, 16 x 8, up to 8 turns).
 """
 
 from __future__ import annotations
