@@ -11,11 +11,11 @@ from hone.algorithms import pass_at_k
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.config import HoneConfig
 from hone.orchestration.components import RunComponents
-from hone.orchestration.prompts import encode_prompt
+from hone.orchestration.prompts import episode_kind
 from hone.rewards import CORRECTNESS, RewardFn, RewardScorer, score_rollouts, top_answer_share
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes
-from hone.rollout.episodes import EpisodeKind, SingleTurn, play_sync
+from hone.rollout.episodes import play_sync
 from hone.rollout.multiturn import Episodes
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -54,10 +54,7 @@ def evaluate(
     (and in `eval/env/errors`), and one whose requests split into several sequences is scored by its last.
     """
     check_pass_at_ks(ks, params.n)
-    # The one dispatch, as training's (`producer.episode_kind`): the same episode functions play both.
-    kind: EpisodeKind = (
-        agent or episodes or SingleTurn(lambda s: encode_prompt(s, tokenizer, chat_template, system_prompt))
-    )
+    kind = episode_kind(agent, episodes, tokenizer, chat_template, system_prompt)  # as training's
     rollouts, played = play_sync(sampler, tokenizer, kind, samples, params, last_only=True)
     failed = {f"eval/{k}": v for k, v in played.items()}  # agent episodes that failed (eval/env/errors)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)

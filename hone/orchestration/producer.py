@@ -18,11 +18,11 @@ from hone.aio import run_coroutine
 from hone.config import DataConfig, DynamicSamplingConfig, HoneConfig, RolloutConfig
 from hone.orchestration.components import RunComponents
 from hone.orchestration.outcomes import prompt_outcomes
-from hone.orchestration.prompts import encode_prompt
+from hone.orchestration.prompts import episode_kind as prompt_kind
 from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.rewards import RewardScorer, reward_failed, score_rollouts, top_answer_share
 from hone.rollout.batcher import Batcher
-from hone.rollout.episodes import EpisodeKind, Model, SingleTurn, play, play_sync
+from hone.rollout.episodes import EpisodeKind, Model, play, play_sync
 from hone.rollout.multiturn import ENV_ERRORS
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
@@ -116,12 +116,9 @@ class ProducerSettings:
 def episode_kind(parts: RunComponents, data: DataConfig) -> EpisodeKind:
     """How the run plays its samples, chosen once: the agent's episodes (`rollout.agent`), one
     environment episode per rollout (`env.name`), or single-turn generation."""
-    if parts.agent is not None:
-        return parts.agent
-    if parts.episodes is not None:
-        return parts.episodes
-    tokenizer = parts.policy.tokenizer
-    return SingleTurn(lambda s: encode_prompt(s, tokenizer, data.chat_template, data.system_prompt))
+    return prompt_kind(
+        parts.agent, parts.episodes, parts.policy.tokenizer, data.chat_template, data.system_prompt
+    )
 
 
 def collect_rollouts(
@@ -277,9 +274,7 @@ class Producer:
         rollouts = [r for r in rollouts if not r.metrics.get(ENV_ERRORS)]
         # Every reward failed (a judge down?): the step trains on nothing. Warn once; stop after a streak.
         if observe:
-            self.parts.reward.outage.observe(
-                step, metrics["reward/excluded_frac"], settings.max_failed_steps
-            )
+            self.parts.reward.outage.observe(step, metrics["reward/excluded_frac"], settings.max_failed_steps)
         if self.parts.episodes is not None and settings.drop_void_turns:
             kept = [r for r in rollouts if not r.metrics.get("episode/void_turns")]
             metrics["episode/void_dropped_frac"] = 1 - len(kept) / max(1, len(rollouts))

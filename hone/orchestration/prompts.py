@@ -6,6 +6,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.data.schedulers import PromptStream as PromptStream  # re-exported: moved to hone.data
 from hone.models.chat import chat_ids, chat_text
+from hone.rollout.episodes import EpisodeKind, SingleTurn
 from hone.types import Sample
 
 
@@ -41,3 +42,17 @@ def render_prompt(
     if messages is not None:
         return chat_text(tokenizer, messages, add_generation_prompt=True)
     return sample.prompt or ""
+
+
+def episode_kind(
+    agent: EpisodeKind | None,
+    episodes: EpisodeKind | None,
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: bool,
+    system_prompt: str | None,
+) -> EpisodeKind:
+    """How a run plays its samples, in training and in eval alike: the agent's episodes (`rollout.agent`),
+    one environment episode per rollout (`env.name`), or single-turn generation of the encoded prompt."""
+    return (
+        agent or episodes or SingleTurn(lambda s: encode_prompt(s, tokenizer, chat_template, system_prompt))
+    )
