@@ -408,6 +408,9 @@ class _SleepyProducer:
     def __init__(self, weights: Any, delays: dict[int, float]) -> None:
         self.weights, self.delays = weights, delays
 
+    def interrupt(self) -> None:
+        pass  # a sleep is not interruptible; close waits for it
+
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
         version = self.weights.version
         time.sleep(self.delays.get(prompts.step, 0.0))

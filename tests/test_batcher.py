@@ -4,8 +4,10 @@ sampling rests on); window mode batches whatever arrives within its window."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
-from hone.rollout.base import GenerationRequest
+from hone.rollout.base import GenerationInterrupted, GenerationRequest
 from hone.rollout.batcher import Batcher
 from hone.types import Rollout, SamplingParams
 from tests.helpers import FixedSampler
@@ -95,3 +97,48 @@ def test_window_mode_batches_what_arrives_together_and_seeds_each_call() -> None
     (_, first), (_, second) = sampler.calls
     assert first.max_new_tokens == 11 and second.max_new_tokens == 4  # the call's longest request
     assert len({first.seed, second.seed, params.seed}) == 3  # each call seeded apart
+
+
+class _SlowSampler:
+    """A generate call that runs until interrupted (or 30 s), like a long engine call."""
+
+    policy_version = 0
+    eos_token_ids = frozenset({0})
+
+    def __init__(self) -> None:
+        self.started, self.stop = threading.Event(), threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
+        self.thread = threading.current_thread()
+        self.started.set()
+        if self.stop.wait(timeout=30):
+            raise GenerationInterrupted("stopped")
+        return []
+
+    def interrupt(self) -> None:
+        self.stop.set()
+
+    def load_weights(self, state_dict: object, version: int) -> None: ...
+
+
+def test_closing_mid_call_interrupts_the_engine_and_joins_the_generation_thread() -> None:
+    """What a Ctrl-C does: the episodes are cancelled while a generate call runs; `aclose` must end the
+    call and the thread before returning (a thread inside torch at interpreter exit aborts the process)."""
+    sampler = _SlowSampler()
+    batcher = Batcher(sampler)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        slot = batcher.open()
+        request = GenerationRequest("s", 0, [1])
+        episode = asyncio.ensure_future(batcher.generate(request, SamplingParams(), slot))
+        while not sampler.started.is_set():
+            await asyncio.sleep(0.01)
+        episode.cancel()
+        t0 = time.monotonic()
+        await batcher.aclose()
+        assert time.monotonic() - t0 < 5  # not the call's 30 s
+        assert episode.cancelled()
+
+    asyncio.run(main())
+    assert sampler.stop.is_set() and sampler.thread is not None and not sampler.thread.is_alive()

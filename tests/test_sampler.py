@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from hone.rollout import HFSampler, Sampler
+from hone.rollout.base import GenerationInterrupted, Interruptible
 from hone.rollout.engines.hf import sample_next
 from hone.types import SamplingParams
 from tests.conftest import char_tokenizer
@@ -120,6 +121,34 @@ def test_stop_string_in_prompt_does_not_stop(sampler: HFSampler, tokenizer: PreT
     (rollout,) = sampler.generate(requests(tokenizer, ["the quick brown"]), greedy(stop=["quick"]))
     assert rollout.finish_reason == "length"
     assert rollout.response_len == 12
+
+
+def test_interrupt_ends_the_running_call_only(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`interrupt` (from another thread in a run; here from inside the 3rd forward pass) makes the running
+    call raise after its current token; the next call samples in full."""
+    sampler = HFSampler(model, tokenizer)
+    assert isinstance(sampler, Interruptible)
+    forwards = 0
+    forward = model.forward
+
+    def counting_forward(*args: object, **kwargs: object) -> object:
+        nonlocal forwards
+        forwards += 1
+        if forwards == 3:
+            sampler.interrupt()
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    with pytest.raises(GenerationInterrupted):
+        sampler.generate(requests(tokenizer), greedy(max_new_tokens=50))
+    assert forwards == 3  # stopped before the 4th forward pass, not at the 50-token budget
+    monkeypatch.setattr(model, "forward", forward)
+    rollouts = sampler.generate(requests(tokenizer), greedy(max_new_tokens=5))
+    assert [r.response_len for r in rollouts if r.finish_reason == "length"] and all(
+        r.response_len <= 5 for r in rollouts
+    )
 
 
 def test_max_new_tokens_and_finish_reason(sampler: HFSampler, tokenizer: PreTrainedTokenizerBase) -> None:

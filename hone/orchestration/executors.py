@@ -164,9 +164,12 @@ class ThreadExecutor:
             return self._idle_s
 
     def close(self) -> None:
-        """Stop the producers after the shares they are on, without retrying them (daemons: an interrupted
-        run waits at most `_CLOSE_S` for them)."""
+        """Stop the producers without retrying their shares: a generate call running now is interrupted
+        where the engine allows it (`Interruptible`), and the threads are waited for at most `_CLOSE_S`
+        (daemons beyond that)."""
         self._stopping.set()
+        for producer, _ in self._workers:
+            producer.interrupt()
         for todo in self._todo:
             while not todo.empty():
                 try:

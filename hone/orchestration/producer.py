@@ -21,6 +21,7 @@ from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.prompts import episode_kind as prompt_kind
 from hone.orchestration.replay import ReplayBuffer, is_replayed
 from hone.rewards import RewardScorer, reward_failed, score_rollouts, top_answer_share
+from hone.rollout.base import Interruptible
 from hone.rollout.batcher import Batcher
 from hone.rollout.episodes import EpisodeKind, Model, play, play_sync
 from hone.rollout.multiturn import ENV_ERRORS
@@ -145,6 +146,12 @@ class Producer:
         self.settings = settings
         self.replay = replay  # `algorithm.replay`: past successes mixed into groups before the filters
         self.kind = episode_kind(parts, settings.data)
+
+    def interrupt(self) -> None:
+        """End the generate call running now, from another thread, where the engine allows it
+        (`Interruptible`): the share being produced fails at once instead of finishing."""
+        if isinstance(self.parts.sampler, Interruptible):
+            self.parts.sampler.interrupt()
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
         """Sample, score and filter one step's prompts: its episodes, their scoring and any refill

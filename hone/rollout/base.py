@@ -56,6 +56,25 @@ class Sampler(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 
 
+class GenerationInterrupted(Exception):
+    """A `generate` call ended early by `Interruptible.interrupt`: the run is stopping."""
+
+
+@runtime_checkable
+class Interruptible(Protocol):
+    """A sampler whose running `generate` call can be stopped from another thread.
+
+    An in-process engine samples on the batcher's generation thread; a run that stops (Ctrl-C, SIGTERM,
+    an error) must not leave that thread inside the engine's native code when the interpreter exits (it
+    aborts the process: "terminate called without an active exception"), nor wait minutes for a long
+    call. `interrupt` makes the call running now raise `GenerationInterrupted` soon (the HF sampler:
+    after the token it is on); a call started after it is not affected. An engine in another process
+    (vLLM) needs none: its waiting thread holds no native frames.
+    """
+
+    def interrupt(self) -> None: ...
+
+
 def eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """End-of-sequence ids, as `model.generate` picks them: the one set an engine stops on and a multi-turn
     episode reads a turn's end by.

@@ -27,7 +27,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hone.rollout.base import GenerationRequest, Sampler
+from hone.rollout.base import GenerationRequest, Interruptible, Sampler
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams
 
@@ -42,12 +42,14 @@ class _Pending:
 
 class DaemonThread(Executor):
     """One daemon thread running submitted calls in order. Daemon, unlike a `ThreadPoolExecutor`'s (joined
-    at exit): a generate call cannot be interrupted, and Ctrl-C must not wait for it to finish."""
+    at exit without a bound): `shutdown` waits for a running call at most `join_s`, so a call that cannot
+    be interrupted never holds up Ctrl-C for longer."""
 
-    def __init__(self, name: str = "hone-generate") -> None:
+    def __init__(self, name: str = "hone-generate", *, join_s: float = 10.0) -> None:
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._started = self._closed = False
+        self.join_s = join_s
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if self._closed:
@@ -60,11 +62,22 @@ class DaemonThread(Executor):
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Run no more calls (queued ones too, with `cancel_futures`); with `wait`, join the thread for at
+        most `join_s` seconds."""
         self._closed = True
-        if self._started:
-            self._jobs.put(None)
-            if wait:
-                self._thread.join()
+        if not self._started:
+            return
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        self._jobs.put(None)
+        if wait:
+            self._thread.join(timeout=self.join_s)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -105,6 +118,7 @@ class Batcher:
         self._calls = 0  # window mode: generate calls so far, for their seeds
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: Future[list[Rollout]] | None = None  # the generate call running or queued now
 
     # --- episodes ---
 
@@ -132,7 +146,9 @@ class Batcher:
         return await future
 
     async def aclose(self) -> None:
-        """Stop the batching task (queued requests are cancelled); shut the generation thread if owned."""
+        """Stop the batching task (queued requests are cancelled) and a generate call still running (an
+        `Interruptible` sampler stops it); shut the generation thread if owned, waiting for it briefly
+        (`DaemonThread.join_s`): a thread left inside torch as the interpreter exits aborts the process."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -141,8 +157,12 @@ class Batcher:
             if not p.future.done():
                 p.future.cancel()
         self._pending.clear()
-        if self._own_pool:  # an idle thread ends at once; a running call is not waited for
-            self._pool.shutdown(wait=False)
+        call, self._in_flight = self._in_flight, None
+        running = call is not None and not call.cancel() and not call.done()  # cancel() fails once it runs
+        if running and isinstance(self.sampler, Interruptible):
+            self.sampler.interrupt()
+        if self._own_pool:
+            self._pool.shutdown(wait=True)
 
     # --- the batching task ---
 
@@ -202,14 +222,16 @@ class Batcher:
 
     async def _call(self, items: list[_Pending], params: SamplingParams) -> None:
         requests = [p.request for p in items]
-        loop = asyncio.get_running_loop()
+        self._in_flight = call = self._pool.submit(self.sampler.generate, requests, params)
         try:
-            outs = await loop.run_in_executor(self._pool, self.sampler.generate, requests, params)
+            outs = await asyncio.wrap_future(call)  # cancelled (aclose): `_in_flight` stays for aclose
         except Exception as e:  # every request of the call fails with the sampler's error; other calls go on
+            self._in_flight = None
             for p in items:
                 if not p.future.done():
                     p.future.set_exception(e)
             return
+        self._in_flight = None
         n = params.n
         for k, p in enumerate(items):
             if not p.future.done():

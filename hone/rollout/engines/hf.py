@@ -38,7 +38,7 @@ from transformers.cache_utils import DynamicLayer
 
 from hone.models.compat import cache_kwarg
 from hone.models.tokens import pad_token_id
-from hone.rollout.base import GenerationRequest, eos_token_ids
+from hone.rollout.base import GenerationInterrupted, GenerationRequest, eos_token_ids
 from hone.rollout.engines.prefix_cache import PrefixStore
 from hone.types import Rollout, SamplingParams
 
@@ -95,9 +95,17 @@ class HFSampler:
         self._prefixes: PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
         self._prefixes_for: tuple[int, tuple[object, ...]] | None = None  # (version, weights fingerprint)
         self._cache_kwarg = cache_kwarg(model)
+        # `interrupt` marks the call running when it is made; `_decode` checks the mark at every token.
+        self._call = self._interrupted_call = 0
+
+    def interrupt(self) -> None:
+        """Make the running `generate` call raise `GenerationInterrupted` after its current token
+        (`rollout.base.Interruptible`)."""
+        self._interrupted_call = self._call
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
         _check_params(params)
+        self._call += 1
         if any(not r.prompt_ids for r in requests):
             raise ValueError("every request needs at least one prompt token")
         if any(r.max_new_tokens is not None and r.max_new_tokens < 1 for r in requests):
@@ -229,6 +237,8 @@ class HFSampler:
         # the batch, its output ignored, until enough have piled up to be worth compacting the cache.
         owner: list[int | None] = list(range(len(prompts)))
         for _ in range(max(budgets)):
+            if self._interrupted_call == self._call:
+                raise GenerationInterrupted("generation interrupted: the run is stopping")
             was = list(owner) if store is not None else []  # who was live, to store the rows that end
             tokens, logprobs = sample_next(logits, params, generator)
             for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
