@@ -32,7 +32,7 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,7 +232,8 @@ class ScoringRound:
     def __init__(self, scorer: RewardScorer, samples_by_id: Mapping[str, Sample]) -> None:
         self.scorer, self.samples_by_id = scorer, samples_by_id
         self._slots = asyncio.Semaphore(scorer.max_concurrency)
-        self._started: dict[int, asyncio.Future[list[Score | _Failure | None]]] = {}
+        # id(rollout) -> one task per per-rollout component (None in a batched component's place)
+        self._started: dict[int, list[asyncio.Future[Score | _Failure] | None]] = {}
 
     def submit(self, rollouts: Sequence[Rollout]) -> None:
         """Start scoring `rollouts` with every per-rollout component."""
@@ -240,16 +241,14 @@ class ScoringRound:
             sample = self.samples_by_id.get(rollout.sample_id)
             if sample is None:
                 raise KeyError(f"rollout refers to unknown sample id {rollout.sample_id!r}")
-            self._started[id(rollout)] = asyncio.ensure_future(self._each(rollout, sample))
-
-    async def _each(self, rollout: Rollout, sample: Sample) -> list[Score | _Failure | None]:
-        calls: list[Awaitable[Score | _Failure | None]] = []
-        for comp in self.scorer.components:
-            if isinstance(comp.fn, BatchRewardFn):
-                calls.append(_none())
-            else:
-                calls.append(self.scorer._one(comp.fn, rollout, sample, self._timeout(comp), self._slots))
-        return await _gather(calls)
+            self._started[id(rollout)] = [
+                None
+                if isinstance(comp.fn, BatchRewardFn)
+                else asyncio.ensure_future(
+                    self.scorer._one(comp.fn, rollout, sample, self._timeout(comp), self._slots)
+                )
+                for comp in self.scorer.components
+            ]
 
     def _timeout(self, comp: RewardComponent) -> float:
         return comp.timeout_s or self.scorer.timeout_s
@@ -260,7 +259,7 @@ class ScoringRound:
         if not rollouts:
             return self.scorer._combine(rollouts, [])
         samples = [self.samples_by_id[r.sample_id] for r in rollouts]
-        each = [await self._started.pop(id(r)) for r in rollouts]
+        each = [self._started.pop(id(r)) for r in rollouts]
         results: list[list[Score | _Failure]] = []
         for k, comp in enumerate(self.scorer.components):
             if isinstance(comp.fn, BatchRewardFn):
@@ -268,12 +267,8 @@ class ScoringRound:
                     await self.scorer._batch(comp.fn, rollouts, samples, self._timeout(comp), self._slots)
                 )
             else:
-                results.append([e[k] for e in each])  # type: ignore[misc]
+                results.append(await _gather([tasks[k] for tasks in each]))
         return self.scorer._combine(rollouts, results)
-
-
-async def _none() -> None:
-    return None
 
 
 def correctness_component(

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from hone.aio import run_coroutine
+from hone.aio import run_serving
 from hone.models.chat import chat_text
 from hone.rollout.base import GenerationRequest, Sampler
 from hone.rollout.batcher import Batcher
@@ -212,9 +213,14 @@ def play_sync(
     *,
     last_only: bool = False,
 ) -> tuple[list[Rollout], dict[str, float]]:
-    """`play` from synchronous code, on a loop and a batcher of its own."""
-    model = Model(Batcher(sampler), tokenizer)
-    return run_coroutine(play_once(model, kind, samples, params, last_only=last_only))
+    """`play` from synchronous code, on a loop and a batcher of its own; the model calls run on this thread
+    (`run_serving`)."""
+
+    def episodes(engine: Executor) -> Coroutine[Any, Any, tuple[list[Rollout], dict[str, float]]]:
+        model = Model(Batcher(sampler, pool=engine), tokenizer)
+        return play_once(model, kind, samples, params, last_only=last_only)
+
+    return run_serving(episodes)
 
 
 def bind(fn: Callable[..., Awaitable[EpisodeResult]], *args: Any) -> Job:
