@@ -162,12 +162,12 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.envs import release_envs
     from hone.orchestration.components import close_samplers
-    from hone.orchestration.evaluate import run_eval
+    from hone.orchestration.evaluate import EvalSettings, run_eval
     from hone.orchestration.lifecycle import setup_components
 
     parts = setup_components(cfg)
     try:
-        metrics = run_eval(parts, cfg)
+        metrics = run_eval(parts, EvalSettings.of(cfg))
     finally:
         close_samplers(parts)
         release_envs()

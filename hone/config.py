@@ -63,6 +63,12 @@ class RunConfig(Section):
     keep_last: int | None = Field(2, ge=1)
     eval_every: int = Field(50, ge=0, description="held-out eval cadence in steps; 0 = start and end only")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
+    callbacks: list[str] = Field(
+        [],
+        description="'pkg.module:fn' functions called as fn(step, metrics) after every RL step, once it is "
+        "logged and checkpointed (alerts, custom stopping rules): one that raises ends the run, "
+        "KeyboardInterrupt as Ctrl-C does",
+    )
 
 
 class LoraConfig(Section):

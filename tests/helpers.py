@@ -290,17 +290,33 @@ def full_forward_logprobs(model: Qwen2ForCausalLM, rollout: Rollout, temperature
     return logprobs.gather(-1, torch.tensor(rollout.response_ids)[:, None]).squeeze(-1)
 
 
-def prefill_widths(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record the number of new tokens each prefill of `sampler` feeds per row."""
-    widths: list[int] = []
-    forward = sampler._forward
+def prefill_shapes(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record (rows, new tokens per row) of each prefill the model runs: the forward passes that keep
+    only the last position's logits (`logits_to_keep`), which decoding steps do not ask for."""
+    shapes: list[tuple[int, int]] = []
+    forward = model.forward
 
-    def spy(input_ids: torch.Tensor, *args: object, **kwargs: int) -> torch.Tensor:
+    def spy(*args: object, **kwargs: Any) -> Any:
         if "logits_to_keep" in kwargs:
-            widths.append(input_ids.shape[1])
-        return forward(input_ids, *args, **kwargs)
+            rows, width = kwargs["input_ids"].shape
+            shapes.append((rows, width))
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(sampler, "_forward", spy)
+    monkeypatch.setattr(model, "forward", spy)
+    return shapes
+
+
+def prefill_widths(sampler: HFSampler, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the number of new tokens each prefill of `sampler` feeds per row (`prefill_shapes`)."""
+    widths: list[int] = []
+    forward = sampler.model.forward
+
+    def spy(*args: object, **kwargs: Any) -> Any:
+        if "logits_to_keep" in kwargs:
+            widths.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(sampler.model, "forward", spy)
     return widths
 
 

@@ -233,15 +233,10 @@ def test_ctrl_c_in_async_mode_is_one_line_and_leaves_no_producer_thread(
     from hone.cli import main
     from tests.helpers import tiny_run
 
-    real_step = loop.rl_step
-
-    def step_until_interrupted(step: int, *args: Any) -> dict[str, float]:
-        if step == 2:
-            raise KeyboardInterrupt
-        return real_step(step, *args)
-
-    monkeypatch.setattr(loop, "rl_step", step_until_interrupted)
-    args = tiny_run(tmp_path, micro_model_dir, **{"run.steps": 6, "trainer.mode": "async"})
+    callbacks = '["tests.test_cli:interrupt_after_step_2"]'
+    args = tiny_run(
+        tmp_path, micro_model_dir, **{"run.steps": 6, "trainer.mode": "async", "run.callbacks": callbacks}
+    )
     assert main(["train", *args, "trainer.max_staleness=2"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("hone: interrupted at step 2;")
     assert not _producer_threads()
@@ -271,7 +266,7 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     would report η + 1 on RL step 5, sampled before RL step 3 published), and both runs end at version 7."""
     eta = 2
     produced: list[tuple[int, int, tuple[str, ...], int | None]] = []  # step, version, prompts, seed
-    real_produce, real_learn, real_step = Producer.produce, Learner.learn, loop.rl_step
+    real_produce, real_learn = Producer.produce, Learner.learn
 
     def recording_produce(self: Producer, prompts: PromptBatch) -> ScoredGroups:
         seed = sampling_params(self.settings.rollout, self.settings.seed, prompts.step).seed
@@ -286,10 +281,9 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
         time.sleep(0.3)
         return real_learn(self, groups, step)
 
-    def killed_at_step_7(step: int, *args: Any) -> dict[str, float]:
-        if step == 6:
+    def killed_at_step_7(step: int, metrics: Any) -> None:
+        if step == 6:  # steps 1-6 done: killed before step 7 trains
             raise _Killed
-        return real_step(step, *args)
 
     built: list[Any] = []
     real_setup = loop.setup_components
@@ -316,10 +310,9 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     assert all(0 <= r["staleness/max"] <= eta for r in rows[1:])
 
     produced.clear()
-    monkeypatch.setattr(loop, "rl_step", killed_at_step_7)
     killed_cfg = tiny_overrides(tmp_path, micro_model_dir, "killed", **settings)
     with pytest.raises(_Killed):
-        train(load_config(None, killed_cfg))
+        train(load_config(None, killed_cfg), callbacks=[killed_at_step_7])
     run = tmp_path / "killed"
     assert 6 in [step for step, *_ in produced]  # produced before the kill, never trained
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-4"]
@@ -327,7 +320,6 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     assert (saved["step"], saved["version"]) == (4, 3)
 
     produced.clear()
-    monkeypatch.setattr(loop, "rl_step", real_step)
     train(load_config(None, killed_cfg), resume=True)
     assert [step for step, *_ in produced] == [4, 5, 6, 7]  # the steps after checkpoint 4, once each
     assert produced[0][1] == 3  # the sampler starts at the checkpoint's version

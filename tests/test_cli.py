@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -276,25 +276,32 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
     assert Checkpointer(run_copy).latest_intact() == run_copy / "checkpoints" / "step-3"
 
 
+def interrupt_after_step_2(step: int, metrics: Mapping[str, float]) -> None:
+    """A `run.callbacks` entry: Ctrl-C once steps 1 and 2 are done and checkpointed."""
+    if step == 2:
+        raise KeyboardInterrupt
+
+
 def test_ctrl_c_is_one_line_saying_where_and_how_to_resume(
-    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real_step = loop.rl_step
-
-    def step_until_interrupted(step: int, *args: object, **kwargs: object) -> dict[str, float]:
-        if step == 2:  # steps 1 and 2 (0-based 0 and 1) are done and checkpointed
-            raise KeyboardInterrupt
-        return real_step(step, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(loop, "rl_step", step_until_interrupted)
-    assert main(["train", *tiny_run(tmp_path, micro_model_dir, **{"run.steps": 5})]) == 130
+    callbacks = {"run.callbacks": '["tests.test_cli:interrupt_after_step_2"]', "run.steps": 5}
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir, **callbacks)]) == 130
     run = tmp_path / "r"
     assert capsys.readouterr().err.strip().splitlines() == [
         f"hone: interrupted at step 2; last checkpoint step 2; resume with `hone train --resume {run}`"
     ]
-    monkeypatch.setattr(loop, "rl_step", real_step)
-    assert main(["train", "--resume", str(run), "run.steps=3"]) == 0
+    assert main(["train", "--resume", str(run), "run.steps=3", "run.callbacks=[]"]) == 0
     assert Checkpointer(run).latest() == run / "checkpoints" / "step-3"
+
+
+def test_a_callback_that_cannot_be_imported_is_one_line(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    callbacks = {"run.callbacks": '["tests.test_cli:no_such_callback"]'}
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir, **callbacks)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "run.callbacks[0]" in line and "no_such_callback" in line
 
 
 def test_ctrl_c_before_the_rl_loop_says_interrupted(

@@ -21,10 +21,14 @@ ALIAS = "smollm2-135m-instruct"
 HUB_NAME = PACKAGED_MODELS[ALIAS].hub_name
 
 
+def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+
+
 @pytest.fixture
-def no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model is neither in the hub cache nor reachable on the hub."""
-    monkeypatch.setattr(resolve_module, "_in_hub_cache", lambda name: False)
+    empty_hub_cache(tmp_path, monkeypatch)
     monkeypatch.setattr(resolve_module, "hub_reachable", lambda name: False)
 
 
@@ -32,7 +36,7 @@ def test_alias_is_the_hub_name_when_the_hub_is_reachable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     probed: list[str] = []
-    monkeypatch.setattr(resolve_module, "_in_hub_cache", lambda name: False)
+    empty_hub_cache(tmp_path, monkeypatch)
     monkeypatch.setattr(resolve_module, "hub_reachable", lambda name: probed.append(name) or True)
     assert resolve_model(ALIAS, cache_dir=tmp_path) == HUB_NAME
     assert probed == [HUB_NAME]
@@ -157,7 +161,7 @@ def test_packaged_model_converts_and_answers_a_chat_question(
     if find_gguf(PACKAGED_MODELS[ALIAS]) is None:
         pytest.skip("packaged SmolLM2 not installed (make setup-smollm2)")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # take the packaged route even where the hub is reachable
-    monkeypatch.setattr(resolve_module, "_in_hub_cache", lambda name: False)
+    empty_hub_cache(tmp_path, monkeypatch)
     path = resolve_model(ALIAS, cache_dir=tmp_path)
     assert resolve_model(ALIAS, cache_dir=tmp_path) == path
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -25,6 +25,7 @@ from tests.helpers import (
     greedy,
     make_model,
     next_turn,
+    prefill_shapes,
     prefill_widths,
     requests,
 )
@@ -210,18 +211,11 @@ def test_each_prompt_is_prefilled_once_per_chunk_and_its_copies_decode_alike(
     model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sampler = HFSampler(model, tokenizer, max_batch_size=7)  # n=3: chunks of 2 whole groups (6 rows)
-    prefill_rows: list[int] = []
-    forward = sampler._forward
-
-    def spy(input_ids: torch.Tensor, *args: object, **kwargs: int) -> torch.Tensor:
-        if "logits_to_keep" in kwargs:  # only the prefill keeps just the last position
-            prefill_rows.append(input_ids.shape[0])
-        return forward(input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(sampler, "_forward", spy)
+    prefills = prefill_shapes(model, monkeypatch)
     reqs = requests(tokenizer)[:3]
     shared = sampler.generate(reqs, greedy(n=3))
-    assert prefill_rows == [2, 1]  # distinct prompts, not 9 rows
+    monkeypatch.undo()
+    assert [rows for rows, _ in prefills] == [2, 1]  # distinct prompts, not 9 rows
     # greedy copies of a prompt equal that prompt generated on its own
     for i, req in enumerate(reqs):
         alone = HFSampler(model, tokenizer).generate([req], greedy())[0]
@@ -332,7 +326,9 @@ def test_prefix_cache_continues_a_conversation_exactly_as_a_fresh_prefill(
     second = [*next_turn(tokenizer, first, " ok "), *requests(tokenizer, ["brand new"])]
     widths.clear()
     params = greedy(max_new_tokens=8)
-    reused, recomputed = cached.generate(second, params), fresh.generate(second, params)
+    reused = cached.generate(second, params)
+    widths = list(widths)  # the model is shared: what `fresh` prefills is not the cache's
+    recomputed = fresh.generate(second, params)
     for a, b in zip(reused, recomputed, strict=True):
         assert a.response_ids == b.response_ids
         expected = torch.tensor(b.sampler_logprobs, dtype=torch.float64)

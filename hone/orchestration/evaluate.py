@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
@@ -79,24 +80,38 @@ def evaluate(
     return out
 
 
-def run_eval(parts: RunComponents, cfg: HoneConfig) -> dict[str, float]:
+@dataclass(frozen=True)
+class EvalSettings:
+    """What the held-out eval reads from a recipe (`EvalSettings.of`): its sampling and prompt format."""
+
+    params: SamplingParams
+    chat_template: bool
+    system_prompt: str | None
+    ks: list[int]
+
+    @classmethod
+    def of(cls, cfg: HoneConfig) -> EvalSettings:
+        params = SamplingParams(
+            n=cfg.eval.n,
+            temperature=cfg.eval.temperature,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            stop=cfg.rollout.stop,
+            seed=cfg.run.seed,
+        )
+        return cls(params, cfg.data.chat_template, cfg.data.system_prompt, list(cfg.eval.k))
+
+
+def run_eval(parts: RunComponents, settings: EvalSettings) -> dict[str, float]:
     """Held-out accuracy (and pass@k) of the run's sampler: `evaluate` with the recipe's eval settings."""
-    params = SamplingParams(
-        n=cfg.eval.n,
-        temperature=cfg.eval.temperature,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        stop=cfg.rollout.stop,
-        seed=cfg.run.seed,
-    )
     return evaluate(
         parts.sampler,
         parts.policy.tokenizer,
         parts.eval_samples,
         parts.reward,
-        params,
-        chat_template=cfg.data.chat_template,
-        system_prompt=cfg.data.system_prompt,
-        ks=cfg.eval.k,
+        settings.params,
+        chat_template=settings.chat_template,
+        system_prompt=settings.system_prompt,
+        ks=settings.ks,
         episodes=parts.episodes,
         agent=parts.agent,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum, build_curriculum
 from hone.envs import release_envs
 from hone.orchestration.components import RunComponents, close_samplers
-from hone.orchestration.evaluate import run_eval
+from hone.orchestration.evaluate import EvalSettings, run_eval
 from hone.orchestration.learner import Learner
 from hone.orchestration.lifecycle import (
     RunInterrupted,
@@ -43,6 +44,7 @@ from hone.orchestration.rl_start import RLStart, checkpoint_parts, resume_rl, st
 from hone.orchestration.rollouts import RolloutSource
 from hone.orchestration.warmstart import SFTData
 from hone.orchestration.warmstart import sft_data as make_sft_data
+from hone.plugins import load_object
 from hone.tracking import MetricsLogger, Progress, plot_metrics
 from hone.training.checkpoint import Checkpointer
 
@@ -71,22 +73,43 @@ def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, f
     return groups.metrics | learned | timing
 
 
-def train(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
+StepCallback = Callable[[int, Mapping[str, float]], object]
+
+
+def train(cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> RunResult:
     """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`. This process is the
     controller and the learner whatever the back-end; with `cluster.backend: ray` the samplers and
-    reward workers are Ray actors (`ray_executor`), inside a Ray this attaches to or starts."""
+    reward workers are Ray actors (`ray_executor`), inside a Ray this attaches to or starts.
+
+    `callbacks` (after those `run.callbacks` names) are called as `fn(step, metrics)` after every RL
+    step, once it is logged and checkpointed; one that raises ends the run (KeyboardInterrupt: as Ctrl-C).
+    """
     if cfg.cluster.backend == "ray":
         from hone.orchestration.ray_cluster import ray_session  # ray: an optional extra
 
         with ray_session(cfg.cluster):
-            result = run_learner(cfg, resume=resume)
+            result = run_learner(cfg, resume=resume, callbacks=callbacks)
         return result
-    return run_learner(cfg, resume=resume)
+    return run_learner(cfg, resume=resume, callbacks=callbacks)
 
 
-def run_learner(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
+def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
+    """The `run.callbacks` functions, each imported from its 'pkg.module:fn'."""
+    found = []
+    for k, name in enumerate(names):
+        fn = load_object(name, what=f"run.callbacks[{k}] ({name!r})")
+        if not callable(fn):
+            raise SetupError(f"run.callbacks[{k}] ({name!r}) is not callable")
+        found.append(fn)
+    return found
+
+
+def run_learner(
+    cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = ()
+) -> RunResult:
     """The run in this process: set-up, (SFT warm start,) the RL loop driving its `RolloutSource`, eval,
     metrics and checkpoints."""
+    callbacks = [*step_callbacks(cfg.run.callbacks), *callbacks]
     started = start_process(cfg.run)
     run_dir, checkpointer, latest = open_run_dir(cfg, resume)
     parts = setup_components(cfg)
@@ -108,7 +131,16 @@ def run_learner(cfg: HoneConfig, *, resume: bool = False) -> RunResult:
         with metrics_log:
             try:
                 result = _train(
-                    cfg, parts, run_dir, checkpointer, resumed, sft_data, metrics_log, started, curriculum
+                    cfg,
+                    parts,
+                    run_dir,
+                    checkpointer,
+                    resumed,
+                    sft_data,
+                    metrics_log,
+                    started,
+                    curriculum,
+                    callbacks,
                 )
             except KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
@@ -130,6 +162,7 @@ def _train(
     metrics_log: MetricsLogger,
     started: float,
     curriculum: Curriculum,
+    callbacks: Sequence[StepCallback],
 ) -> RunResult:
     if resumed is None:
         begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started)
@@ -162,6 +195,7 @@ def _train(
         checkpointer.save(step, parts_)
 
     step = begin.step
+    evaluation = EvalSettings.of(cfg)
     final_eval: dict[str, float] = {}
     if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
         left = cfg.run.time_limit_s - (time.perf_counter() - started)
@@ -182,7 +216,7 @@ def _train(
             evaluating = last or bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
             if evaluating:
                 with parts.weights.hold():  # the producer may be sampling: evaluate between its steps
-                    final_eval = run_eval(parts, cfg)
+                    final_eval = run_eval(parts, evaluation)
                 metrics.update(final_eval)
             metrics_log.log(step, metrics)
             if evaluating:  # one value per prompt seen (up to 100k): at the eval cadence, not every step
@@ -190,9 +224,11 @@ def _train(
             progress.update(step, metrics)
             if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 save(step)
+            for callback in callbacks:
+                callback(step, metrics)
             if out_of_time:
                 log.info("time limit of %.0f s reached after step %d", cfg.run.time_limit_s, step)
                 break
     if not final_eval:  # no RL step ran in this session: the weights are where they started
-        final_eval = start_eval if step == 0 else run_eval(parts, cfg)
+        final_eval = start_eval if step == 0 else run_eval(parts, evaluation)
     return RunResult(run_dir, step, start_eval, final_eval)

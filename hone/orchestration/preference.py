@@ -20,7 +20,7 @@ from hone.algorithms import DEFAULT_BETA, REFERENCE_FREE
 from hone.config import DPOConfig, HoneConfig, PreferenceDataConfig, RMConfig
 from hone.data import HoneDataError, PreferencePair, load_preferences
 from hone.models import resolve_model
-from hone.orchestration.evaluate import run_eval
+from hone.orchestration.evaluate import EvalSettings, run_eval
 from hone.orchestration.lifecycle import (
     SetupError,
     deadline,
@@ -130,7 +130,7 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
         start_eval: dict[str, float] = {}
         final_eval: dict[str, float] = {}
         if parts is not None:
-            start_eval = run_eval(parts, cfg)
+            start_eval = run_eval(parts, EvalSettings.of(cfg))
             metrics_log.log(0, start_eval)
             log.info("eval before DPO: accuracy %.3f", start_eval["eval/accuracy"])
         with Progress(total=settings.steps, description="dpo", enabled=cfg.logging.progress) as progress:
@@ -148,7 +148,7 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
             )
         if parts is not None:
             parts.weights.publish(1)  # the sampler evaluates the trained weights
-            final_eval = run_eval(parts, cfg)
+            final_eval = run_eval(parts, EvalSettings.of(cfg))
             metrics_log.log(result["steps"], final_eval)
             log.info("eval after DPO: accuracy %.3f", final_eval["eval/accuracy"])
     if result["out_of_time"]:

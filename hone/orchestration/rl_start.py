@@ -14,10 +14,10 @@ from typing import Any
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum
 from hone.orchestration.components import RunComponents
-from hone.orchestration.evaluate import run_eval
+from hone.orchestration.evaluate import EvalSettings, run_eval
 from hone.orchestration.lifecycle import SetupError, deadline
 from hone.orchestration.replay import ReplayBuffer
-from hone.orchestration.warmstart import SFTData, warm_start_sft
+from hone.orchestration.warmstart import SFTData, SFTSettings, warm_start_sft
 from hone.rollout.multiturn import Episodes
 from hone.tracking import MetricsLogger
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer, Part
@@ -168,7 +168,7 @@ def start_rl(
     """A fresh run's start: SFT warm start (if on), reference, trainer, and the eval before RL (step 0)."""
     if sft_data is not None:
         warm_start_sft(
-            cfg,
+            SFTSettings.of(cfg),
             parts.policy,
             parts.sampler,
             sft_data,
@@ -181,7 +181,7 @@ def start_rl(
     reference = reference_policy(cfg, parts, run_dir)
     trainer = rl_trainer(cfg, parts)
     critic = critic_trainer(cfg, parts, run_dir)
-    start_eval = run_eval(parts, cfg)
+    start_eval = run_eval(parts, EvalSettings.of(cfg))
     metrics_log.log(0, start_eval)
     log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
     return RLStart(trainer, reference, 0, start_eval, critic=critic)

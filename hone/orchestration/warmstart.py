@@ -81,8 +81,43 @@ def sft_pairs(cfg: HoneConfig, task: Task | None) -> list[tuple[Sample, str]]:
     return [(s, task.demonstration(s)) for s in demos]
 
 
+@dataclass(frozen=True)
+class SFTSettings:
+    """What the SFT warm start reads from a recipe (`SFTSettings.of`)."""
+
+    greedy: SamplingParams  # how validation samples
+    chat_template: bool
+    system_prompt: str | None
+    batch_size: int
+    micro_batch_size: int | None
+    lr: float
+    max_steps: int
+    eval_every: int
+    stop_at: float | None
+    seed: int
+    max_nonfinite_steps: int
+
+    @classmethod
+    def of(cls, cfg: HoneConfig) -> SFTSettings:
+        return cls(
+            greedy=SamplingParams(
+                n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop
+            ),
+            chat_template=cfg.data.chat_template,
+            system_prompt=cfg.data.system_prompt,
+            batch_size=cfg.sft.batch_size,
+            micro_batch_size=cfg.sft.micro_batch_size or cfg.trainer.micro_batch_size,
+            lr=cfg.sft.lr,
+            max_steps=cfg.sft.max_steps,
+            eval_every=cfg.sft.eval_every,
+            stop_at=cfg.sft.stop_at_accuracy,
+            seed=cfg.run.seed,
+            max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
+        )
+
+
 def warm_start_sft(
-    cfg: HoneConfig,
+    settings: SFTSettings,
     policy: Policy,
     sampler: Sampler,
     data: SFTData,
@@ -93,13 +128,10 @@ def warm_start_sft(
     deadline: float | None = None,
     weights: WeightChannel,
 ) -> dict[str, float]:
-    """SFT on `data` until validation accuracy on `data.val` reaches `sft.stop_at_accuracy`, `sft.max_steps`
-    or `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`.
+    """SFT on `data` until validation accuracy on `data.val` reaches `settings.stop_at`, `max_steps` or
+    `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`.
     `sampler` validates: `weights` publishes the policy's SFT weights to it, as version 0 (RL has not
     started), before each validation and once SFT ends."""
-    greedy = SamplingParams(
-        n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop
-    )
 
     def val_accuracy() -> float:
         weights.publish(0)
@@ -108,9 +140,9 @@ def warm_start_sft(
             policy.tokenizer,
             data.val,
             reward,
-            greedy,
-            chat_template=cfg.data.chat_template,
-            system_prompt=cfg.data.system_prompt,
+            settings.greedy,
+            chat_template=settings.chat_template,
+            system_prompt=settings.system_prompt,
             episodes=episodes,
         )["eval/accuracy"]
 
@@ -122,25 +154,25 @@ def warm_start_sft(
             log.info("SFT step %d: validation accuracy %.3f", row["step"], row["sft/eval"])
 
     texts = [
-        (render_prompt(s, policy.tokenizer, cfg.data.chat_template, cfg.data.system_prompt), r)
+        (render_prompt(s, policy.tokenizer, settings.chat_template, settings.system_prompt), r)
         for s, r in data.pairs
     ]
     result = run_sft(
         policy,
         texts,
         examples=data.examples,
-        batch_size=cfg.sft.batch_size,
-        micro_batch_size=cfg.sft.micro_batch_size or cfg.trainer.micro_batch_size,
-        lr=cfg.sft.lr,
+        batch_size=settings.batch_size,
+        micro_batch_size=settings.micro_batch_size,
+        lr=settings.lr,
         schedule="constant",
-        max_steps=cfg.sft.max_steps,
+        max_steps=settings.max_steps,
         eval_fn=val_accuracy,
-        eval_every=cfg.sft.eval_every,
-        stop_at=cfg.sft.stop_at_accuracy,
+        eval_every=settings.eval_every,
+        stop_at=settings.stop_at,
         log=record,
-        seed=cfg.run.seed,
+        seed=settings.seed,
         deadline=deadline,
-        max_nonfinite_steps=cfg.trainer.max_nonfinite_steps,
+        max_nonfinite_steps=settings.max_nonfinite_steps,
     )
     weights.publish(0)
     if result["out_of_time"]:
