@@ -26,6 +26,7 @@ import torch
 
 from hone.config import TrainerConfig
 from hone.seeding import derive_seed
+from hone.training.distributed import Ranks
 from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.types import TrainBatch
 
@@ -103,11 +104,14 @@ class Optimizee:
 
     shuffle = "minibatch-shuffle"
 
-    def __init__(self, stepper: OptimizerStepper, schedule: RLSchedule, seed: int) -> None:
+    def __init__(
+        self, stepper: OptimizerStepper, schedule: RLSchedule, seed: int, *, ranks: Ranks | None = None
+    ) -> None:
         self.stepper = stepper
         self.schedule = schedule
         self.seed = seed
         self.updates = 0
+        self.ranks = ranks or Ranks()  # N learner ranks: each trains its share of every mini-batch
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -130,11 +134,11 @@ class Optimizee:
         for k, mini in enumerate(minis):
             sums: dict[str, float] = defaultdict(float)
             norm = self.stepper.step(micro_losses(mini.to(batch.input_ids.device), k, sums), where=where)
-            if not math.isfinite(norm):
+            if not math.isfinite(norm):  # the norm is the global one: every rank skips alike
                 steps.skipped += 1
                 continue
             steps.grad_norms.append(norm)
-            for key, value in sums.items():
+            for key, value in self.ranks.sum_metrics(sums).items():
                 steps.sums[key] += value
         self.updates += 1
         return steps

@@ -23,6 +23,7 @@ import torch
 
 from hone.algorithms import KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate_loss
 from hone.config import AlgorithmConfig, TrainerConfig
+from hone.training.distributed import Ranks
 from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
 from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.training.policy import Policy, disable_dropout, first_response_column
@@ -49,6 +50,7 @@ class RLTrainer(Optimizee):
         temperature: float,
         norm_len: int,
         seed: int = 0,
+        ranks: Ranks | None = None,
     ) -> None:
         self.policy = policy
         self.algo = algorithm
@@ -72,7 +74,8 @@ class RLTrainer(Optimizee):
             advice="the last checkpoint is intact. Look for NaN/inf in rewards or advantages, or lower "
             "trainer.lr",
         )
-        super().__init__(stepper, RLSchedule(trainer.schedule, trainer.warmup_steps, total_rl_steps), seed)
+        schedule = RLSchedule(trainer.schedule, trainer.warmup_steps, total_rl_steps)
+        super().__init__(stepper, schedule, seed, ranks=ranks)
 
     @property
     def _agg_mode(self) -> str:
@@ -176,7 +179,10 @@ class RLTrainer(Optimizee):
         }
         with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
         prompt_lens = batch.prompt_lens if self.cfg.shared_prompts else None
-        for rows in mini.split(micro_batch_rows(self.cfg, batch.input_ids.shape[1])):
+        # On N ranks this rank's share of the mini-batch, padded to as many micro-batches as any rank runs.
+        mine, pads = self.ranks.micro_batches(mini, micro_batch_rows(self.cfg, batch.input_ids.shape[1]))
+        for k, rows in enumerate([*mine, *[self.ranks.padding(mini)] * pads]):
+            padding = k >= len(mine)
             mask = batch.loss_mask[rows]
             with self.autocast():
                 log_probs, entropy = self.policy.token_log_probs(
@@ -191,15 +197,22 @@ class RLTrainer(Optimizee):
             weights = None if token_weights is None else token_weights[rows]
             micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts, weights)
             loss: torch.Tensor | None = None
+            metrics: dict[str, float] = {}
             for term in terms:
-                term_loss, metrics = term(micro)
+                term_loss, term_metrics = term(micro)
                 loss = term_loss if loss is None else loss + term_loss
-                for key, value in metrics.items():
-                    sums[key] += value
+                metrics |= term_metrics
             assert loss is not None  # the policy term is always on
+            if padding:  # the collectives of a forward and backward, nothing learnt or counted
+                yield loss * 0.0
+                continue
+            if self.ranks.world > 1:
+                loss = loss * self.ranks.loss_scale
+            for key, value in metrics.items():
+                sums[key] += value
             n = float(mask.sum())
             sums["tokens"] += n
-            sums["loss/total"] += float(loss.detach())
+            sums["loss/total"] += float(loss.detach()) / self.ranks.loss_scale
             if entropy is not None:
                 sums["entropy"] += float((entropy.detach() * mask).sum())
             if mismatch is not None:
@@ -235,8 +248,9 @@ class RLTrainer(Optimizee):
 
         steps = self.optimize(micro_losses, batch, cfg=self.cfg, lr=lr, where=f"RL step {step + 1}")
         out: dict[str, float] = {"train/nonfinite_steps": float(steps.skipped), **correction_metrics}
-        if mismatch[1]:
-            out["mismatch/logprob_abs"] = mismatch[0] / mismatch[1]
+        gap = self.ranks.sum_metrics({"sum": mismatch[0], "tokens": mismatch[1]})
+        if gap["tokens"]:
+            out["mismatch/logprob_abs"] = gap["sum"] / gap["tokens"]
         if not steps.grad_norms:  # every step skipped: no loss was applied, and no LR
             return out
         out.update(steps.means())

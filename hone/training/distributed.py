@@ -1,0 +1,114 @@
+"""N learner ranks: which rows of an optimizer step each rank trains, and the one place a model is wrapped.
+
+The numerics are those of one process (the approach of prime-rl and AReaL, measured for Hone in
+`../shared/research/distributed-learner.md`): every rank holds the whole step's batch and draws the same
+mini-batch order; a rank trains its `share` of each mini-batch, and every loss is divided by the counts
+of the *whole* mini-batch (as on one rank), so no count needs a collective. PyTorch averages gradients
+over ranks; each rank's loss is multiplied by the world size (`Ranks.loss_scale`) to make that average
+the sum one process would accumulate. FSDP2 and DDP run a collective inside every forward or backward, so
+every rank must run the same number of micro-batches or the step hangs: a rank with fewer rows pads
+with `padding` micro-batches whose loss is multiplied by 0 (a gradient of zeros, no metrics).
+
+`shard(model, strategy)` wraps with PyTorch's own FSDP2 (`fully_shard`): each decoder layer (the classes
+the model names in `_no_split_modules`, as Hugging Face's own sharding does) and then the root, which keeps
+a tied embedding and output layer in one group. `ddp` is FSDP2 over a (world, 1) mesh: every parameter
+replicated, gradients all-reduced, the same code path as `fsdp2` (as torchtitan does for data parallel).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the learner ranks: `rank` of `world`."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        """As torchrun (and Hone's own launcher) set them: `RANK`, `WORLD_SIZE`; one rank without them."""
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+
+    @property
+    def loss_scale(self) -> float:
+        """What a rank's loss is multiplied by so that PyTorch's average over ranks is their sum."""
+        return float(self.world)
+
+    def share(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's part of `rows` (a mini-batch's row indices): contiguous, sizes differing by at most
+        one, in the one global order every rank drew."""
+        return rows.tensor_split(self.world)[self.rank]
+
+    def micro_batches(self, rows: torch.Tensor, size: int) -> tuple[list[torch.Tensor], int]:
+        """This rank's micro-batches of mini-batch `rows` (at most `size` rows each) and how many padding
+        micro-batches it must add so that every rank runs as many (`padding`)."""
+        mine = list(self.share(rows).split(size))
+        most = math.ceil(math.ceil(len(rows) / self.world) / size)  # rank 0's share is the largest
+        return mine, most - len(mine)
+
+    def padding(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows a padding micro-batch runs (any real row: its loss is multiplied by 0)."""
+        return rows[:1]
+
+    def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """`sums` summed over the ranks (keys a rank lacks count as 0); unchanged on one rank."""
+        if self.world == 1:
+            return sums
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, dict(sums))
+        total: dict[str, float] = {}
+        for part in gathered:
+            for key, value in part.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+
+def init_ranks(ranks: Ranks, *, timeout_s: float, init_method: str | None = None) -> None:
+    """Join the process group of `ranks` (gloo for CPU tensors, NCCL for CUDA ones), every collective
+    bounded by `timeout_s`: a rank that dies or hangs ends the others' waits with an error, not a hang."""
+    if ranks.world == 1 or dist.is_initialized():
+        return
+    dist.init_process_group(
+        "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+        init_method=init_method,
+        rank=ranks.rank,
+        world_size=ranks.world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+STRATEGIES = ("fsdp2", "ddp")
+
+
+def shard(model: nn.Module, strategy: str, ranks: Ranks) -> nn.Module:
+    """Wrap `model` in place for `strategy` over the default process group (see the module docstring);
+    build its optimizer after this. One rank: the model as it is."""
+    if ranks.world == 1:
+        return model
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(model.parameters()).device.type
+    if strategy == "ddp":
+        mesh = init_device_mesh(device, (ranks.world, 1), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device, (ranks.world,))
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if module is not model and type(module).__name__ in layer_classes:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
