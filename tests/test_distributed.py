@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hone.config import AlgorithmConfig, TrainerConfig
+from hone.config import AlgorithmConfig, CriticConfig, TrainerConfig
+from hone.training.critic import CriticTrainer, ValueModel
 from hone.training.distributed import Ranks, init_ranks, shard
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
@@ -51,19 +53,52 @@ def updated_weights(
     return get_model_state_dict(policy.model, options=options), metrics
 
 
+def start_critic(model_dir: Path) -> ValueModel:
+    torch.manual_seed(0)
+    critic = ValueModel.from_pretrained(model_dir, dtype="float32", device=torch.device("cpu"))
+    torch.nn.init.normal_(critic.head.weight, std=0.1)  # a head that is not zero: the trunk trains at once
+    return critic
+
+
+def updated_critic(
+    model_dir: Path, ranks: Ranks, strategy: str
+) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    """PPO's critic (`CriticTrainer`) after three updates on `ranks`: its full state dict and metrics."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    batch = make_batch(Policy.from_pretrained(model_dir))
+    critic = start_critic(model_dir)
+    values = critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask).detach()
+    batch = replace(batch, values=values)
+    shard(critic, strategy, ranks)
+    settings = CriticConfig(lr=0.5, value_clip=0.2)
+    trainer = CriticTrainer(critic, settings, TrainerConfig(**TRAINER), total_rl_steps=3, ranks=ranks)
+    trainer.optimizer = torch.optim.SGD(trainer.stepper.params)  # as `updated_weights`
+    metrics = [trainer.update(batch, step) for step in range(3)]
+    if ranks.world == 1:
+        return {k: v.clone() for k, v in critic.state_dict().items()}, metrics
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(critic, options=options), metrics
+
+
 def _rank(rank: int, world: int, model_dir: str, agg: str, strategy: str, rendezvous: str, out: str) -> None:
     torch.set_num_threads(1)
     ranks = Ranks(rank, world)
     init_ranks(ranks, timeout_s=60, init_method=f"file://{rendezvous}")
     try:
-        result = updated_weights(Path(model_dir), agg, ranks, strategy)
+        if agg == "critic":
+            result = updated_critic(Path(model_dir), ranks, strategy)
+        else:
+            result = updated_weights(Path(model_dir), agg, ranks, strategy)
         if rank == 0:
             torch.save(result, out)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("strategy", "agg"), [("fsdp2", "token-mean"), ("ddp", "seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    ("strategy", "agg"), [("fsdp2", "token-mean"), ("ddp", "seq-mean-token-mean"), ("fsdp2", "critic")]
+)
 def test_two_ranks_update_as_one_process(
     tmp_path: Path, micro_model_dir: Path, strategy: str, agg: str
 ) -> None:
@@ -71,8 +106,12 @@ def test_two_ranks_update_as_one_process(
     args = (2, str(micro_model_dir), agg, strategy, str(tmp_path / "rendezvous"), str(out))
     mp.start_processes(_rank, args=args, nprocs=2, start_method="spawn", join=True)
     two, two_metrics = torch.load(out, weights_only=False)
-    one, one_metrics = updated_weights(micro_model_dir, agg, Ranks(), strategy)
-    start = Policy.from_pretrained(micro_model_dir).model.state_dict()
+    if agg == "critic":
+        one, one_metrics = updated_critic(micro_model_dir, Ranks(), strategy)
+        start = start_critic(micro_model_dir).state_dict()
+    else:
+        one, one_metrics = updated_weights(micro_model_dir, agg, Ranks(), strategy)
+        start = Policy.from_pretrained(micro_model_dir).model.state_dict()
     assert any(not torch.equal(one[k], start[k]) for k in start)  # the updates moved the weights
     for key in start:
         torch.testing.assert_close(two[key], one[key], atol=1e-6, rtol=0)
@@ -85,7 +124,15 @@ def test_two_ranks_update_as_one_process(
 def test_each_rank_trains_its_share_and_pads_to_the_same_micro_batch_count() -> None:
     rows = torch.arange(5)
     shares = [Ranks(r, 2).micro_batches(rows, 2) for r in range(2)]
-    assert [[m.tolist() for m in mine] for mine, _ in shares] == [[[0, 1], [2]], [[3, 4]]]
-    assert [len(mine) + pads for mine, pads in shares] == [2, 2]  # rank 1 pads one micro-batch
-    one, pads = Ranks().micro_batches(rows, 2)
-    assert [m.tolist() for m in one] == [[0, 1], [2, 3], [4]] and pads == 0
+    assert [[(m.tolist(), pad) for m, pad in share] for share in shares] == [
+        [([0, 1], False), ([2], False)],
+        [([3, 4], False), ([0], True)],  # rank 1 pads with a row whose loss counts 0
+    ]
+    assert [(m.tolist(), pad) for m, pad in Ranks().micro_batches(rows, 2)] == [
+        ([0, 1], False),
+        ([2, 3], False),
+        ([4], False),
+    ]
+    loss = torch.tensor(3.0)
+    assert Ranks(1, 2).weigh(loss, True) == 0 and Ranks(1, 2).weigh(loss, False) == 6
+    assert Ranks().weigh(loss, False) is loss  # one rank: the very tensor, so one process is unchanged

@@ -26,6 +26,7 @@ from transformers import AutoModel, PreTrainedModel
 
 from hone.algorithms import value_loss
 from hone.config import CriticConfig, TrainerConfig
+from hone.training.distributed import Ranks
 from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.training.policy import DType, disable_dropout
 from hone.training.ppo import Optimizee
@@ -110,6 +111,7 @@ class CriticTrainer(Optimizee):
         *,
         total_rl_steps: int,
         seed: int = 0,
+        ranks: Ranks | None = None,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -126,7 +128,7 @@ class CriticTrainer(Optimizee):
             advice="the last checkpoint is intact. Look for NaN/inf in rewards or returns, or lower "
             "critic.lr",
         )
-        super().__init__(stepper, RLSchedule(cfg.schedule, 0, total_rl_steps), seed)
+        super().__init__(stepper, RLSchedule(cfg.schedule, 0, total_rl_steps), seed, ranks=ranks)
 
     def _micro_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return rows.split(self.cfg.micro_batch_size or self.trainer_cfg.micro_batch_size)
@@ -152,7 +154,8 @@ class CriticTrainer(Optimizee):
         token count so they add up to its mean; lazily, one graph at a time. Adds metrics to `sums`."""
         assert batch.values is not None  # checked by update
         num_tokens = batch.loss_mask[mini].sum()
-        for rows in self._micro_rows(mini):
+        size = self.cfg.micro_batch_size or self.trainer_cfg.micro_batch_size
+        for rows, padding in self.ranks.micro_batches(mini, size):  # on N ranks: this rank's share
             mask = batch.loss_mask[rows]
             loss, metrics = value_loss(
                 self.model.values(batch.input_ids[rows], batch.attention_mask[rows], mask),
@@ -162,10 +165,11 @@ class CriticTrainer(Optimizee):
                 clip=self.cfg.value_clip,
                 num_tokens=num_tokens,
             )
-            sums["loss/value"] += float(loss.detach())
-            sums["clip_frac"] += float(metrics["clip_frac"])
-            sums["tokens"] += float(mask.sum())
-            yield self.cfg.value_coef * loss
+            if not padding:
+                sums["loss/value"] += float(loss.detach())
+                sums["clip_frac"] += float(metrics["clip_frac"])
+                sums["tokens"] += float(mask.sum())
+            yield self.ranks.weigh(self.cfg.value_coef * loss, padding)
 
     def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
         """Regress V on `batch.returns`, clipped around `batch.values` (the values GAE used) when

@@ -4,10 +4,10 @@ The numerics are those of one process (the approach of prime-rl and AReaL, measu
 `../shared/research/distributed-learner.md`): every rank holds the whole step's batch and draws the same
 mini-batch order; a rank trains its `share` of each mini-batch, and every loss is divided by the counts
 of the *whole* mini-batch (as on one rank), so no count needs a collective. PyTorch averages gradients
-over ranks; each rank's loss is multiplied by the world size (`Ranks.loss_scale`) to make that average
-the sum one process would accumulate. FSDP2 and DDP run a collective inside every forward or backward, so
+over ranks; each rank's loss is multiplied by the world size (`Ranks.weigh`) to make that average the
+sum one process would accumulate. FSDP2 and DDP run a collective inside every forward or backward, so
 every rank must run the same number of micro-batches or the step hangs: a rank with fewer rows pads
-with `padding` micro-batches whose loss is multiplied by 0 (a gradient of zeros, no metrics).
+with micro-batches whose loss is multiplied by 0 (a gradient of zeros, no metrics).
 
 `shard(model, strategy)` wraps with PyTorch's own FSDP2 (`fully_shard`): each decoder layer (the classes
 the model names in `_no_split_modules`, as Hugging Face's own sharding does) and then the root, which keeps
@@ -40,26 +40,25 @@ class Ranks:
         """As torchrun (and Hone's own launcher) set them: `RANK`, `WORLD_SIZE`; one rank without them."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
-    @property
-    def loss_scale(self) -> float:
-        """What a rank's loss is multiplied by so that PyTorch's average over ranks is their sum."""
-        return float(self.world)
-
     def share(self, rows: torch.Tensor) -> torch.Tensor:
         """This rank's part of `rows` (a mini-batch's row indices): contiguous, sizes differing by at most
         one, in the one global order every rank drew."""
         return rows.tensor_split(self.world)[self.rank]
 
-    def micro_batches(self, rows: torch.Tensor, size: int) -> tuple[list[torch.Tensor], int]:
-        """This rank's micro-batches of mini-batch `rows` (at most `size` rows each) and how many padding
-        micro-batches it must add so that every rank runs as many (`padding`)."""
+    def micro_batches(self, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, bool]]:
+        """This rank's micro-batches of mini-batch `rows` (at most `size` rows each), each with whether it
+        is padding: a rank with fewer than the most micro-batches any rank has (rank 0's share is the
+        largest) repeats one real row that many times, for its collectives only (`weigh` zeroes its loss)."""
         mine = list(self.share(rows).split(size))
-        most = math.ceil(math.ceil(len(rows) / self.world) / size)  # rank 0's share is the largest
-        return mine, most - len(mine)
+        most = math.ceil(math.ceil(len(rows) / self.world) / size)
+        return [(m, False) for m in mine] + [(rows[:1], True)] * (most - len(mine))
 
-    def padding(self, rows: torch.Tensor) -> torch.Tensor:
-        """The rows a padding micro-batch runs (any real row: its loss is multiplied by 0)."""
-        return rows[:1]
+    def weigh(self, loss: torch.Tensor, padding: bool) -> torch.Tensor:
+        """A micro-batch's loss as this rank backwards it: 0 x a padding one's; a real one x the world size
+        (PyTorch averages gradients over ranks: the average of these is the sum one process would have)."""
+        if padding:
+            return loss * 0.0
+        return loss * float(self.world) if self.world > 1 else loss
 
     def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """`sums` summed over the ranks (keys a rank lacks count as 0); unchanged on one rank."""
@@ -106,7 +105,8 @@ def shard(model: nn.Module, strategy: str, ranks: Ranks) -> nn.Module:
         mesh = init_device_mesh(device, (ranks.world, 1), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device, (ranks.world,))
-    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    # The layer classes every Hugging Face model inside names (a critic's trunk sits under its value head).
+    layer_classes = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
     for module in model.modules():
         if module is not model and type(module).__name__ in layer_classes:
             fully_shard(module, mesh=mesh)

@@ -180,9 +180,9 @@ class RLTrainer(Optimizee):
         with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
         prompt_lens = batch.prompt_lens if self.cfg.shared_prompts else None
         # On N ranks this rank's share of the mini-batch, padded to as many micro-batches as any rank runs.
-        mine, pads = self.ranks.micro_batches(mini, micro_batch_rows(self.cfg, batch.input_ids.shape[1]))
-        for k, rows in enumerate([*mine, *[self.ranks.padding(mini)] * pads]):
-            padding = k >= len(mine)
+        for rows, padding in self.ranks.micro_batches(
+            mini, micro_batch_rows(self.cfg, batch.input_ids.shape[1])
+        ):
             mask = batch.loss_mask[rows]
             with self.autocast():
                 log_probs, entropy = self.policy.token_log_probs(
@@ -204,22 +204,20 @@ class RLTrainer(Optimizee):
                 metrics |= term_metrics
             assert loss is not None  # the policy term is always on
             if padding:  # the collectives of a forward and backward, nothing learnt or counted
-                yield loss * 0.0
+                yield self.ranks.weigh(loss, padding)
                 continue
-            if self.ranks.world > 1:
-                loss = loss * self.ranks.loss_scale
             for key, value in metrics.items():
                 sums[key] += value
             n = float(mask.sum())
             sums["tokens"] += n
-            sums["loss/total"] += float(loss.detach()) / self.ranks.loss_scale
+            sums["loss/total"] += float(loss.detach())
             if entropy is not None:
                 sums["entropy"] += float((entropy.detach() * mask).sum())
             if mismatch is not None:
                 gap = torch.where(mask.bool(), log_probs.detach() - batch.old_logp[rows], 0.0)
                 mismatch[0] += float(gap.abs().sum())
                 mismatch[1] += n
-            yield loss
+            yield self.ranks.weigh(loss, padding)
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """`trainer.autocast: bfloat16`: the forward's matmuls in bf16 (on CPUs with AMX/AVX-512 BF16 and on
