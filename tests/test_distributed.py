@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from hone.config import AlgorithmConfig, CriticConfig, TrainerConfig
 from hone.training.critic import CriticTrainer, ValueModel
-from hone.training.distributed import Ranks, init_ranks, shard
+from hone.training.distributed import Ranks, full_state_dict, init_ranks, load_sharded, save_sharded, shard
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from tests.helpers import make_batch
@@ -81,12 +81,41 @@ def updated_critic(
     return get_model_state_dict(critic, options=options), metrics
 
 
+def policy_trainer(model_dir: Path, ranks: Ranks) -> tuple[Policy, RLTrainer]:
+    torch.manual_seed(0)
+    policy = Policy.from_pretrained(model_dir)
+    shard(policy.model, "fsdp2", ranks)
+    settings = TrainerConfig(lr=1e-3, micro_batch_size=2)
+    return policy, RLTrainer(
+        policy, AlgorithmConfig(), settings, total_rl_steps=2, temperature=1.0, norm_len=8, ranks=ranks
+    )
+
+
+def checkpointed(model_dir: Path, ranks: Ranks, directory: str) -> dict[str, dict[str, torch.Tensor]]:
+    """On `ranks`: an update, a sharded checkpoint, a second update; then a fresh model and optimizer
+    loaded from the checkpoint take the second update again. The full weights after each (rank 0)."""
+    batch = make_batch(Policy.from_pretrained(model_dir))
+    policy, trainer = policy_trainer(model_dir, ranks)
+    trainer.update(batch, 0)
+    saved = full_state_dict(policy.model, ranks)
+    save_sharded(directory, policy.model, trainer.optimizer)
+    trainer.update(batch, 1)
+    straight = full_state_dict(policy.model, ranks)
+    policy, trainer = policy_trainer(model_dir, ranks)
+    load_sharded(directory, policy.model, trainer.optimizer)
+    trainer.updates = 1  # what the checkpoint's trainer state would restore (the mini-batch seed)
+    trainer.update(batch, 1)
+    return {"saved": saved, "straight": straight, "resumed": full_state_dict(policy.model, ranks)}
+
+
 def _rank(rank: int, world: int, model_dir: str, agg: str, strategy: str, rendezvous: str, out: str) -> None:
     torch.set_num_threads(1)
     ranks = Ranks(rank, world)
     init_ranks(ranks, timeout_s=60, init_method=f"file://{rendezvous}")
     try:
-        if agg == "critic":
+        if agg == "checkpoint":
+            result = checkpointed(Path(model_dir), ranks, str(Path(out).parent / "dcp"))
+        elif agg == "critic":
             result = updated_critic(Path(model_dir), ranks, strategy)
         else:
             result = updated_weights(Path(model_dir), agg, ranks, strategy)
@@ -119,6 +148,23 @@ def test_two_ranks_update_as_one_process(
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_sharded_checkpoint_resumes_exactly_and_loads_into_one_process(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    out = tmp_path / "rank0.pt"
+    args = (2, str(micro_model_dir), "checkpoint", "fsdp2", str(tmp_path / "rendezvous"), str(out))
+    mp.start_processes(_rank, args=args, nprocs=2, start_method="spawn", join=True)
+    two = torch.load(out, weights_only=False)
+    for key, value in two["straight"].items():  # resumed on 2 ranks: bit-identical to never stopping
+        assert torch.equal(two["resumed"][key], value), key
+    policy, trainer = policy_trainer(micro_model_dir, Ranks())  # the 2-rank checkpoint in one process
+    load_sharded(str(tmp_path / "dcp"), policy.model, trainer.optimizer)
+    for key, value in policy.model.state_dict().items():
+        assert torch.equal(value, two["saved"][key]), key
+    moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
+    assert moments and any(m.abs().sum() > 0 for m in moments)  # AdamW's state came back too
 
 
 def test_each_rank_trains_its_share_and_pads_to_the_same_micro_batch_count() -> None:

@@ -21,7 +21,7 @@ import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -112,3 +112,42 @@ def shard(model: nn.Module, strategy: str, ranks: Ranks) -> nn.Module:
             fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def full_state_dict(model: nn.Module, ranks: Ranks) -> dict[str, torch.Tensor]:
+    """The whole model's state dict, on CPU, on rank 0 ({} on the others). A collective on N ranks: every
+    rank calls it at the same point (before publishing weights or saving the Hugging Face model), never
+    lazily inside one rank's publish (TRL #7103: ranks gathering at different points deadlocked)."""
+    if ranks.world == 1:
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+
+
+def save_sharded(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Each rank writes its shards of the model and optimizer state (PyTorch's distributed checkpoint,
+    DCP) into `directory`; a collective. Loadable at another world size (`load_sharded`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory)
+
+
+def load_sharded(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load `save_sharded`'s `directory` into `model` and `optimizer` as they are sharded now (any world
+    size, one process included): DCP reshards on load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.load(
+        {"model": model_state, "optim": optim_state},
+        checkpoint_id=directory,
+        no_dist=not dist.is_initialized(),
+    )
+    set_state_dict(
+        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state
+    )  # filled in place
