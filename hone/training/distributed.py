@@ -13,6 +13,10 @@ with micro-batches whose loss is multiplied by 0 (a gradient of zeros, no metric
 the model names in `_no_split_modules`, as Hugging Face's own sharding does) and then the root, which keeps
 a tied embedding and output layer in one group. `ddp` is FSDP2 over a (world, 1) mesh: every parameter
 replicated, gradients all-reduced, the same code path as `fsdp2` (as torchtitan does for data parallel).
+
+Weights leave the ranks through `full_state_dict` (a gather every rank joins at one point; rank 0 gets
+the dict) and checkpoints through `save_sharded`/`load_sharded` (PyTorch's DCP, loadable at another
+world size). Not wired into `hone train` yet (issue 30): nothing here starts or coordinates the ranks.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class Ranks:
 
     @classmethod
     def from_env(cls) -> Ranks:
-        """As torchrun (and Hone's own launcher) set them: `RANK`, `WORLD_SIZE`; one rank without them."""
+        """As torchrun sets them: `RANK`, `WORLD_SIZE`; one rank without them."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
     def share(self, rows: torch.Tensor) -> torch.Tensor:
