@@ -20,13 +20,13 @@ rewards score while the engine samples), in one of two flush modes:
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hone.aio import CallerThread
 from hone.rollout.base import GenerationRequest, Interruptible, Sampler
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams
@@ -40,53 +40,31 @@ class _Pending:
     future: asyncio.Future[list[Rollout]]
 
 
-class DaemonThread(Executor):
-    """One daemon thread running submitted calls in order. Daemon, unlike a `ThreadPoolExecutor`'s (joined
-    at exit without a bound): `shutdown` waits for a running call at most `join_s`, so a call that cannot
-    be interrupted never holds up Ctrl-C for longer."""
+class DaemonThread(CallerThread):
+    """A `CallerThread` served by a daemon thread of its own: the batcher's pool when it is given none (a
+    caller already inside an event loop). Daemon, unlike a `ThreadPoolExecutor`'s (joined at exit without
+    a bound): `shutdown` waits for a running call at most `join_s`, so a call that cannot be interrupted
+    never holds up Ctrl-C for longer."""
 
     def __init__(self, name: str = "hone-generate", *, join_s: float = 10.0) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._started = self._closed = False
+        super().__init__()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.join_s = join_s
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if self._closed:
-            raise RuntimeError("submit after shutdown")
-        if not self._started:
-            self._started = True
+        future = super().submit(fn, *args, **kwargs)
+        if self._thread.ident is None:  # started by the first call
             self._thread.start()
-        future: Future[Any] = Future()
-        self._jobs.put((future, lambda: fn(*args, **kwargs)))
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Run no more calls (queued ones too, with `cancel_futures`); with `wait`, join the thread for at
         most `join_s` seconds."""
-        self._closed = True
-        if not self._started:
-            return
         if cancel_futures:
-            while True:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    job[0].cancel()
-        self._jobs.put(None)
-        if wait:
+            self._cancel_queued()
+        self._stop()
+        if wait and self._thread.ident is not None:
             self._thread.join(timeout=self.join_s)
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, call = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except BaseException as e:  # handed to the waiting episode, never lost in this thread
-                    future.set_exception(e)
 
 
 def _params_key(params: SamplingParams, *, with_cap: bool) -> tuple[Any, ...]:
