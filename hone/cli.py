@@ -32,6 +32,7 @@ from hone.errors import HoneError
 if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
     from hone.orchestration.preference import PreferenceRunResult
+    from hone.training.distributed import Ranks
 
 MAIN_KEYS = f"""main keys (override any as section.key=value):
   run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every run.plugins
@@ -142,10 +143,86 @@ def _summary(result: RunResult, seconds: float) -> str:
 def _train(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.loop import train
 
+    world = _world_size(cfg)
+    if world > 1 and "RANK" not in os.environ:  # start the ranks: this process only watches them
+        return _launch(ns, cfg, world)
     started = time.perf_counter()
-    result = train(cfg, resume=bool(ns.resume))
+    with _learner_ranks(cfg, world) as ranks:
+        if ranks.rank > 0:
+            from hone.orchestration.learner_ranks import follow
+
+            follow(cfg, ranks)
+            return 0
+        result = train(cfg, resume=bool(ns.resume), ranks=ranks)
     print(_summary(result, time.perf_counter() - started))
     return 0
+
+
+def _world_size(cfg: HoneConfig) -> int:
+    """`trainer.world_size`, or under torchrun (or `hone train`'s own launch) `WORLD_SIZE`: they must
+    agree when both are set."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return cfg.trainer.world_size
+    world = int(os.environ["WORLD_SIZE"])
+    if cfg.trainer.world_size not in (1, world):
+        raise ConfigError(f"trainer.world_size is {cfg.trainer.world_size} but WORLD_SIZE is {world}")
+    cfg.trainer.world_size = world
+    return world
+
+
+def _launch(ns: argparse.Namespace, cfg: HoneConfig, world: int) -> int:
+    from hone.orchestration.launch import launch
+    from hone.orchestration.lifecycle import where_stopped
+
+    _check_devices(cfg, world)
+    code, line = launch(ns.argv, world)
+    if line is not None:
+        rank_failed = line.startswith("learner rank ")
+        if rank_failed:
+            line = f"{line}; {where_stopped(Path(cfg.run.dir) / cfg.run.name)}"
+        print(f"hone: {'error: ' if code == 2 else ''}{line}", file=sys.stderr)
+    return code
+
+
+def _check_devices(cfg: HoneConfig, world: int) -> None:
+    """Set-up errors of N ranks, one line before any rank starts."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise ConfigError("trainer.world_size > 1 needs torch.distributed with gloo; this torch has none")
+    wants_gpu = cfg.model.device.startswith("cuda") or (
+        cfg.model.device == "auto" and torch.cuda.is_available()
+    )
+    if wants_gpu:
+        count = torch.cuda.device_count()
+        if world > count:
+            raise ConfigError(f"trainer.world_size={world} needs one GPU per rank; this machine has {count}")
+        if not dist.is_nccl_available():
+            raise ConfigError("trainer.world_size > 1 on GPUs needs NCCL; this torch has none")
+
+
+@contextlib.contextmanager
+def _learner_ranks(cfg: HoneConfig, world: int) -> Iterator[Ranks]:
+    """This process's place among the learner ranks, in their process group until the run ends."""
+    from hone.training.distributed import Ranks
+
+    if world == 1:
+        yield Ranks()
+        return
+    from hone.orchestration.learner_ranks import start_ranks
+
+    ranks = Ranks.from_env()
+    if ranks.rank > 0:  # rank 0 speaks for the run
+        logging.getLogger("hone").setLevel(logging.WARNING)
+    start_ranks(cfg, ranks)
+    try:
+        yield ranks
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
@@ -230,9 +307,12 @@ def _preference_summary(result: PreferenceRunResult, model_dir: str) -> str:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """Options may sit between the recipe and its overrides (`hone eval RECIPE --model M k=v`): argparse
-    stops filling a `*` positional at the first option, so the words after it are added back here."""
+    stops filling a `*` positional at the first option, so the words after it are added back here. The
+    words themselves are kept (`ns.argv`: what each learner rank is started with)."""
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     ns, extra = parser.parse_known_args(argv)
+    ns.argv = argv
     unknown = [a for a in extra if a.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -274,17 +354,53 @@ def main(argv: list[str] | None = None) -> int:
             # "Task was destroyed but it is pending!" at shutdown would break the one-line promise.
             warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
             logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-            print(f"hone: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C has no message
+            line = str(e) or "interrupted"  # a bare Ctrl-C has no message
+            _say(f"hone: {line}", line)
             return 128 + received.get("signal", signal.SIGINT)
+        except Exception as e:  # a learner rank's unexpected error: its launcher prints the line
+            if not os.environ.get("HONE_ERROR_FILE") or os.environ.get("HONE_DEBUG"):
+                raise
+            return _rank_error(e, Path(cfg.run.dir) / cfg.run.name)
 
 
 def _error(e: Exception) -> int:
     if os.environ.get("HONE_DEBUG"):
         raise e
-    # One line, even when a message (a user's reward or plugin error) spans several.
-    line = "; ".join(part.strip() for part in str(e).splitlines() if part.strip())
-    print(f"hone: error: {line}", file=sys.stderr)
+    line = _one_line(e)
+    _say(f"hone: error: {line}", line)
     return 2
+
+
+def _rank_error(e: Exception, run_dir: Path) -> int:
+    """A learner rank's unexpected error: its traceback to `run_dir/errors/rank-N.txt`, its line to the
+    launcher. One raised by a collective another rank broke (its process ended) is marked, so the launcher
+    names the rank that failed first."""
+    import traceback
+
+    rank = os.environ.get("RANK", "0")
+    where = run_dir / "errors" / f"rank-{rank}.txt"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text("".join(traceback.format_exception(e)))
+    broken = "Connection closed by peer" in str(e) or "Connection reset by peer" in str(e)
+    mark = "collective: " if broken else ""
+    Path(os.environ["HONE_ERROR_FILE"]).write_text(
+        f"{mark}{type(e).__name__}: {_one_line(e)[:300]} ({where})"
+    )
+    return 1
+
+
+def _one_line(e: Exception) -> str:
+    """One line, even when a message (a user's reward or plugin error) spans several."""
+    return "; ".join(part.strip() for part in str(e).splitlines() if part.strip())
+
+
+def _say(text: str, line: str) -> None:
+    """Print the run's one line; a learner rank started by `hone train` leaves it to its launcher."""
+    error_file = os.environ.get("HONE_ERROR_FILE")
+    if error_file:
+        Path(error_file).write_text(line)
+    else:
+        print(text, file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -523,6 +523,20 @@ class TrainerConfig(Section):
         "before the run stops",
     )
 
+    world_size: int = Field(
+        1,
+        ge=1,
+        description="learner ranks, one process each (gloo on CPU, NCCL with one GPU each); under torchrun "
+        "its WORLD_SIZE",
+    )
+    strategy: Literal["fsdp2", "ddp"] = Field(
+        "fsdp2",
+        description="N ranks: fsdp2 shards parameters, gradients and optimizer state; ddp replicates them",
+    )
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="N ranks: the most one collective (all-gather, reduce, barrier) may wait"
+    )
+
     @model_validator(mode="after")
     def _producers_need_async(self) -> TrainerConfig:
         if self.producers > 1 and self.mode != "async":
@@ -710,6 +724,19 @@ class HoneConfig(Section):
                 f"algorithm.advantage: {advantage} needs a critic section (critic: {{}} for its defaults)"
                 if self.critic is None
                 else f"critic: set only with an estimator that reads values (gae), not {advantage!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _what_runs_on_ranks(self) -> HoneConfig:
+        if self.trainer.world_size == 1:
+            return self
+        if self.model.lora is not None:
+            raise ValueError("trainer.world_size > 1 with model.lora is not supported yet: one learner rank")
+        if self.cluster.backend == "ray":
+            raise ValueError(
+                "trainer.world_size > 1 with cluster.backend: ray is not supported yet (the Ray learner "
+                "group); use cluster.backend: local, or torchrun"
             )
         return self
 

@@ -27,6 +27,7 @@ from hone.rewards.resolve import load_reward
 from hone.rewards.scoring import RewardOutageError
 from hone.rollout.base import GenerationRequest
 from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.training.distributed import ONE_RANK
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Rollout, Sample, SamplingParams, TrainBatch
@@ -259,15 +260,19 @@ def test_lora_run_trains_adapter_and_saves_merged_weights(tmp_path: Path, micro_
 
 
 def test_the_run_trainer_normalises_dr_grpo_by_the_episode_budget(micro_model_dir: Path) -> None:
-    cfg = load_config(None, ["rollout.max_new_tokens=48"])
+    cfg = load_config(None, ["rollout.max_new_tokens=48", "algorithm.kl.coef=0"])
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=20, max_total_tokens=1000)
     parts = SimpleNamespace(
-        policy=Policy.from_pretrained(micro_model_dir),
+        model_path=str(micro_model_dir),
+        pad_id=0,
         episodes=Episodes(lambda: None, limits),  # type: ignore[arg-type]
     )
-    assert rl_start.rl_trainer(cfg, parts).norm_len == 60  # type: ignore[arg-type]  # 3 turns x 20, not 48
+    start = rl_start.learner_start(cfg, parts, micro_model_dir, None)  # type: ignore[arg-type]
+    assert start.norm_len == 60  # 3 turns x 20, not 48
+    models = rl_start.learner_models(cfg, Policy.from_pretrained(micro_model_dir), start, ONE_RANK)
+    assert models.trainer.norm_len == 60
     parts.episodes = None
-    assert rl_start.rl_trainer(cfg, parts).norm_len == 48  # type: ignore[arg-type]  # single-turn: the budget
+    assert rl_start.learner_start(cfg, parts, micro_model_dir, None).norm_len == 48  # type: ignore[arg-type]
 
 
 def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: Path) -> None:
@@ -298,6 +303,7 @@ def one_step(
         ref_policy=None,
         sampler=sampler,  # type: ignore[arg-type]
         weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]
+        weight_source=dict,
         reward=reward,
         train_samples=samples,
         eval_samples=[],

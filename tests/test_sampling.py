@@ -73,6 +73,7 @@ def _step(
         ref_policy=None,
         sampler=sampler,  # type: ignore[arg-type]
         weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]
+        weight_source=dict,
         reward=RewardScorer(_reward),
         train_samples=list(pool.values()),
         eval_samples=[],

@@ -35,6 +35,7 @@ class RunComponents:
     ref_policy: Policy | None
     sampler: Sampler
     weights: WeightChannel  # the policy's weights → the sampler's own copy, versioned
+    weight_source: WeightSource  # what a publish sends (`weight_source`; on N ranks the gathered weights)
     reward: RewardScorer
     train_samples: list[Sample]
     eval_samples: list[Sample]
@@ -64,6 +65,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     assert tokenizer is not None  # check_tokenizer refuses a model without one
     pad_id = pad_token_id(tokenizer)
     sampler = build_sampler(cfg, policy, model_path)
+    source = weight_source(cfg, policy)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
     agent = None
     if agent_spec is not None:  # last: nothing after it can fail and leave the server running
@@ -87,7 +89,8 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         policy=policy,
         ref_policy=None,
         sampler=sampler,
-        weights=weight_channel(cfg, policy, sampler),
+        weights=weight_channel(cfg, source, sampler),
+        weight_source=source,
         reward=reward,
         train_samples=train_samples,
         eval_samples=eval_samples,
@@ -109,9 +112,9 @@ def weight_source(cfg: HoneConfig, policy: Policy) -> WeightSource:
     return get_engine(cfg.rollout.engine).weight_source(policy)
 
 
-def weight_channel(cfg: HoneConfig, policy: Policy, sampler: Sampler) -> LocalWeightChannel:
-    """The in-process channel from the policy to `sampler` (`weight_source`)."""
-    return LocalWeightChannel(weight_source(cfg, policy), sampler, timeout_s=cfg.trainer.publish_timeout_s)
+def weight_channel(cfg: HoneConfig, source: WeightSource, sampler: Sampler) -> LocalWeightChannel:
+    """The in-process channel from the policy's `source` (`weight_source`) to `sampler`."""
+    return LocalWeightChannel(source, sampler, timeout_s=cfg.trainer.publish_timeout_s)
 
 
 def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
@@ -119,7 +122,7 @@ def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
     current weights made the version the run's sampler was last published, and the channel feeding it;
     the reward, data and environments are shared."""
     sampler = build_sampler(cfg, parts.policy, parts.model_path)
-    weights = weight_channel(cfg, parts.policy, sampler)
+    weights = weight_channel(cfg, parts.weight_source, sampler)
     weights.publish(parts.weights.published)
     return replace(parts, sampler=sampler, weights=weights)
 

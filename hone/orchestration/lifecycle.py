@@ -19,6 +19,7 @@ from hone.errors import HoneError
 from hone.orchestration.components import RunComponents, build_components
 from hone.tracking import METRICS_FILE, MetricsLogger, read_metrics
 from hone.training.checkpoint import Checkpointer
+from hone.training.distributed import Ranks
 
 
 class SetupError(HoneError, RuntimeError):
@@ -65,9 +66,11 @@ def setup_components(cfg: HoneConfig) -> RunComponents:
         raise SetupError(e.args[0] if e.args else repr(e)) from e
 
 
-def open_run_dir(cfg: HoneConfig, resume: bool) -> tuple[Path, Checkpointer, Path | None]:
+def open_run_dir(
+    cfg: HoneConfig, resume: bool, ranks: Ranks | None = None
+) -> tuple[Path, Checkpointer, Path | None]:
     run_dir = Path(cfg.run.dir) / cfg.run.name if resume else new_run_dir(cfg.run, resumable=True)
-    checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last)
+    checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last, ranks=ranks)
     try:  # nothing is written here: a start that fails in set-up leaves an existing run as it was
         return run_dir, checkpointer, checkpointer.latest_intact() if resume else None
     except ValueError as e:

@@ -29,6 +29,7 @@ from hone.envs import release_envs
 from hone.orchestration.components import RunComponents, close_samplers
 from hone.orchestration.evaluate import EvalSettings, run_eval
 from hone.orchestration.learner import Learner
+from hone.orchestration.learner_ranks import LeadRanks
 from hone.orchestration.lifecycle import (
     RunInterrupted,
     SetupError,
@@ -47,6 +48,7 @@ from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.plugins import load_object
 from hone.tracking import MetricsLogger, Progress, plot_metrics
 from hone.training.checkpoint import Checkpointer
+from hone.training.distributed import ONE_RANK, Ranks
 
 __all__ = ["RunInterrupted", "RunResult", "SetupError", "rl_step", "run_learner", "train"]
 
@@ -61,12 +63,16 @@ class RunResult:
     final_eval: dict[str, float]
 
 
-def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, float]:
+def rl_step(
+    step: int, rollouts: RolloutSource, learner: Learner, lead: LeadRanks | None = None
+) -> dict[str, float]:
     """One RL step: take the next step's scored groups and learn from them (synchronous:
-    `learn(produce(step))`); returns the producer's metrics, the learner's, and the step's time and
-    throughput."""
+    `learn(produce(step))`; on N learner ranks every rank learns from them, `lead` telling the others);
+    returns the producer's metrics, the learner's, and the step's time and throughput."""
     t0 = time.perf_counter()
     groups = rollouts.take()
+    if lead is not None:
+        lead.learn(groups, step)
     learned = learner.learn(groups, step)
     elapsed = time.perf_counter() - t0
     timing = {"time/step_s": elapsed, "throughput/tokens_per_s": groups.new_tokens / max(elapsed, 1e-9)}
@@ -76,10 +82,13 @@ def rl_step(step: int, rollouts: RolloutSource, learner: Learner) -> dict[str, f
 StepCallback = Callable[[int, Mapping[str, float]], object]
 
 
-def train(cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> RunResult:
+def train(
+    cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = (), ranks: Ranks = ONE_RANK
+) -> RunResult:
     """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`. This process is the
     controller and the learner whatever the back-end; with `cluster.backend: ray` the samplers and
-    reward workers are Ray actors (`ray_executor`), inside a Ray this attaches to or starts.
+    reward workers are Ray actors (`ray_executor`), inside a Ray this attaches to or starts. On N learner
+    ranks this is rank 0 (in the process group already), and the others `learner_ranks.follow` it.
 
     `callbacks` (after those `run.callbacks` names) are called as `fn(step, metrics)` after every RL
     step, once it is logged and checkpointed; one that raises ends the run (KeyboardInterrupt: as Ctrl-C).
@@ -90,7 +99,7 @@ def train(cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCall
         with ray_session(cfg.cluster):
             result = run_learner(cfg, resume=resume, callbacks=callbacks)
         return result
-    return run_learner(cfg, resume=resume, callbacks=callbacks)
+    return run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ranks)
 
 
 def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
@@ -105,13 +114,14 @@ def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
 
 
 def run_learner(
-    cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = ()
+    cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = (), ranks: Ranks = ONE_RANK
 ) -> RunResult:
     """The run in this process: set-up, (SFT warm start,) the RL loop driving its `RolloutSource`, eval,
     metrics and checkpoints."""
     callbacks = [*step_callbacks(cfg.run.callbacks), *callbacks]
     started = start_process(cfg.run)
-    run_dir, checkpointer, latest = open_run_dir(cfg, resume)
+    run_dir, checkpointer, latest = open_run_dir(cfg, resume, ranks)
+    lead = LeadRanks(ranks) if ranks.world > 1 else None  # first: the other ranks wait on its commands
     parts = setup_components(cfg)
     try:  # a sampler may run an engine process (vLLM): it never outlives the run
         try:
@@ -126,7 +136,12 @@ def run_learner(
         # A resume loads its checkpoint (and checks its reference) before the run directory is touched:
         # opening the logger drops metrics rows and TensorBoard events after the checkpoint, so a checkpoint
         # that does not fit the overrides must fail first.
-        resumed = None if latest is None else resume_rl(cfg, parts, run_dir, checkpointer, latest, curriculum)
+        resumed = None
+        if latest is not None:
+            announce = None if lead is None else lead.announce
+            resumed = resume_rl(cfg, parts, run_dir, checkpointer, latest, curriculum, ranks, announce)
+            if lead is not None:
+                lead.gather_weights(cfg, parts)
         metrics_log = open_run_log(cfg, run_dir, resume_step=None if resumed is None else resumed.step)
         with metrics_log:
             try:
@@ -141,9 +156,12 @@ def run_learner(
                     started,
                     curriculum,
                     callbacks,
+                    lead,
                 )
             except KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
+        if lead is not None:
+            lead.stop()
         if cfg.logging.plot:
             plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
         return result
@@ -163,12 +181,18 @@ def _train(
     started: float,
     curriculum: Curriculum,
     callbacks: Sequence[StepCallback],
+    lead: LeadRanks | None,
 ) -> RunResult:
+    ranks = ONE_RANK if lead is None else lead.ranks
     if resumed is None:
-        begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started)
+        announce = None if lead is None else lead.announce
+        begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started, ranks, announce)
+        if lead is not None:
+            lead.gather_weights(cfg, parts)
     else:
         begin = resumed
-        parts.weights.publish(begin.version)  # the checkpoint's weights, as the version they were
+        publish_resumed = parts.weights.publish if lead is None else lead.publisher(parts.weights.publish)
+        publish_resumed(begin.version)  # the checkpoint's weights, as the version they were
         log.info("resumed %s at step %d (weight version %d)", run_dir, begin.step, begin.version)
     trainer, start_eval = begin.trainer, begin.start_eval
     replay = ReplayBuffer(cfg.algorithm.replay) if cfg.algorithm.replay.enabled else None
@@ -183,15 +207,23 @@ def _train(
         trainer_cfg=cfg.trainer,
         temperature=cfg.rollout.temperature,
         pad_id=parts.pad_id,
-        publish=rollouts.publish,
+        publish=rollouts.publish if lead is None else lead.publisher(rollouts.publish),
         version=begin.version,
         critic=begin.critic,
     )
 
     def save(step: int) -> None:
         parts_ = checkpoint_parts(
-            begin, parts, step=step, version=learner.version, curriculum=curriculum, replay=replay
+            begin,
+            parts,
+            step=step,
+            version=learner.version,
+            curriculum=curriculum,
+            replay=replay,
+            ranks=ranks,
         )
+        if lead is not None:
+            lead.save(step)
         checkpointer.save(step, parts_)
 
     step = begin.step
@@ -207,7 +239,7 @@ def _train(
         closing(rollouts),
     ):
         while step < cfg.run.steps:
-            metrics = rl_step(step, rollouts, learner)
+            metrics = rl_step(step, rollouts, learner, lead)
             step += 1
             out_of_time = (
                 cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s

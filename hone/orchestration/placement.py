@@ -10,7 +10,7 @@ The driver process always runs the loop and the learner; only the executor chang
 from __future__ import annotations
 
 from hone.config import HoneConfig
-from hone.orchestration.components import RunComponents, close_samplers, producer_replica, weight_source
+from hone.orchestration.components import RunComponents, close_samplers, producer_replica
 from hone.orchestration.executors import InlineExecutor, ThreadExecutor
 from hone.orchestration.producer import Producer, ProducerSettings
 from hone.orchestration.replay import ReplayBuffer
@@ -25,9 +25,7 @@ def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None 
         from hone.orchestration.ray_executor import RayExecutor  # ray: an optional extra
 
         recipe = cfg.model_dump(mode="json")
-        return RayExecutor(
-            cfg.cluster, recipe, weight_source(cfg, parts.policy), parts.weights, retries=retries
-        )
+        return RayExecutor(cfg.cluster, recipe, parts.weight_source, parts.weights, retries=retries)
     settings = ProducerSettings.of(cfg)
     producer = Producer(parts, settings, replay)
     if cfg.trainer.mode == "async":

@@ -171,6 +171,7 @@ class SamplerActor:
             ref_policy=None,
             sampler=self.engine,
             weights=LocalWeightChannel(dict, self.engine, timeout_s=config.trainer.publish_timeout_s),
+            weight_source=dict,
             reward=reward,
             train_samples=train_samples,
             eval_samples=[],

@@ -27,11 +27,15 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from hone.training.distributed import Ranks
+
 log = logging.getLogger("hone")
 
 CHECKPOINTS = "checkpoints"
 MODEL_DIR = "model"
 CRITIC_DIR = "critic"  # PPO's value model (trunk + value head), beside the policy's `model/`
+SHARDS_DIR = "shards"  # N learner ranks: the policy and its optimizer as DCP shards
+CRITIC_SHARDS_DIR = "critic_shards"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TEMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
@@ -121,6 +125,9 @@ def damage(path: Path) -> str | None:
     if not weights:
         return f"no *.safetensors under {MODEL_DIR}/"
     weights += sorted((path / CRITIC_DIR).rglob("*.safetensors"))
+    for shards in (SHARDS_DIR, CRITIC_SHARDS_DIR):  # DCP's index, written last, after every rank's files
+        if (path / shards).is_dir() and not (path / shards / ".metadata").is_file():
+            return f"{shards}/ has no .metadata (a save of N ranks that did not finish)"
     for file in weights:
         try:
             with safe_open(file, framework="pt"):
@@ -143,13 +150,22 @@ class Checkpointer:
     (`step`, the trainer's LR-schedule progress under `trainer`, the run's counters); with a critic (PPO)
     also `critic/` (`ValueModel.save_pretrained`), `critic_optimizer.pt` and its trainer state under
     `critic`. One writer per run directory is assumed.
+
+    On N learner ranks every rank calls `save` with the same step and the same file parts in the same
+    order (a `name/` part may be a collective: a gather, or DCP shards every rank writes); rank 0 alone
+    prepares the temp directory, writes the `.pt` and JSON parts and renames, with a barrier between the
+    phases, so the checkpoint appears whole or not at all. The run directory must be one every rank sees
+    (a shared filesystem across nodes).
     """
 
-    def __init__(self, run_dir: str | Path, *, keep_last: int | None = None) -> None:
+    def __init__(
+        self, run_dir: str | Path, *, keep_last: int | None = None, ranks: Ranks | None = None
+    ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
         self.root = Path(run_dir) / CHECKPOINTS
         self.keep_last = keep_last
+        self.ranks = ranks or Ranks()
 
     def _complete(self) -> list[tuple[int, Path]]:
         if not self.root.is_dir():
@@ -188,25 +204,29 @@ class Checkpointer:
         if state.get("step", step) != step:
             raise ValueError("the 'step' part conflicts with the step being saved")
         state_json = json.dumps({**state, "step": step}, indent=2)  # fail before touching disk
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_leftovers()
-
+        lead = self.ranks.rank == 0
         final = self.root / f"step-{step}"
         tmp = self.root / f"{_TEMP_PREFIX}step-{step}"
-        tmp.mkdir()
+        if lead:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers()
+            tmp.mkdir()
+        self.ranks.barrier()
         for name, part in files.items():
             if name.endswith("/"):
                 part.save_pretrained(tmp / name.rstrip("/"))
-            else:
+            elif lead:
                 torch.save(part.state_dict(), tmp / name)
-        (tmp / "state.json").write_text(state_json)
-        _fsync_tree(tmp)
-
-        if final.exists():  # re-saving a step (e.g. after resuming from it): retire the old copy first
-            self._discard(final)
-        tmp.rename(final)
-        _fsync_dir(self.root)
-        self._prune()
+        self.ranks.barrier()  # every rank's files are written
+        if lead:
+            (tmp / "state.json").write_text(state_json)
+            _fsync_tree(tmp)
+            if final.exists():  # re-saving a step (e.g. after resuming from it): retire the old copy first
+                self._discard(final)
+            tmp.rename(final)
+            _fsync_dir(self.root)
+            self._prune()
+        self.ranks.barrier()  # no rank goes on before the checkpoint is in place
         return final
 
     def load(self, path: str | Path, parts: dict[str, Part]) -> dict[str, Any]:

@@ -79,11 +79,20 @@ class ValueModel(nn.Module):
         that produces token t + 1 (the prefix up to position t); 0 off `mask`."""
         return self(input_ids, attention_mask)[:, :-1] * mask
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """The trunk as an HF directory (what `critic.path` loads) plus `value_head.safetensors`."""
+    def save_pretrained(
+        self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """The trunk as an HF directory (what `critic.path` loads) plus `value_head.safetensors`.
+        `state_dict`: the whole model's state gathered from N learner ranks, written instead of its own."""
         directory = Path(directory)
-        self.trunk.save_pretrained(directory)
-        head = {k: v.detach().contiguous() for k, v in self.head.state_dict().items()}
+        state = state_dict if state_dict is not None else self.state_dict()
+        trunk = {k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")}
+        self.trunk.save_pretrained(directory, state_dict=trunk if state_dict is not None else None)
+        head = {
+            k.removeprefix("head."): v.detach().contiguous()
+            for k, v in state.items()
+            if k.startswith("head.")
+        }
         save_file(head, directory / VALUE_HEAD_FILE)
 
     def load_weights(self, directory: str | Path) -> None:

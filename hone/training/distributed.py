@@ -25,6 +25,7 @@ import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -64,6 +65,19 @@ class Ranks:
             return loss * 0.0
         return loss * float(self.world) if self.world > 1 else loss
 
+    def same(self, value: float) -> float:
+        """Rank 0's `value` on every rank (e.g. an LR that follows rank 0's clock under a time limit)."""
+        if self.world == 1:
+            return value
+        box: list[Any] = [value]
+        dist.broadcast_object_list(box, src=0)
+        return float(box[0])
+
+    def barrier(self) -> None:
+        """Wait for every rank (bounded by the process group's timeout); nothing on one rank."""
+        if self.world > 1:
+            dist.barrier()
+
     def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """`sums` summed over the ranks (keys a rank lacks count as 0); unchanged on one rank."""
         if self.world == 1:
@@ -75,6 +89,9 @@ class Ranks:
             for key, value in part.items():
                 total[key] = total.get(key, 0.0) + value
         return total
+
+
+ONE_RANK = Ranks()  # one process: the default wherever ranks are optional
 
 
 def init_ranks(ranks: Ranks, *, timeout_s: float, init_method: str | None = None) -> None:
@@ -92,6 +109,17 @@ def init_ranks(ranks: Ranks, *, timeout_s: float, init_method: str | None = None
 
 
 STRATEGIES = ("fsdp2", "ddp")
+
+
+def copy_from_rank0(model: nn.Module, ranks: Ranks) -> None:
+    """Make every rank's (unsharded) `model` rank 0's, tensor by tensor: a warm start trained on rank 0
+    alone, or a model whose initialisation drew from a seeded but per-process RNG. Before `shard`: FSDP2
+    takes each rank's slice of the weights it holds."""
+    if ranks.world == 1:
+        return
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
 
 
 def shard(model: nn.Module, strategy: str, ranks: Ranks) -> nn.Module:
@@ -127,7 +155,30 @@ def full_state_dict(model: nn.Module, ranks: Ranks) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    state = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    if ranks.rank == 0:  # a tied parameter (embedding and LM head) as one tensor, as one process has it,
+        seen: dict[int, str] = {}  # so `save_pretrained` writes it once
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            first = seen.setdefault(id(tensor), name)
+            if first != name and first in state and name in state:
+                state[name] = state[first]
+    return state
+
+
+def load_full_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a one-process `optimizer.state_dict()` (its parameters numbered in the order `model`'s
+    trainable parameters are named) into the optimizer of sharded `model`: each rank keeps its slice of
+    every moment."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    by_name: dict[str, Any] = {
+        "state": {names[int(i)]: v for i, v in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[int(i)] for i in group["params"]]} for group in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def save_sharded(directory: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -155,3 +206,48 @@ def load_sharded(directory: str, model: nn.Module, optimizer: torch.optim.Optimi
     set_state_dict(
         model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state
     )  # filled in place
+
+
+class GatheredModel:
+    """A sharded model as a checkpoint's `name/` part: every rank joins the gather, rank 0 writes its
+    owner's `save_pretrained` directory from the whole state, so `from_pretrained`, `hone eval` and a
+    sampler load it as one process's. `load_weights` reads it into the owner unsharded (before `shard`)."""
+
+    def __init__(self, owner: Any, module: nn.Module, ranks: Ranks) -> None:
+        self.owner, self.module, self.ranks = owner, module, ranks
+
+    def save_pretrained(self, directory: Path) -> None:
+        state = full_state_dict(self.module, self.ranks)
+        if self.ranks.rank == 0:
+            self.owner.save_pretrained(directory, state_dict=state)
+
+    def load_weights(self, directory: Path) -> None:
+        self.owner.load_weights(directory)
+
+
+class Shards:
+    """A model and its optimizer as a checkpoint's DCP part (`save_sharded`/`load_sharded`): each rank
+    writes its shards, and any world size reads them back, one process included."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer = module, optimizer
+
+    def save_pretrained(self, directory: Path) -> None:
+        save_sharded(str(directory), self.module, self.optimizer)
+
+    def load_weights(self, directory: Path) -> None:
+        load_sharded(str(directory), self.module, self.optimizer)
+
+
+class FullOptimizer:
+    """A one-process checkpoint's `optimizer.pt` read into the optimizer of a sharded model (a run that
+    one process wrote, resumed on N ranks)."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        raise TypeError("FullOptimizer only loads; N ranks save their optimizer as DCP shards")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_full_optimizer(self.module, self.optimizer, state)

@@ -363,15 +363,23 @@ class Policy:
             out[key] = merged.get(key, value.detach())
         return out
 
-    def save_pretrained(self, directory: str | Path) -> Path:
+    def save_pretrained(
+        self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> Path:
         """Write a loadable HF model directory (safetensors + tokenizer).
 
         With LoRA the top-level weights are the merged model (so samplers and `from_pretrained` need no
         peft) and the adapter alone goes to `adapter/` (what `load_weights` restores when resuming).
+        `state_dict`: the model's whole state gathered from N learner ranks (not LoRA), written instead of
+        the model's own (sharded) tensors.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.is_lora:
+        if state_dict is not None:
+            if self.is_lora:
+                raise ValueError("a gathered state dict of a LoRA policy is not supported")
+            self.base_model().save_pretrained(directory, state_dict=state_dict)
+        elif self.is_lora:
             self.base_model().save_pretrained(directory, state_dict=self.state_dict_for_sampler())
             self.peft_model().save_pretrained(str(directory / ADAPTER_DIR))
         else:

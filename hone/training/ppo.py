@@ -127,6 +127,7 @@ class Optimizee:
         """This optimizee's part of an RL update: `cfg.ppo_epochs` x `cfg.mini_batches` optimizer steps at
         learning rate `lr`, each over the micro-batch losses `micro_losses` yields. `where` (e.g. "RL step
         4") locates a non-finite-gradient error."""
+        lr = self.ranks.same(lr)  # under a time limit the LR follows a clock: rank 0's, on every rank
         self.stepper.set_lr(lr)
         steps = Steps()
         seed = derive_seed(self.seed, self.shuffle, self.updates)

@@ -178,7 +178,10 @@ class RLTrainer(Optimizee):
             "norm_len": self.norm_len,
         }
         with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
-        prompt_lens = batch.prompt_lens if self.cfg.shared_prompts else None
+        # A shared-prompt forward is one or two model calls by the micro-batch's rows; N ranks must make the
+        # same calls (FSDP2 gathers in each), so there every micro-batch forwards its rows whole.
+        shared = self.cfg.shared_prompts and self.ranks.world == 1
+        prompt_lens = batch.prompt_lens if shared else None
         # On N ranks this rank's share of the mini-batch, padded to as many micro-batches as any rank runs.
         for rows, padding in self.ranks.micro_batches(
             mini, micro_batch_rows(self.cfg, batch.input_ids.shape[1])

@@ -1,0 +1,181 @@
+"""N learner ranks in one run: rank 0 runs the loop, the others follow its learner, call for call.
+
+Rank 0 is the controller (the approach of prime-rl and the research in
+`../shared/research/distributed-learner.md`): it alone samples, scores, evaluates and logs. The other
+ranks hold only the learner's models (each its shard) and wait for rank 0's next command, sent over a
+gloo group of its own (`Commands`):
+
+    start   build the reference, trainer and critic from rank 0's weights (and load the checkpoint)
+    learn   `Learner.learn` on the step's rollouts: the same log-prob passes, update and publish gather
+    save    the checkpoint's collective parts (the gathered `model/`, the DCP shards)
+    stop    the run is over
+
+So every collective happens on every rank at the same point, in the same order, by construction: the
+followers run the same functions on the same inputs. A command's wait has no useful bound (rank 0 may
+sample or evaluate for an hour between two `learn`s), so it gets a week; a rank that dies is seen by the
+launcher (`hone.orchestration.launch`) or torchrun, which ends the run, and every collective *inside* a
+command is bounded by `trainer.collective_timeout_s`.
+
+Weights reach the samplers from rank 0 only: every rank joins the gather (`GatheredWeights.gather`, a
+full state dict on rank 0), then rank 0 publishes through the run's weight channel as one process does.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hone.config import HoneConfig
+from hone.models import resolve_model
+from hone.orchestration.components import RunComponents, weight_channel
+from hone.orchestration.learner import Learner
+from hone.orchestration.lifecycle import start_process
+from hone.orchestration.producer import ScoredGroups
+from hone.orchestration.rl_start import LearnerStart, learner_models, loaded_models, saved_models
+from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer
+from hone.training.distributed import Ranks, full_state_dict, init_ranks
+from hone.training.models import load_policy
+
+log = logging.getLogger("hone")
+
+COMMAND_WAIT = timedelta(days=7)
+
+
+class Commands:
+    """Rank 0's commands to the other learner ranks, broadcast over a gloo group of their own (so a
+    follower's wait for the next one is not bound by the collectives' timeout)."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.group = dist.new_group(backend="gloo", timeout=COMMAND_WAIT)
+
+    def send(self, kind: str, **payload: Any) -> None:
+        dist.broadcast_object_list([(kind, payload)], src=0, group=self.group)
+
+    def receive(self) -> tuple[str, dict[str, Any]]:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        kind, payload = box[0]
+        return kind, payload
+
+
+class GatheredWeights:
+    """Rank 0's weight source on N ranks: the tensors the engine's own source names (`names`, read from
+    the unsharded policy at set-up), taken from the state every rank gathered at the publish."""
+
+    def __init__(self, names: list[str], module: nn.Module, ranks: Ranks) -> None:
+        self.names, self.module, self.ranks = names, module, ranks
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def gather(self) -> None:
+        """Every rank, at the same point: rank 0 then holds the whole state."""
+        self._state = full_state_dict(self.module, self.ranks)
+
+    def release(self) -> None:
+        self._state = None
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        if self._state is None:
+            raise RuntimeError("the learner ranks' weights are read between gather() and release() only")
+        return {name: self._state[name] for name in self.names}
+
+
+class LeadRanks:
+    """Rank 0's side: it sends each command before doing its own part of it."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.commands = Commands(ranks)
+        self.gathered: GatheredWeights | None = None
+
+    def announce(self, start: LearnerStart) -> None:
+        self.commands.send("start", start=start)
+
+    def gather_weights(self, cfg: HoneConfig, parts: RunComponents) -> None:
+        """After sharding: the run's weight channel reads the gathered state (the engine's names are read
+        from the source it had, whose tensors are the sharded model's now: only their names are used)."""
+        names = list(parts.weight_source())
+        missing = sorted(set(names) - set(parts.policy.model.state_dict()))
+        if missing:
+            raise ValueError(f"the sampler's weights {missing[:3]} are not the policy's state on N ranks")
+        self.gathered = GatheredWeights(names, parts.policy.model, self.ranks)
+        parts.weight_source = self.gathered
+        parts.weights = weight_channel(cfg, self.gathered, parts.sampler)
+
+    def publisher(self, publish: Any) -> Any:
+        """`publish(version)` on rank 0 between every rank's gather and the release of the state."""
+        gathered = self.gathered
+        assert gathered is not None
+
+        def ranked_publish(version: int) -> None:
+            gathered.gather()
+            try:
+                publish(version)
+            finally:
+                gathered.release()
+
+        return ranked_publish
+
+    def learn(self, groups: ScoredGroups, step: int) -> None:
+        self.commands.send("learn", rollouts=groups.rollouts, step=step)
+
+    def save(self, step: int) -> None:
+        self.commands.send("save", step=step)
+
+    def stop(self) -> None:
+        self.commands.send("stop")
+
+
+def start_ranks(cfg: HoneConfig, ranks: Ranks) -> None:
+    """Join the learner ranks' process group (its address from the environment, as torchrun and
+    `hone.orchestration.launch` set it); every collective bounded by `trainer.collective_timeout_s`."""
+    init_ranks(ranks, timeout_s=cfg.trainer.collective_timeout_s, init_method="env://")
+
+
+def follow(cfg: HoneConfig, ranks: Ranks) -> None:
+    """A learner rank other than 0: build the policy, then do what rank 0 says until it says stop."""
+    start_process(cfg.run)
+    commands = Commands(ranks)
+    policy = load_policy(cfg.model, resolve_model(cfg.model.path))  # rank 0's weights replace these
+    kind, payload = commands.receive()
+    if kind == "stop":  # rank 0 ended before RL (e.g. `hone sft`)
+        return
+    start: LearnerStart = payload["start"]
+    models = learner_models(cfg, policy, start, ranks)
+    checkpointer = Checkpointer(Path(cfg.run.dir) / cfg.run.name, keep_last=cfg.run.keep_last, ranks=ranks)
+    gathered = GatheredWeights([], policy.model, ranks)
+    if start.resume is not None:
+        path = Path(start.resume)
+        checkpointer.load(path, loaded_models(path, policy, models, ranks) | {RNG_FILE: RNG})
+        gathered.gather()  # rank 0 publishes the checkpoint's weights
+        gathered.release()
+    learner = Learner(
+        policy=policy,
+        ref_policy=models.ref_policy,
+        trainer=models.trainer,
+        algorithm=cfg.algorithm,
+        trainer_cfg=cfg.trainer,
+        temperature=cfg.rollout.temperature,
+        pad_id=start.pad_id,
+        publish=lambda _version: gathered.gather(),  # rank 0 publishes; here the state is {}
+        critic=models.critic,
+    )
+    while True:
+        kind, payload = commands.receive()
+        if kind == "learn":
+            step = int(payload["step"])
+            learner.learn(
+                ScoredGroups(step=step, rollouts=payload["rollouts"], metrics={}, new_tokens=0), step
+            )
+        elif kind == "save":
+            checkpointer.save(int(payload["step"]), saved_models(policy, models, ranks))
+        elif kind == "stop":
+            return
+        else:
+            raise RuntimeError(f"learner rank {ranks.rank}: unknown command {kind!r} from rank 0")

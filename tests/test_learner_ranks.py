@@ -1,0 +1,221 @@
+"""`hone train ... trainer.world_size=2`: two CPU learner ranks (gloo), started by `hone train` itself or by
+torchrun, train as one process does; their checkpoints resume exactly, and at another world size; a rank
+that fails or is killed ends the run with one line and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hone.cli import main
+from hone.config import load_config
+from hone.orchestration.loop import train
+from tests.helpers import REPO, TOKEN_REWARD, final_weights, logged_steps, tiny_overrides, wait_for
+
+# 3 prompts x 3 samples = 9 rows a step, over 2 mini-batches (5 and 4 rows) of micro-batches of 2: rank 0's
+# shares (3, 2) take 2 and 1 micro-batches, rank 1's (2, 2) one each, so rank 1 pads its first mini-batch.
+# A KL term (the reference's forward on every rank) and a gradient at every step (the token reward).
+STEPS = {
+    "run.steps": 3,
+    "run.save_every": 1,
+    "run.eval_every": 0,
+    "data.prompts_per_step": 3,
+    "rollout.n": 3,
+    "trainer.mini_batches": 2,
+    "trainer.micro_batch_size": 2,
+    "algorithm.kl.coef": 0.05,
+    "trainer.collective_timeout_s": 60,  # a mismatch of the ranks' collectives fails in a minute
+    **TOKEN_REWARD,
+}
+PPO = {"algorithm.advantage": "gae", "critic.lr": 1e-3, "algorithm.kl.coef": 0}
+TOLERANCE = 1e-5  # fp32: AdamW turns float-order noise on a near-zero gradient into steps this size
+
+
+def hone_train(args: list[str], cwd: Path, *, torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        if torchrun
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*launcher, "-m", "hone.cli", "train", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def ranks_run(tmp_path: Path, model_dir: Path, name: str, *, world: int = 2, **extra: object) -> Path:
+    settings = {**STEPS, "trainer.world_size": world, **extra}
+    done = hone_train(tiny_overrides(tmp_path, model_dir, name, **settings), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp_path / name
+
+
+def critic_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    critic = run_dir / "checkpoints" / "step-3" / "critic"
+    return {f"{f.name}/{k}": v for f in sorted(critic.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def largest_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra", "torchrun"),
+    [("fsdp2", {}, False), ("ddp", {}, True), ("fsdp2", PPO, False)],
+    ids=["fsdp2", "ddp-torchrun", "fsdp2-ppo-critic"],
+)
+def test_two_ranks_train_as_one_process(
+    tmp_path: Path, micro_model_dir: Path, strategy: str, extra: dict[str, object], torchrun: bool
+) -> None:
+    train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "one", **(STEPS | extra))))
+    overrides = STEPS | extra | {"trainer.strategy": strategy}
+    if not torchrun:
+        overrides["trainer.world_size"] = 2  # under torchrun: its WORLD_SIZE
+    done = hone_train(
+        tiny_overrides(tmp_path, micro_model_dir, "two", **overrides), tmp_path, torchrun=torchrun
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    start = {f"model.safetensors/{k}": v for k, v in load_file(micro_model_dir / "model.safetensors").items()}
+    assert largest_gap(one, start) > 100 * TOLERANCE  # the runs trained
+    assert largest_gap(one, two) <= TOLERANCE
+    if extra is PPO:
+        assert largest_gap(critic_weights(tmp_path / "one"), critic_weights(tmp_path / "two")) <= TOLERANCE
+    assert "Traceback" not in done.stderr
+
+
+def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    straight = final_weights(ranks_run(tmp_path, micro_model_dir, "straight"))
+    stopped = ranks_run(tmp_path, micro_model_dir, "stopped", **{"run.steps": 2})
+    assert (stopped / "checkpoints" / "step-2" / "shards" / ".metadata").is_file()
+    shutil.copytree(stopped, tmp_path / "to-one")
+    again = hone_train(["--resume", str(stopped), "run.steps=3"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert largest_gap(final_weights(stopped), straight) == 0.0  # bit-identical
+
+    one = hone_train(["--resume", str(tmp_path / "to-one"), "run.steps=3", "trainer.world_size=1"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "written by 2 learner ranks, going on with 1" in one.stderr
+    assert largest_gap(final_weights(tmp_path / "to-one"), straight) <= TOLERANCE
+
+    train(
+        load_config(None, tiny_overrides(tmp_path, micro_model_dir, "from-one", **{**STEPS, "run.steps": 2}))
+    )
+    two = hone_train(
+        ["--resume", str(tmp_path / "from-one"), "run.steps=3", "trainer.world_size=2"], tmp_path
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "written by 1 learner rank, going on with 2" in two.stderr
+    assert largest_gap(final_weights(tmp_path / "from-one"), straight) <= TOLERANCE
+
+
+def rank_processes(launcher: subprocess.Popen[str]) -> dict[int, int]:
+    """The launcher's rank processes, {rank: pid}."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    found = {}
+    for pid in map(int, children):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        found[int(env[b"RANK"])] = pid
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def running_ranks(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen[str], dict[int, int]]:
+    """A long 2-rank run that has logged step 1, and its rank processes."""
+    settings = {**STEPS, "run.steps": 10_000, "run.save_every": 0, "trainer.world_size": 2}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hone.cli", "train", *tiny_overrides(tmp_path, model_dir, "r", **settings)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    reached = wait_for(lambda: 1 in logged_steps(metrics) or launcher.poll() is not None, 180)
+    assert reached and launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+    ranks = rank_processes(launcher)
+    assert sorted(ranks) == [0, 1]
+    return launcher, ranks
+
+
+def test_a_killed_rank_ends_the_run_with_one_line_and_no_process_left(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    launcher, ranks = running_ranks(tmp_path, micro_model_dir)
+    os.kill(ranks[1], signal.SIGKILL)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hone: error: learner rank 1 of 2: died of SIGKILL; at step "), err
+    assert "resume with `hone train --resume" in last
+    assert "Traceback" not in err
+    assert not any(alive(pid) for pid in ranks.values())
+
+
+def test_sigterm_on_the_launcher_stops_every_rank_within_10_s(tmp_path: Path, micro_model_dir: Path) -> None:
+    launcher, ranks = running_ranks(tmp_path, micro_model_dir)
+    sent = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=60)
+    assert time.monotonic() - sent < 10
+    assert launcher.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1].startswith("hone: interrupted at step "), err
+    assert "Traceback" not in err
+    assert not any(alive(pid) for pid in ranks.values())
+
+
+def test_a_rank_that_fails_in_set_up_is_the_runs_one_line(tmp_path: Path, micro_model_dir: Path) -> None:
+    bad = {"data.task": "null", "data.source": "nope.jsonl", "data.eval_source": "nope.jsonl"}
+    done = hone_train(
+        tiny_overrides(tmp_path, micro_model_dir, "bad", **STEPS, **bad, **{"trainer.world_size": 2}),
+        tmp_path,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("hone: error: ") and "nope.jsonl" in lines[-1], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.world_size=2", "model.lora.r=4"],
+            "trainer.world_size > 1 with model.lora is not supported",
+        ),
+        (["trainer.world_size=2", "cluster.backend=ray"], "the Ray learner group"),
+        (["trainer.strategy=zero3"], "trainer.strategy"),
+    ],
+)
+def test_what_ranks_cannot_do_yet_is_one_line_before_any_starts(
+    overrides: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
