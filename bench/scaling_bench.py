@@ -5,7 +5,14 @@ Each world size runs in its own N processes (`torch.multiprocessing`, a file ren
 runs `--updates` RL updates with AdamW on one fixed batch (`--rows` x `--len` tokens, ragged responses).
 Per rank it reports the bytes this rank holds of parameters, of gradients (as many as the trainable
 parameters it holds: they are freed after each optimizer step) and of AdamW's state, and the median update
-time after the first. Run:
+time after the first. The communication share at N ranks is 1 - (one rank's share of the batch updated
+alone, in one process with that rank's threads) / (the update on N ranks): what the collectives and the
+padding cost beyond the rank's own compute.
+
+It then sizes real Qwen2 shapes (0.5B to 14B, built on the meta device: no memory) as FSDP2 shards them,
+and reports per rank the bytes of parameters + gradients + AdamW's two moments in fp32 (16 bytes a
+parameter at N = 1), and the largest that fits a per-rank budget (`--budget-gib`) at each N. Activations,
+the reference and the sampler's copy are not counted. Run:
 
     .venv/bin/python bench/scaling_bench.py --worlds 1 2 --strategy fsdp2
 
@@ -33,6 +40,15 @@ from hone.training.distributed import Ranks, init_ranks, shard
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Rollout, TrainBatch
+
+# Qwen2/Qwen2.5 shapes: hidden, layers, intermediate, heads, kv heads, tied embeddings (vocab 151936).
+QWEN2 = {
+    "0.5B": (896, 24, 4864, 14, 2, True),
+    "1.5B": (1536, 28, 8960, 12, 2, True),
+    "3B": (2048, 36, 11008, 16, 2, True),
+    "7B": (3584, 28, 18944, 28, 4, False),
+    "14B": (5120, 48, 13824, 40, 8, False),
+}
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -105,12 +121,35 @@ def measure(ranks: Ranks, model_dir: Path, args: argparse.Namespace) -> dict[str
     }
 
 
+def learner_bytes(ranks: Ranks) -> dict[str, int]:
+    """Per rank: fp32 parameters + gradients + AdamW's two moments (4 x the local parameter bytes) of each
+    Qwen2 shape, sharded by FSDP2 on the meta device."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    sizes = {}
+    for name, (hidden, layers, inter, heads, kv, tied) in QWEN2.items():
+        config = Qwen2Config(
+            vocab_size=151936,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            intermediate_size=inter,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            tie_word_embeddings=tied,
+        )
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(config)
+        shard(model, "fsdp2", ranks)
+        sizes[name] = 4 * sum(local_bytes(p) for p in model.parameters())
+    return sizes
+
+
 def _rank(rank: int, world: int, model_dir: str, rendezvous: str, out: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, args.threads // world))
     ranks = Ranks(rank, world)
     init_ranks(ranks, timeout_s=300, init_method=f"file://{rendezvous}")
     try:
-        mine = measure(ranks, Path(model_dir), args)
+        mine = measure(ranks, Path(model_dir), args) | {"qwen2_bytes": learner_bytes(ranks)}
         everyone: list[Any] = [None] * world
         if world > 1:
             dist.all_gather_object(everyone, mine)
@@ -136,6 +175,7 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads shared by the ranks")
+    parser.add_argument("--budget-gib", type=float, default=64.0, help="per-rank learner memory budget")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "scaling_bench.json")
     args = parser.parse_args()
     results: dict[int, list[dict[str, Any]]] = {}
@@ -156,6 +196,21 @@ def main() -> None:
                 start_method="spawn",
             )
             results[world] = json.loads(out.read_text())
+        alone: dict[int, float] = {}  # one rank's share of the batch, updated in one process with its threads
+        for world in args.worlds:
+            if world == 1:
+                continue
+            share = argparse.Namespace(
+                **{**vars(args), "rows": args.rows // world, "threads": args.threads // world}
+            )
+            out = Path(tmp) / f"alone{world}.json"
+            mp.start_processes(
+                _rank,
+                args=(1, str(model_dir), str(Path(tmp) / f"rdzv-alone{world}"), str(out), share),
+                nprocs=1,
+                start_method="spawn",
+            )
+            alone[world] = json.loads(out.read_text())[0]["s_per_update"]
     one = results[min(results)][0]
     one_total = one["params_bytes"] + one["grads_bytes"] + one["optimizer_bytes"]
     print(
@@ -172,14 +227,36 @@ def main() -> None:
                 f"{world:5d}  {r['rank']:4d}  {mb[0]:9.2f}  {mb[1]:8.2f}  {mb[2]:8.2f}  {mb[3]:8.2f}  "
                 f"{total / one_total:8.3f}  {r['s_per_update']:8.3f}"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {"strategy": args.strategy, "hidden": args.hidden, "layers": args.layers, "results": results},
-            indent=1,
+    communication = {}
+    for world, seconds in alone.items():
+        step = max(r["s_per_update"] for r in results[world])
+        communication[world] = 1 - seconds / step
+        print(
+            f"world {world}: one rank's share alone {seconds:.3f} s/update, on {world} ranks {step:.3f}: "
+            f"communication and padding {100 * communication[world]:.0f}% of the update"
         )
-        + "\n"
-    )
+    budget = args.budget_gib * 2**30
+    largest = {}
+    print(f"\nfp32 params + grads + AdamW per rank (GiB), FSDP2; budget {args.budget_gib:g} GiB per rank")
+    print("world  " + "  ".join(f"{name:>6s}" for name in QWEN2) + "  largest that fits")
+    for world, ranks in results.items():
+        sizes = max((r["qwen2_bytes"] for r in ranks), key=lambda s: sum(s.values()))
+        fits = [name for name in QWEN2 if sizes[name] <= budget]
+        largest[world] = fits[-1] if fits else None
+        gib = "  ".join(f"{sizes[name] / 2**30:6.1f}" for name in QWEN2)
+        print(f"{world:5d}  {gib}  {largest[world]}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "strategy": args.strategy,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "results": results,
+        "one_rank_share_alone_s": alone,
+        "communication_share": communication,
+        "budget_gib": args.budget_gib,
+        "largest_fitting": largest,
+    }
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":

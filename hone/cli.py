@@ -228,6 +228,8 @@ def _learner_ranks(cfg: HoneConfig, world: int) -> Iterator[Ranks]:
 def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.loop import train
 
+    _one_rank_only("sft", cfg)
+
     cfg.sft.enabled = True
     cfg.run.steps = 0
     result = train(cfg)
@@ -269,8 +271,17 @@ def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     return 0
 
 
+def _one_rank_only(command: str, cfg: HoneConfig) -> None:
+    if cfg.trainer.world_size > 1 or int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise ConfigError(
+            f"hone {command} runs on one learner rank; N ranks (trainer.world_size) train RL only, so far"
+        )
+
+
 def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.preference import MODEL_DIR, run_dpo_recipe
+
+    _one_rank_only("dpo", cfg)
 
     result = run_dpo_recipe(cfg)
     print(_preference_summary(result, MODEL_DIR))
@@ -286,6 +297,8 @@ def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 
 def _rm(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.preference import MODEL_DIR, run_rm_recipe
+
+    _one_rank_only("rm", cfg)
 
     result = run_rm_recipe(cfg)
     print(_preference_summary(result, MODEL_DIR))

@@ -99,9 +99,9 @@ def train_tiny(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> P
     return tmp_path / name
 
 
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a `train_tiny` run's step-3 checkpoint, keyed `file/name`."""
-    (checkpoint,) = [p for p in (run_dir / "checkpoints").iterdir() if p.name == "step-3"]
+def final_weights(run_dir: Path, step: int = 3) -> dict[str, torch.Tensor]:
+    """Every tensor of a `train_tiny` run's step-3 checkpoint (or `step`'s), keyed `file/name`."""
+    (checkpoint,) = [p for p in (run_dir / "checkpoints").iterdir() if p.name == f"step-{step}"]
     out: dict[str, torch.Tensor] = {}
     for file in sorted((checkpoint / "model").rglob("*.safetensors")):
         out |= {f"{file.name}/{k}": v for k, v in load_file(str(file)).items()}

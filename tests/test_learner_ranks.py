@@ -98,6 +98,25 @@ def test_two_ranks_train_as_one_process(
     assert "Traceback" not in done.stderr
 
 
+def test_bf16_autocast_on_two_ranks_is_fsdp2_mixed_precision_and_moves_as_one_process(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """`trainer.autocast: bfloat16` on ranks is FSDP2's bf16 compute with fp32 reduction and masters; one
+    process autocasts its matmuls. Not equal (FSDP2 casts every parameter, norms included), but the same
+    update: the two runs' gap is a small fraction of how far either moved."""
+    bf16 = {**STEPS, "trainer.autocast": "bfloat16", "run.steps": 1}  # one update of the same rollouts
+    train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "one", **bf16)))
+    two = ranks_run(tmp_path, micro_model_dir, "two", **bf16)
+    start = {f"model.safetensors/{k}": v for k, v in load_file(micro_model_dir / "model.safetensors").items()}
+    step = {}
+    for name, run in (("one", tmp_path / "one"), ("two", two)):
+        weights = final_weights(run, step=1)
+        assert all(v.dtype == torch.float32 for v in weights.values())  # fp32 masters, saved as such
+        step[name] = torch.cat([(weights[k] - start[k]).flatten() for k in sorted(start)])
+    cosine = float(torch.nn.functional.cosine_similarity(step["one"], step["two"], dim=0))
+    assert cosine > 0.9, cosine
+
+
 def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
@@ -211,11 +230,14 @@ def test_a_rank_that_fails_in_set_up_is_the_runs_one_line(tmp_path: Path, micro_
         ),
         (["trainer.world_size=2", "cluster.backend=ray"], "the Ray learner group"),
         (["trainer.strategy=zero3"], "trainer.strategy"),
+        ("dpo", "hone dpo runs on one learner rank"),
+        ("rm", "hone rm runs on one learner rank"),
     ],
 )
 def test_what_ranks_cannot_do_yet_is_one_line_before_any_starts(
-    overrides: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    overrides: list[str] | str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["train", *overrides]) == 2
+    command = ["train", *overrides] if isinstance(overrides, list) else [overrides, "trainer.world_size=2"]
+    assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

@@ -23,6 +23,7 @@ full state dict on rank 0), then rank 0 publishes through the run's weight chann
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,8 @@ class LeadRanks:
 def start_ranks(cfg: HoneConfig, ranks: Ranks) -> None:
     """Join the learner ranks' process group (its address from the environment, as torchrun and
     `hone.orchestration.launch` set it); every collective bounded by `trainer.collective_timeout_s`."""
+    if torch.cuda.is_available() and cfg.model.device in ("auto", "cuda"):  # one GPU a rank: its local one
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", ranks.rank)))
     init_ranks(ranks, timeout_s=cfg.trainer.collective_timeout_s, init_method="env://")
 
 

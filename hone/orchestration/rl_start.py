@@ -110,7 +110,7 @@ def learner_models(cfg: HoneConfig, policy: Policy, start: LearnerStart, ranks: 
         if single and ranks.rank == 0:
             policy.load_weights(Path(start.resume or "") / MODEL_DIR)
         copy_from_rank0(policy.model, ranks)
-        shard(policy.model, strategy, ranks)
+        shard(policy.model, strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
     ref_policy, reference = None, None
     if cfg.algorithm.kl.coef > 0:
         ref_policy, reference = load_reference(cfg.model, policy, start.start_dir, warm_started=start.warm)

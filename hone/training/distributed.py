@@ -122,17 +122,22 @@ def copy_from_rank0(model: nn.Module, ranks: Ranks) -> None:
             dist.broadcast(tensor, src=0)
 
 
-def shard(model: nn.Module, strategy: str, ranks: Ranks) -> nn.Module:
+def shard(model: nn.Module, strategy: str, ranks: Ranks, *, bf16: bool = False) -> nn.Module:
     """Wrap `model` in place for `strategy` over the default process group (see the module docstring);
-    build its optimizer after this. One rank: the model as it is."""
+    build its optimizer after this. One rank: the model as it is. `bf16` (`trainer.autocast: bfloat16`):
+    FSDP2's mixed precision, parameters gathered and computed in bf16, gradients reduced in fp32 into the
+    fp32 shards the optimizer steps (torchtitan's default; keep `model.dtype` float32 for fp32 masters)."""
     if ranks.world == 1:
         return model
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    precision = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if bf16 else MixedPrecisionPolicy()
 
     device = next(model.parameters()).device.type
+    device = "cpu" if device == "meta" else device  # a model built on the meta device (sizes only)
     if strategy == "ddp":
         mesh = init_device_mesh(device, (ranks.world, 1), mesh_dim_names=("replicate", "shard"))
     else:
@@ -141,8 +146,8 @@ def shard(model: nn.Module, strategy: str, ranks: Ranks) -> nn.Module:
     layer_classes = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
     for module in model.modules():
         if module is not model and type(module).__name__ in layer_classes:
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(module, mesh=mesh, mp_policy=precision)
+    fully_shard(model, mesh=mesh, mp_policy=precision)
     return model
 
 
