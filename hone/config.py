@@ -731,8 +731,11 @@ class HoneConfig(Section):
     def _what_runs_on_ranks(self) -> HoneConfig:
         if self.trainer.world_size == 1:
             return self
-        if self.model.lora is not None:
-            raise ValueError("trainer.world_size > 1 with model.lora is not supported yet: one learner rank")
+        if self.model.lora is not None and self.sft.enabled and self.algorithm.kl.coef > 0:
+            raise ValueError(
+                "trainer.world_size > 1 with model.lora, sft.enabled and a KL reference is not supported yet "
+                "(the reference swaps the SFT adapter into the sharded model)"
+            )
         if self.cluster.backend == "ray":
             raise ValueError(
                 "trainer.world_size > 1 with cluster.backend: ray is not supported yet (the Ray learner "

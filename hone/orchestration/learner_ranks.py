@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from hone.config import HoneConfig
 from hone.models import resolve_model
@@ -42,6 +41,7 @@ from hone.orchestration.rl_start import LearnerStart, learner_models, loaded_mod
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer
 from hone.training.distributed import Ranks, full_state_dict, init_ranks
 from hone.training.models import load_policy
+from hone.training.policy import Policy
 
 log = logging.getLogger("hone")
 
@@ -68,15 +68,16 @@ class Commands:
 
 class GatheredWeights:
     """Rank 0's weight source on N ranks: the tensors the engine's own source names (`names`, read from
-    the unsharded policy at set-up), taken from the state every rank gathered at the publish."""
+    the policy at set-up), taken from the state every rank gathered at the publish: as they are, or
+    merged (`Policy.state_dict_for_sampler`: an engine that loads a LoRA policy's merged weights)."""
 
-    def __init__(self, names: list[str], module: nn.Module, ranks: Ranks) -> None:
-        self.names, self.module, self.ranks = names, module, ranks
+    def __init__(self, names: list[str], policy: Policy, ranks: Ranks) -> None:
+        self.names, self.policy, self.ranks = names, policy, ranks
         self._state: dict[str, torch.Tensor] | None = None
 
     def gather(self) -> None:
         """Every rank, at the same point: rank 0 then holds the whole state."""
-        self._state = full_state_dict(self.module, self.ranks)
+        self._state = full_state_dict(self.policy.model, self.ranks)
 
     def release(self) -> None:
         self._state = None
@@ -84,7 +85,10 @@ class GatheredWeights:
     def __call__(self) -> dict[str, torch.Tensor]:
         if self._state is None:
             raise RuntimeError("the learner ranks' weights are read between gather() and release() only")
-        return {name: self._state[name] for name in self.names}
+        state = self._state
+        if not set(self.names) <= state.keys():
+            state = self.policy.state_dict_for_sampler(state)
+        return {name: state[name] for name in self.names}
 
 
 class LeadRanks:
@@ -102,10 +106,7 @@ class LeadRanks:
         """After sharding: the run's weight channel reads the gathered state (the engine's names are read
         from the source it had, whose tensors are the sharded model's now: only their names are used)."""
         names = list(parts.weight_source())
-        missing = sorted(set(names) - set(parts.policy.model.state_dict()))
-        if missing:
-            raise ValueError(f"the sampler's weights {missing[:3]} are not the policy's state on N ranks")
-        self.gathered = GatheredWeights(names, parts.policy.model, self.ranks)
+        self.gathered = GatheredWeights(names, parts.policy, self.ranks)
         parts.weight_source = self.gathered
         parts.weights = weight_channel(cfg, self.gathered, parts.sampler)
 
@@ -152,7 +153,7 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
     start: LearnerStart = payload["start"]
     models = learner_models(cfg, policy, start, ranks)
     checkpointer = Checkpointer(Path(cfg.run.dir) / cfg.run.name, keep_last=cfg.run.keep_last, ranks=ranks)
-    gathered = GatheredWeights([], policy.model, ranks)
+    gathered = GatheredWeights([], policy, ranks)
     if start.resume is not None:
         path = Path(start.resume)
         checkpointer.load(path, loaded_models(path, policy, models, ranks) | {RNG_FILE: RNG})

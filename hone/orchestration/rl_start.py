@@ -106,16 +106,17 @@ def learner_models(cfg: HoneConfig, policy: Policy, start: LearnerStart, ranks: 
     one-process checkpoint on N ranks reads its weights here, before they are sharded."""
     single = start.resume is not None and not (Path(start.resume) / SHARDS_DIR).is_dir()
     strategy = cfg.trainer.strategy
+    if ranks.world > 1 and single and ranks.rank == 0:
+        policy.load_weights(Path(start.resume or "") / MODEL_DIR)
+    ref_policy, reference = None, None
+    if cfg.algorithm.kl.coef > 0:  # before sharding: its record's digest reads whole tensors
+        ref_policy, reference = load_reference(cfg.model, policy, start.start_dir, warm_started=start.warm)
     if ranks.world > 1:
-        if single and ranks.rank == 0:
-            policy.load_weights(Path(start.resume or "") / MODEL_DIR)
         copy_from_rank0(policy.model, ranks)
         shard(policy.model, strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
-    ref_policy, reference = None, None
-    if cfg.algorithm.kl.coef > 0:
-        ref_policy, reference = load_reference(cfg.model, policy, start.start_dir, warm_started=start.warm)
-        copy_from_rank0(ref_policy.model, ranks)
-        shard(ref_policy.model, strategy, ranks)
+        if ref_policy is not None and ref_policy.model is not policy.model:  # LoRA's is the policy's model
+            copy_from_rank0(ref_policy.model, ranks)
+            shard(ref_policy.model, strategy, ranks)
     trainer = RLTrainer(
         policy,
         cfg.algorithm,

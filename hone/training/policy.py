@@ -333,30 +333,45 @@ class Policy:
             ent = torch.zeros_like(placed).scatter_add(1, columns, ent)
         return placed, ent
 
-    def state_dict_for_sampler(self) -> dict[str, torch.Tensor]:
+    def state_dict_for_sampler(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Plain HF-named weights a sampler can load: LoRA deltas merged in, adapter tensors dropped.
 
         Merging is computed out of place, so the trainable model is never merged/unmerged (which would
         drift the frozen base weights by rounding every sync). Tensors are detached and may alias live
         parameters: copy them (as `load_state_dict` does) before the next optimizer step if kept.
+        `state`: the whole model's state gathered from N learner ranks (named as `self.model.state_dict()`),
+        read instead of the model's own (sharded) tensors.
         """
         if not self.is_lora:
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+            return {k: v.detach() for k, v in (self.model.state_dict() if state is None else state).items()}
         from peft.tuners.lora import LoraLayer
 
         base = self.base_model()
+        prefix = "base_model.model."  # peft's names of the base model's tensors
+        tensors = (
+            base.state_dict() if state is None else {k.removeprefix(prefix): v for k, v in state.items()}
+        )
         merged: dict[str, torch.Tensor] = {}
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer):
-                base_weight = module.get_base_layer().weight
-                if not isinstance(module, _LoraDelta) or not isinstance(base_weight, torch.Tensor):
+                if not isinstance(module, _LoraDelta):
                     raise TypeError(f"cannot merge LoRA layer {name} ({type(module).__name__}): no delta")
-                weight = base_weight.detach()
+                weight = tensors[f"{name}.base_layer.weight"].detach()
                 for adapter in module.active_adapters:
-                    weight = weight + module.get_delta_weight(adapter).detach().to(weight.dtype)
+                    if state is None:
+                        delta = module.get_delta_weight(adapter).detach()
+                    elif type(module).__name__ != "Linear":
+                        raise TypeError(f"cannot merge gathered LoRA layer {name} ({type(module).__name__})")
+                    else:  # peft's delta of a Linear: B @ A, transposed for fan_in_fan_out, times the scaling
+                        a, b = (tensors[f"{name}.lora_{ab}.{adapter}.weight"] for ab in "AB")
+                        delta = b @ a
+                        delta = (
+                            delta.T if getattr(module, "fan_in_fan_out", False) else delta
+                        ) * module.scaling[adapter]
+                    weight = weight + delta.to(weight.dtype)
                 merged[f"{name}.weight"] = weight
         out: dict[str, torch.Tensor] = {}
-        for key, value in base.state_dict().items():
+        for key, value in tensors.items():
             if ".lora_" in key:
                 continue
             key = key.replace(".base_layer.", ".")
@@ -370,18 +385,16 @@ class Policy:
 
         With LoRA the top-level weights are the merged model (so samplers and `from_pretrained` need no
         peft) and the adapter alone goes to `adapter/` (what `load_weights` restores when resuming).
-        `state_dict`: the model's whole state gathered from N learner ranks (not LoRA), written instead of
-        the model's own (sharded) tensors.
+        `state_dict`: the model's whole state gathered from N learner ranks, written instead of the model's
+        own (sharded) tensors.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if state_dict is not None:
-            if self.is_lora:
-                raise ValueError("a gathered state dict of a LoRA policy is not supported")
+        if self.is_lora:
+            self.base_model().save_pretrained(directory, state_dict=self.state_dict_for_sampler(state_dict))
+            self.peft_model().save_pretrained(str(directory / ADAPTER_DIR), state_dict=state_dict)
+        elif state_dict is not None:
             self.base_model().save_pretrained(directory, state_dict=state_dict)
-        elif self.is_lora:
-            self.base_model().save_pretrained(directory, state_dict=self.state_dict_for_sampler())
-            self.peft_model().save_pretrained(str(directory / ADAPTER_DIR))
         else:
             self.base_model().save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
