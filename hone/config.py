@@ -672,15 +672,14 @@ class RewardWorkersConfig(Section):
 
 
 class LearnerRoleConfig(Section):
-    """Deprecated and ignored (a one-line warning when set): the learner runs in the driver process, which
-    `ray job submit --entrypoint-num-cpus/--entrypoint-num-gpus/--entrypoint-resources` places. Kept so
-    recipes that set it still load, and for the learner ranks the driver will place as actors."""
+    """Each learner rank's resources beyond the first (`trainer.world_size` N > 1 on Ray: ranks 1..N-1 are
+    actors in one placement group). Rank 0 is the driver process, which `ray job submit
+    --entrypoint-num-cpus/--entrypoint-num-gpus/--entrypoint-resources` places; with one rank this section
+    is ignored (a one-line warning when set)."""
 
-    num_cpus: float = Field(1, gt=0, description="deprecated, ignored: the learner runs in the driver")
-    num_gpus: float = Field(0, ge=0, description="deprecated, ignored: the learner runs in the driver")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="deprecated, ignored: the learner runs in the driver"
-    )
+    num_cpus: float = Field(1, gt=0, description="CPUs for each learner rank 1..N-1 (its torch threads)")
+    num_gpus: float = Field(0, ge=0, description="GPUs for each learner rank 1..N-1 (1 with NCCL)")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each needs")
 
 
 class ClusterConfig(Section):
@@ -735,11 +734,6 @@ class HoneConfig(Section):
             raise ValueError(
                 "trainer.world_size > 1 with model.lora, sft.enabled and a KL reference is not supported yet "
                 "(the reference swaps the SFT adapter into the sharded model)"
-            )
-        if self.cluster.backend == "ray":
-            raise ValueError(
-                "trainer.world_size > 1 with cluster.backend: ray is not supported yet (the Ray learner "
-                "group); use cluster.backend: local, or torchrun"
             )
         return self
 

@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -373,3 +375,34 @@ def test_a_reward_worker_builds_the_task_without_drawing_the_training_set(
     monkeypatch.setattr(Task, "train_samples", no_samples)
     assert isinstance(load_task(DataConfig(task="arithmetic")), Task)
     assert load_task(DataConfig(task=None, source="rows.jsonl")) is None
+
+
+@RAY_CLUSTER
+def test_a_two_rank_learner_group_on_ray_trains_as_the_local_two_ranks_and_leaves_no_ray_process(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """`trainer.world_size: 2` on Ray: the driver is rank 0, rank 1 an actor of the learner group; at η = 0
+    (one sampler actor) the run ends on the local 2-rank run's weights, bit for bit."""
+    ranks = {"trainer.world_size": 2, "trainer.collective_timeout_s": 60}
+    settings = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **TOKEN_REWARD, **ranks}
+    local = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hone.cli",
+            "train",
+            *tiny_overrides(tmp_path, micro_model_dir, "local", **settings),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert local.returncode == 0, local.stderr[-3000:]
+    on_ray = {"cluster.backend": "ray", "cluster.samplers.num_cpus": 1, **ranks}
+    run = _run(tmp_path, micro_model_dir, "ray", **on_ray)
+    expected, got = _final_weights(tmp_path / "local"), _final_weights(run)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    assert not ray.is_initialized()
+    _assert_no_ray_processes_soon()

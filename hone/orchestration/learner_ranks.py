@@ -7,6 +7,7 @@ gloo group of its own (`Commands`):
 
     start   build the reference, trainer and critic from rank 0's weights (and load the checkpoint)
     learn   `Learner.learn` on the step's rollouts: the same log-prob passes, update and publish gather
+    gather  join a gather of the weights rank 0 publishes outside a learn (a resume's first publish)
     save    the checkpoint's collective parts (the gathered `model/`, the DCP shards)
     stop    the run is over
 
@@ -22,8 +23,10 @@ full state dict on rank 0), then rank 0 publishes through the run's weight chann
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -124,6 +127,19 @@ class LeadRanks:
 
         return ranked_publish
 
+    @contextlib.contextmanager
+    def weights_held(self) -> Iterator[None]:
+        """Every rank gathers now (`gather`); inside, rank 0's weight source reads the whole state (a publish
+        outside a learn: a resume's, a Ray executor's first one to its new actors)."""
+        gathered = self.gathered
+        assert gathered is not None
+        self.commands.send("gather")
+        gathered.gather()
+        try:
+            yield
+        finally:
+            gathered.release()
+
     def learn(self, groups: ScoredGroups, step: int) -> None:
         self.commands.send("learn", rollouts=groups.rollouts, step=step)
 
@@ -134,12 +150,13 @@ class LeadRanks:
         self.commands.send("stop")
 
 
-def start_ranks(cfg: HoneConfig, ranks: Ranks) -> None:
+def start_ranks(cfg: HoneConfig, ranks: Ranks, init_method: str = "env://") -> None:
     """Join the learner ranks' process group (its address from the environment, as torchrun and
-    `hone.orchestration.launch` set it); every collective bounded by `trainer.collective_timeout_s`."""
+    `hone.orchestration.launch` set it, or `init_method`); every collective bounded by
+    `trainer.collective_timeout_s`."""
     if torch.cuda.is_available() and cfg.model.device in ("auto", "cuda"):  # one GPU a rank: its local one
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", ranks.rank)))
-    init_ranks(ranks, timeout_s=cfg.trainer.collective_timeout_s, init_method="env://")
+    init_ranks(ranks, timeout_s=cfg.trainer.collective_timeout_s, init_method=init_method)
 
 
 def follow(cfg: HoneConfig, ranks: Ranks) -> None:
@@ -157,8 +174,6 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
     if start.resume is not None:
         path = Path(start.resume)
         checkpointer.load(path, loaded_models(path, policy, models, ranks) | {RNG_FILE: RNG})
-        gathered.gather()  # rank 0 publishes the checkpoint's weights
-        gathered.release()
     learner = Learner(
         policy=policy,
         ref_policy=models.ref_policy,
@@ -177,6 +192,9 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
             learner.learn(
                 ScoredGroups(step=step, rollouts=payload["rollouts"], metrics={}, new_tokens=0), step
             )
+        elif kind == "gather":  # rank 0 publishes outside a learn
+            gathered.gather()
+            gathered.release()
         elif kind == "save":
             checkpointer.save(int(payload["step"]), saved_models(policy, models, ranks))
         elif kind == "stop":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,8 +96,13 @@ def train(
     if cfg.cluster.backend == "ray":
         from hone.orchestration.ray_cluster import ray_session  # ray: an optional extra
 
-        with ray_session(cfg.cluster):
-            result = run_learner(cfg, resume=resume, callbacks=callbacks)
+        with ray_session(cfg.cluster, learner_ranks=cfg.trainer.world_size):
+            if cfg.trainer.world_size == 1:
+                return run_learner(cfg, resume=resume, callbacks=callbacks)
+            from hone.orchestration.ray_learners import learner_group
+
+            with learner_group(cfg) as ray_ranks:
+                result = run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ray_ranks)
         return result
     return run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ranks)
 
@@ -191,14 +196,15 @@ def _train(
             lead.gather_weights(cfg, parts)
     else:
         begin = resumed
-        publish_resumed = parts.weights.publish if lead is None else lead.publisher(parts.weights.publish)
-        publish_resumed(begin.version)  # the checkpoint's weights, as the version they were
+        with nullcontext() if lead is None else lead.weights_held():
+            parts.weights.publish(begin.version)  # the checkpoint's weights, as the version they were
         log.info("resumed %s at step %d (weight version %d)", run_dir, begin.step, begin.version)
     trainer, start_eval = begin.trainer, begin.start_eval
     replay = ReplayBuffer(cfg.algorithm.replay) if cfg.algorithm.replay.enabled else None
     if replay is not None and begin.replay is not None:
         replay.load_state_dict(begin.replay)
-    rollouts = rollout_source(cfg, parts, curriculum, start=begin.step, replay=replay)
+    with nullcontext() if lead is None else lead.weights_held():  # a Ray executor sends its actors them
+        rollouts = rollout_source(cfg, parts, curriculum, start=begin.step, replay=replay)
     learner = Learner(
         policy=parts.policy,
         ref_policy=parts.ref_policy,

@@ -117,25 +117,28 @@ def await_restart(actor: Any, role: str, timeout: float) -> None:
             time.sleep(0.5)  # Ray reports no event for "restarted": ask again
 
 
-def _local_cpus(cluster: ClusterConfig) -> int:
+def _local_cpus(cluster: ClusterConfig, learner_ranks: int = 1) -> int:
     """Logical CPUs for a Ray instance this run starts: the machine's, or what the recipe's actors reserve
     if more (on a laptop the roles then share its cores, as a local run's threads do)."""
     wanted = cluster.samplers.count * cluster.samplers.num_cpus
     wanted += cluster.reward_workers.count * cluster.reward_workers.num_cpus
+    wanted += (learner_ranks - 1) * cluster.learner.num_cpus
     return max(os.cpu_count() or 1, math.ceil(wanted))
 
 
 @contextlib.contextmanager
-def ray_session(cluster: ClusterConfig) -> Iterator[None]:
+def ray_session(cluster: ClusterConfig, learner_ranks: int = 1) -> Iterator[None]:
     """Ray for the run: attach to `cluster.address` (or `RAY_ADDRESS`) or start a local instance, which is
     shut down at the end, whatever the end (Ctrl-C, SIGTERM, an error). An already initialised Ray (a
-    test's, a notebook's) is used as it is and left running."""
+    test's, a notebook's) is used as it is and left running. `learner_ranks`: `trainer.world_size` (ranks
+    1..N-1 are actors with `cluster.learner`'s resources each)."""
     import ray
 
-    if cluster.learner != LearnerRoleConfig.model_validate({}):
+    if learner_ranks == 1 and cluster.learner != LearnerRoleConfig.model_validate({}):
         log.warning(
-            "cluster.learner is deprecated and ignored: the learner runs in the driver process (with "
-            "`ray job submit`, give it resources with --entrypoint-num-cpus/-num-gpus/-resources)"
+            "cluster.learner is ignored with one learner rank: the learner runs in the driver process (with "
+            "`ray job submit`, give it resources with --entrypoint-num-cpus/-num-gpus/-resources); it sets "
+            "the resources of ranks 1..N-1 when trainer.world_size is N > 1"
         )
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     started = False
@@ -153,7 +156,7 @@ def ray_session(cluster: ClusterConfig) -> Iterator[None]:
                     "~/.ray/auth_token or RAY_AUTH_TOKEN"
                 ) from None
         else:
-            ray.init(include_dashboard=False, num_cpus=_local_cpus(cluster))
+            ray.init(include_dashboard=False, num_cpus=_local_cpus(cluster, learner_ranks))
             started = True
     if threading.current_thread() is threading.main_thread() and on_sigterm is not None:
         # `ray.init` puts its own SIGTERM handler (`sys.exit`) over the run's: keep the run's, so SIGTERM

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from safetensors.torch import load_file
@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from hone.models.compat import cache_kwarg, checkpointing, output_cache
 from hone.training.logprobs import token_scores
+from hone.training.lora_merge import merged_lora_weights
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -86,13 +87,6 @@ def first_response_column(response_mask: torch.Tensor) -> int:
     """The first column any row trains on (`from_column` for `Policy.token_log_probs`); 0 if none does."""
     columns = response_mask.any(dim=0).nonzero()
     return int(columns[0]) if columns.numel() else 0
-
-
-@runtime_checkable
-class _LoraDelta(Protocol):
-    """What peft's concrete LoRA layers (`lora.Linear`, `lora.Embedding`...) add to the `LoraLayer` mixin."""
-
-    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
 
 
 class Policy:
@@ -344,39 +338,11 @@ class Policy:
         """
         if not self.is_lora:
             return {k: v.detach() for k, v in (self.model.state_dict() if state is None else state).items()}
-        from peft.tuners.lora import LoraLayer
-
         base = self.base_model()
         prefix = "base_model.model."  # peft's names of the base model's tensors
-        tensors = (
-            base.state_dict() if state is None else {k.removeprefix(prefix): v for k, v in state.items()}
-        )
-        merged: dict[str, torch.Tensor] = {}
-        for name, module in base.named_modules():
-            if isinstance(module, LoraLayer):
-                if not isinstance(module, _LoraDelta):
-                    raise TypeError(f"cannot merge LoRA layer {name} ({type(module).__name__}): no delta")
-                weight = tensors[f"{name}.base_layer.weight"].detach()
-                for adapter in module.active_adapters:
-                    if state is None:
-                        delta = module.get_delta_weight(adapter).detach()
-                    elif type(module).__name__ != "Linear":
-                        raise TypeError(f"cannot merge gathered LoRA layer {name} ({type(module).__name__})")
-                    else:  # peft's delta of a Linear: B @ A, transposed for fan_in_fan_out, times the scaling
-                        a, b = (tensors[f"{name}.lora_{ab}.{adapter}.weight"] for ab in "AB")
-                        delta = b @ a
-                        delta = (
-                            delta.T if getattr(module, "fan_in_fan_out", False) else delta
-                        ) * module.scaling[adapter]
-                    weight = weight + delta.to(weight.dtype)
-                merged[f"{name}.weight"] = weight
-        out: dict[str, torch.Tensor] = {}
-        for key, value in tensors.items():
-            if ".lora_" in key:
-                continue
-            key = key.replace(".base_layer.", ".")
-            out[key] = merged.get(key, value.detach())
-        return out
+        if state is None:
+            return merged_lora_weights(base, base.state_dict(), gathered=False)
+        return merged_lora_weights(base, {k.removeprefix(prefix): v for k, v in state.items()}, gathered=True)
 
     def save_pretrained(
         self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
