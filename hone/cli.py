@@ -281,9 +281,13 @@ def _one_rank_only(command: str, cfg: HoneConfig) -> None:
 def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.preference import MODEL_DIR, run_dpo_recipe
 
-    _one_rank_only("dpo", cfg)
-
-    result = run_dpo_recipe(cfg)
+    world = _world_size(cfg)
+    if world > 1 and "RANK" not in os.environ:
+        return _launch(ns, cfg, world)
+    with _learner_ranks(cfg, world) as ranks:
+        result = run_dpo_recipe(cfg, ranks)
+    if ranks.rank > 0:
+        return 0
     print(_preference_summary(result, MODEL_DIR))
     if "rewards/margins" in result.metrics:  # absent when run.time_limit_s ran out before the first step
         accuracy, margin = result.metrics["rewards/accuracies"], result.metrics["rewards/margins"]

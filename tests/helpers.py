@@ -30,7 +30,7 @@ from hone.orchestration.rollouts import Rollouts
 from hone.rollout import GenerationRequest, HFSampler
 from hone.training.policy import Policy
 from hone.types import Batch, Rollout, Sample, SamplingParams, TrainBatch
-from tests.conftest import tiny_qwen2
+from tests.conftest import LETTERS, tiny_qwen2
 
 REPO = Path(__file__).parents[1]
 TOKEN_REWARD = {"reward.fn": "tests.rewards_for_tests:token_id_reward"}  # a gradient at every step
@@ -416,3 +416,34 @@ class PlainTokenizer:
 
     def __call__(self, text: str) -> dict[str, list[int]]:
         return {"input_ids": [1, 2]}
+
+
+def write_pairs(path: Path) -> Path:
+    """Six preference pairs over the test alphabet, as `hone dpo` reads them."""
+    rows = [
+        {"prompt": f"{c}=", "chosen": LETTERS[i + 1] * 2, "rejected": "zz"} for i, c in enumerate(LETTERS[:6])
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def dpo_args(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[str]:
+    """`hone dpo` on `write_pairs`' pairs, 6 steps, the recipe's eval before and after."""
+    return [
+        "dpo",
+        "dpo",
+        f"run.dir={tmp_path}",
+        f"run.name={name}",
+        "run.threads=1",
+        "run.time_limit_s=null",
+        f"model.path={model_dir}",
+        f"dpo.data={write_pairs(tmp_path / 'pairs.jsonl')}",
+        "dpo.steps=6",
+        "dpo.batch_size=6",
+        "dpo.lr=3e-3",
+        "data.eval_size=4",
+        "rollout.max_new_tokens=4",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *extra,
+    ]

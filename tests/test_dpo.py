@@ -15,7 +15,7 @@ from hone.tracking import read_metrics
 from hone.training.dpo import DPOSettings, encode_preference, reference_log_probs, run_dpo, sequence_log_probs
 from hone.training.policy import AdapterReference, LoraSettings, Policy
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
-from tests.helpers import tiny_overrides
+from tests.helpers import dpo_args, tiny_overrides
 
 # "a=" prefers "bb" (the next letter) to "zz".
 PAIRS = [(f"{c}=", LETTERS[i + 1] * 2, "zz") for i, c in enumerate(LETTERS[:6])]
@@ -131,35 +131,6 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled(
 def test_a_loss_that_needs_a_reference_refuses_to_run_without(policy: Policy) -> None:
     with pytest.raises(ValueError, match="'sigmoid' needs a reference policy"):
         run_dpo(policy, encoded(policy), DPOSettings(steps=1))
-
-
-def write_pairs(path: Path) -> Path:
-    rows = [
-        {"prompt": f"{c}=", "chosen": LETTERS[i + 1] * 2, "rejected": "zz"} for i, c in enumerate(LETTERS[:6])
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def dpo_args(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[str]:
-    return [
-        "dpo",
-        "dpo",
-        f"run.dir={tmp_path}",
-        f"run.name={name}",
-        "run.threads=1",
-        "run.time_limit_s=null",
-        f"model.path={model_dir}",
-        f"dpo.data={write_pairs(tmp_path / 'pairs.jsonl')}",
-        "dpo.steps=6",
-        "dpo.batch_size=6",
-        "dpo.lr=3e-3",
-        "data.eval_size=4",
-        "rollout.max_new_tokens=4",
-        "logging.progress=false",
-        "logging.tensorboard=false",
-        *extra,
-    ]
 
 
 def test_hone_dpo_logs_trl_metrics_evaluates_and_saves_a_loadable_model(

@@ -19,7 +19,16 @@ from safetensors.torch import load_file
 from hone.cli import main
 from hone.config import load_config
 from hone.orchestration.loop import train
-from tests.helpers import REPO, TOKEN_REWARD, final_weights, logged_steps, tiny_overrides, wait_for
+from hone.tracking import read_metrics
+from tests.helpers import (
+    REPO,
+    TOKEN_REWARD,
+    dpo_args,
+    final_weights,
+    logged_steps,
+    tiny_overrides,
+    wait_for,
+)
 
 # 3 prompts x 3 samples = 9 rows a step, over 2 mini-batches (5 and 4 rows) of micro-batches of 2: rank 0's
 # shares (3, 2) take 2 and 1 micro-batches, rank 1's (2, 2) one each, so rank 1 pads its first mini-batch.
@@ -118,6 +127,32 @@ def test_bf16_autocast_on_two_ranks_is_fsdp2_mixed_precision_and_moves_as_one_pr
         step[name] = torch.cat([(weights[k] - start[k]).flatten() for k in sorted(start)])
     cosine = float(torch.nn.functional.cosine_similarity(step["one"], step["two"], dim=0))
     assert cosine > 0.9, cosine
+
+
+def test_dpo_on_two_ranks_trains_as_one_process_and_evaluates_the_gathered_weights(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    # Batches of 5 pairs in micro-batches of 2: rank 0's 3 take 2 micro-batches, rank 1's 2 one and a pad.
+    common = ["dpo.batch_size=5", "dpo.micro_batch_size=2", "trainer.collective_timeout_s=60"]
+    assert main(dpo_args(tmp_path, micro_model_dir, "one", *common)) == 0
+    args = dpo_args(tmp_path, micro_model_dir, "two", *common, "trainer.world_size=2")
+    done = subprocess.run(
+        [sys.executable, "-m", "hone.cli", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    weights = [load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two")]
+    start = load_file(micro_model_dir / "model.safetensors")
+    assert largest_gap(weights[0], start) > 10 * TOLERANCE
+    assert largest_gap(weights[0], weights[1]) <= TOLERANCE
+    rows = [read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two")]
+    assert [r["step"] for r in rows[1] if "eval/accuracy" in r] == [0, 6]  # rank 0 evaluated after, too
+    losses = [[r["loss"] for r in run if "loss" in r] for run in rows]
+    assert len(losses[1]) == 6 and max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-5
 
 
 def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
@@ -232,7 +267,6 @@ def test_a_rank_that_fails_in_set_up_is_the_runs_one_line(tmp_path: Path, micro_
             "with model.lora, sft.enabled and a KL reference is not supported",
         ),
         (["trainer.strategy=zero3"], "trainer.strategy"),
-        ("dpo", "hone dpo runs on one learner rank"),
         ("rm", "hone rm runs on one learner rank"),
     ],
 )

@@ -85,6 +85,11 @@ class GatheredWeights:
     def release(self) -> None:
         self._state = None
 
+    @property
+    def state(self) -> dict[str, torch.Tensor] | None:
+        """The gathered state (rank 0; {} elsewhere), between `gather` and `release`."""
+        return self._state
+
     def __call__(self) -> dict[str, torch.Tensor]:
         if self._state is None:
             raise RuntimeError("the learner ranks' weights are read between gather() and release() only")

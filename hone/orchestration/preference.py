@@ -9,6 +9,7 @@ with RL), the reward model's is what `reward.fn: reward_model` with `reward.args
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -20,7 +21,9 @@ from hone.algorithms import DEFAULT_BETA, REFERENCE_FREE
 from hone.config import DPOConfig, HoneConfig, PreferenceDataConfig, RMConfig
 from hone.data import HoneDataError, PreferencePair, load_preferences
 from hone.models import resolve_model
+from hone.orchestration.components import weight_channel
 from hone.orchestration.evaluate import EvalSettings, run_eval
+from hone.orchestration.learner_ranks import GatheredWeights
 from hone.orchestration.lifecycle import (
     SetupError,
     deadline,
@@ -32,6 +35,7 @@ from hone.orchestration.lifecycle import (
 from hone.orchestration.prompts import render_prompt
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.tracking import MetricsLogger, Progress
+from hone.training.distributed import ONE_RANK, Ranks, copy_from_rank0, shard
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
 from hone.training.models import check_tokenizer, load_policy, load_reference
 from hone.training.policy import disable_dropout, enable_checkpointing
@@ -99,14 +103,19 @@ def dpo_settings(cfg: HoneConfig) -> DPOSettings:
     )
 
 
-def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
+def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResult:
     """`hone dpo`: DPO (or a variant) of `model.path` on `dpo.data`; with `dpo.eval`, held-out task
-    accuracy (the RL eval: `data.task` or `data.eval_source`, `reward`) before and after."""
+    accuracy (the RL eval: `data.task` or `data.eval_source`, `reward`) before and after.
+
+    On N learner ranks every rank runs this (`trainer.world_size`: the policy and reference wrapped for
+    `trainer.strategy`, each rank training its share of every batch); rank 0 alone evaluates, logs and
+    writes the run directory, the model gathered to it."""
+    lead = ranks.rank == 0
     started = start_process(cfg.run)
-    run_dir = new_run_dir(cfg.run)
+    run_dir = new_run_dir(cfg.run) if lead else Path(cfg.run.dir) / cfg.run.name
     pairs = load_pairs(cfg.dpo, cfg.dpo.data, "dpo.data")
     settings = dpo_settings(cfg)
-    parts = setup_components(cfg) if cfg.dpo.eval else None
+    parts = setup_components(cfg) if cfg.dpo.eval and lead else None
     try:
         model_path = resolve_model(cfg.model.path) if parts is None else parts.model_path
         policy = load_policy(cfg.model, model_path) if parts is None else parts.policy
@@ -125,35 +134,54 @@ def run_dpo_recipe(cfg: HoneConfig) -> PreferenceRunResult:
         raise SetupError(str(e)) from e
     if cfg.trainer.disable_dropout:  # as TRL's DPO: the policy's and reference's log-probs are comparable
         disable_dropout(policy.model)
+    names = [] if parts is None else list(parts.weight_source())  # what the sampler takes of the policy
 
-    with open_run_log(cfg, run_dir) as metrics_log:
+    with open_run_log(cfg, run_dir) if lead else contextlib.nullcontext() as metrics_log:
         start_eval: dict[str, float] = {}
         final_eval: dict[str, float] = {}
-        if parts is not None:
+        if parts is not None:  # rank 0's: it has the run log
+            assert metrics_log is not None
             start_eval = run_eval(parts, EvalSettings.of(cfg))
             metrics_log.log(0, start_eval)
             log.info("eval before DPO: accuracy %.3f", start_eval["eval/accuracy"])
-        with Progress(total=settings.steps, description="dpo", enabled=cfg.logging.progress) as progress:
-            # The reference is passed on without a name here, so a frozen copy that `run_dpo` scores once
-            # up front (cache_reference) is freed before training starts.
+        # The reference is passed on without a name here, so a frozen copy that `run_dpo` scores once up
+        # front (cache_reference) is freed before training starts.
+        reference = (
+            None
+            if settings.loss in REFERENCE_FREE
+            else load_reference(cfg.model, policy, model_path, warm_started=False)[0]
+        )
+        if ranks.world > 1:
+            for model in {id(m): m for m in (policy.model, reference and reference.model) if m}.values():
+                copy_from_rank0(model, ranks)
+                shard(model, cfg.trainer.strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
+        enabled = cfg.logging.progress and lead
+        with Progress(total=settings.steps, description="dpo", enabled=enabled) as progress:
             result = run_dpo(
                 policy,
                 encoded,
                 settings,
-                reference=None
-                if settings.loss in REFERENCE_FREE
-                else load_reference(cfg.model, policy, model_path, warm_started=False)[0],
-                log=_logger(metrics_log, progress),
+                reference=reference,
+                log=None if metrics_log is None else _logger(metrics_log, progress),
                 deadline=deadline(cfg.run, started),
+                ranks=ranks,
             )
+        del reference
+        gathered = GatheredWeights(names, policy, ranks)
+        if ranks.world > 1:
+            gathered.gather()  # every rank: the trained weights, whole on rank 0
         if parts is not None:
+            assert metrics_log is not None
+            if ranks.world > 1:
+                parts.weights = weight_channel(cfg, gathered, parts.sampler)
             parts.weights.publish(1)  # the sampler evaluates the trained weights
             final_eval = run_eval(parts, EvalSettings.of(cfg))
             metrics_log.log(result["steps"], final_eval)
             log.info("eval after DPO: accuracy %.3f", final_eval["eval/accuracy"])
     if result["out_of_time"]:
         log.warning("DPO stopped at run.time_limit_s after %d steps", result["steps"])
-    policy.save_pretrained(run_dir / MODEL_DIR)
+    if lead:
+        policy.save_pretrained(run_dir / MODEL_DIR, state_dict=gathered.state if ranks.world > 1 else None)
     return PreferenceRunResult(run_dir, result["steps"], result, start_eval, final_eval)
 
 

@@ -73,6 +73,15 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return float(box[0])
 
+    def gather_stats(self, stats: list[Any]) -> list[Any]:
+        """Every rank's per-micro-batch stats (dicts of tensors), rank 0's first; unchanged on one rank."""
+        if self.world == 1:
+            return stats
+        mine = [{k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()} for s in stats]
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, mine)
+        return [s for part in gathered for s in part]
+
     def barrier(self) -> None:
         """Wait for every rank (bounded by the process group's timeout); nothing on one rank."""
         if self.world > 1:

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
 from hone.models.tokens import pad_token_id
+from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.fit import FitPlan, Stats, fit
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
@@ -89,6 +90,7 @@ def run_dpo(
     reference: Policy | None = None,
     log: Callable[[dict[str, float]], None] | None = None,
     deadline: float | None = None,
+    ranks: Ranks = ONE_RANK,
 ) -> dict[str, Any]:
     """Train `policy` in place on `pairs` for `settings.steps` optimizer steps (or until `deadline`, a
     `time.perf_counter()` value checked before each step). `reference` is needed unless the loss is
@@ -121,12 +123,13 @@ def run_dpo(
         len(pairs),
         settings,
         lambda batch, stats: _batch_losses(
-            policy, pairs, batch, settings, loss_fn, pad_id, reference, cached, stats
+            policy, pairs, batch, settings, loss_fn, pad_id, reference, cached, stats, ranks
         ),
         name="DPO",
         advice="look for NaN/inf in the preference data, or lower dpo.lr",
         log=log,
         deadline=deadline,
+        ranks=ranks,
     )
     return {"steps": done.steps, "out_of_time": done.out_of_time, **done.metrics}
 
@@ -141,12 +144,14 @@ def _batch_losses(
     reference: Policy | None,
     cached: tuple[torch.Tensor, torch.Tensor] | None,
     stats: Stats,
+    ranks: Ranks = ONE_RANK,
 ) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed pair losses over the batch size (so they add up to the batch mean), one
-    forward of its chosen and rejected rows at a time; each micro-batch's per-pair metrics go to `stats`."""
+    forward of its chosen and rejected rows at a time; each micro-batch's per-pair metrics go to `stats`.
+    On N ranks, this rank's share of the batch, padded to as many micro-batches as any rank runs."""
     chunk = settings.micro_batch_size or len(batch)
-    for start in range(0, len(batch), chunk):
-        indices = batch[start : start + chunk]
+    for rows, padding in ranks.micro_batches(torch.tensor(batch), chunk):
+        indices = rows.tolist()
         part = [pairs[i] for i in indices]
         examples = [p.chosen for p in part] + [p.rejected for p in part]
         logps, lengths = sequence_log_probs(policy, examples, pad_id)
@@ -169,6 +174,9 @@ def _batch_losses(
             label_smoothing=settings.label_smoothing,
             gamma=settings.gamma,
         )
+        if padding:  # the collectives of a forward and backward, nothing learnt or counted
+            yield ranks.weigh(out.losses.sum(), padding)
+            continue
         stats.append(
             {
                 "loss": out.losses.detach(),
@@ -180,4 +188,4 @@ def _batch_losses(
                 "logps/rejected": logps[n:].detach(),
             }
         )
-        yield out.losses.sum() / len(batch)
+        yield ranks.weigh(out.losses.sum() / len(batch), padding)

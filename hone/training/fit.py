@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.optim import adamw_stepper, build_scheduler, epoch_batches
 
 # Per micro-batch, what the loss function reports of it (per-example metric tensors, or anything the
@@ -80,6 +81,7 @@ def fit(
     after_step: AfterStep | None = None,
     log: Callable[[dict[str, float]], None] | None = None,
     deadline: float | None = None,
+    ranks: Ranks = ONE_RANK,
 ) -> FitResult:
     """Train `model` in place for `settings.steps` optimizer steps over `n_examples` examples.
 
@@ -93,7 +95,13 @@ def fit(
     `deadline` (a `time.perf_counter()` value) is checked before every step and before every `after_step`
     (an evaluation can cost as much as many steps): past it, training stops at once, so it overruns the
     deadline by at most one step or one hook.
+
+    On N learner `ranks` every rank calls `fit` with the same examples and settings: `losses` yields this
+    rank's share of each step (`Ranks.micro_batches`, `Ranks.weigh`), the step's `stats` are gathered from
+    every rank before `metrics`, and rank 0's clock decides the deadline for all. No `after_step` there.
     """
+    if ranks.world > 1 and after_step is not None:
+        raise ValueError("fit on N ranks takes no after_step hook")
     optimizer, stepper = adamw_stepper(
         params,
         lr=settings.lr,
@@ -107,7 +115,8 @@ def fit(
     result = FitResult()
 
     def out_of_time() -> bool:
-        result.out_of_time = deadline is not None and time.perf_counter() > deadline
+        passed = deadline is not None and time.perf_counter() > deadline
+        result.out_of_time = bool(ranks.same(float(passed))) if deadline is not None else False
         return result.out_of_time
 
     was_training = model.training
@@ -121,7 +130,7 @@ def fit(
             stats: Stats = []
             grad_norm = stepper.step(losses(indices, stats), where=f"{name} step {step}")
             scheduler.step()
-            row = metrics(indices, stats, lr, grad_norm)
+            row = metrics(indices, ranks.gather_stats(stats), lr, grad_norm)
             result.steps, result.metrics = step, row
             if after_step is not None and not out_of_time():
                 model.eval()
