@@ -302,9 +302,13 @@ def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 def _rm(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.preference import MODEL_DIR, run_rm_recipe
 
-    _one_rank_only("rm", cfg)
-
-    result = run_rm_recipe(cfg)
+    world = _world_size(cfg)
+    if world > 1 and "RANK" not in os.environ:
+        return _launch(ns, cfg, world)
+    with _learner_ranks(cfg, world) as ranks:
+        result = run_rm_recipe(cfg, ranks)
+    if ranks.rank > 0:
+        return 0
     print(_preference_summary(result, MODEL_DIR))
     print(f"held-out pair accuracy  {100 * result.metrics['eval/pair_accuracy']:5.1f}%")
     print(f"use it: reward.fn=reward_model reward.args.path={result.run_dir / MODEL_DIR}")

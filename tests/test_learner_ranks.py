@@ -28,6 +28,7 @@ from tests.helpers import (
     logged_steps,
     tiny_overrides,
     wait_for,
+    write_pairs,
 )
 
 # 3 prompts x 3 samples = 9 rows a step, over 2 mini-batches (5 and 4 rows) of micro-batches of 2: rank 0's
@@ -155,6 +156,41 @@ def test_dpo_on_two_ranks_trains_as_one_process_and_evaluates_the_gathered_weigh
     assert len(losses[1]) == 6 and max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-5
 
 
+def test_a_reward_model_on_two_ranks_trains_as_one_process(tmp_path: Path, micro_model_dir: Path) -> None:
+    """`hone rm` on 2 ranks: batches of 5 pairs in micro-batches of 2 (rank 1 pads), the held-out pairs
+    scored on every rank at each eval, the gathered model saved by rank 0."""
+    args = [
+        f"run.dir={tmp_path}",
+        "run.threads=1",
+        f"model.path={micro_model_dir}",
+        f"rm.data={write_pairs(tmp_path / 'pairs.jsonl')}",
+        "rm.steps=6",
+        "rm.batch_size=5",
+        "rm.micro_batch_size=2",
+        "rm.eval_every=3",
+        "rm.val_fraction=0.2",
+        "rm.lr=1e-3",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "trainer.collective_timeout_s=60",
+    ]
+    assert main(["rm", "rm", "run.name=one", *args]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "hone.cli", "rm", "rm", "run.name=two", "trainer.world_size=2", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    weights = [load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two")]
+    assert largest_gap(weights[0], weights[1]) <= TOLERANCE
+    rows = [read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two")]
+    held_out = [[r["eval/pair_accuracy"] for r in run if "eval/pair_accuracy" in r] for run in rows]
+    assert held_out[0] == held_out[1] and len(held_out[0]) == 2  # steps 3 and 6
+
+
 def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
@@ -267,7 +303,7 @@ def test_a_rank_that_fails_in_set_up_is_the_runs_one_line(tmp_path: Path, micro_
             "with model.lora, sft.enabled and a KL reference is not supported",
         ),
         (["trainer.strategy=zero3"], "trainer.strategy"),
-        ("rm", "hone rm runs on one learner rank"),
+        ("sft", "hone sft runs on one learner rank"),
     ],
 )
 def test_what_ranks_cannot_do_yet_is_one_line_before_any_starts(

@@ -35,7 +35,7 @@ from hone.orchestration.lifecycle import (
 from hone.orchestration.prompts import render_prompt
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.tracking import MetricsLogger, Progress
-from hone.training.distributed import ONE_RANK, Ranks, copy_from_rank0, shard
+from hone.training.distributed import ONE_RANK, Ranks, copy_from_rank0, full_state_dict, shard
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
 from hone.training.models import check_tokenizer, load_policy, load_reference
 from hone.training.policy import disable_dropout, enable_checkpointing
@@ -185,11 +185,13 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunRes
     return PreferenceRunResult(run_dir, result["steps"], result, start_eval, final_eval)
 
 
-def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
+def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResult:
     """`hone rm`: a one-logit reward model from `model.path` fitted to `rm.data`, checked on held-out pairs
-    (`rm.eval_data`, or `rm.val_fraction` of `rm.data` set aside with `run.seed`)."""
+    (`rm.eval_data`, or `rm.val_fraction` of `rm.data` set aside with `run.seed`). On N learner ranks
+    every rank runs this, as `run_dpo_recipe` does; rank 0 logs and writes the gathered model."""
+    lead = ranks.rank == 0
     started = start_process(cfg.run)
-    run_dir = new_run_dir(cfg.run)
+    run_dir = new_run_dir(cfg.run) if lead else Path(cfg.run.dir) / cfg.run.name
     if cfg.model.lora is not None:
         raise SetupError(
             "model.lora: hone rm trains the whole model (and its new score head); unset model.lora"
@@ -228,9 +230,12 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
     r = cfg.rm
     settings = RMSettings(**fit_plan(r, cfg), eval_every=r.eval_every, center_coef=r.center_rewards_coef)
     log.info("reward model: %d training pairs, %d held out", len(train_encoded), len(held_out_encoded))
+    if ranks.world > 1:
+        copy_from_rank0(model, ranks)
+        shard(model, cfg.trainer.strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
     with (
-        open_run_log(cfg, run_dir) as metrics_log,
-        Progress(total=settings.steps, description="rm", enabled=cfg.logging.progress) as progress,
+        open_run_log(cfg, run_dir) if lead else contextlib.nullcontext() as metrics_log,
+        Progress(total=settings.steps, description="rm", enabled=cfg.logging.progress and lead) as progress,
     ):
         result = run_reward_model(
             model,
@@ -238,12 +243,15 @@ def run_rm_recipe(cfg: HoneConfig) -> PreferenceRunResult:
             train_encoded,
             held_out_encoded,
             settings,
-            log=_logger(metrics_log, progress),
+            log=None if metrics_log is None else _logger(metrics_log, progress),
             deadline=deadline(cfg.run, started),
+            ranks=ranks,
         )
     log.info("held-out pair accuracy %.3f", result["eval/pair_accuracy"])
-    model.save_pretrained(run_dir / MODEL_DIR)
-    tokenizer.save_pretrained(run_dir / MODEL_DIR)
+    state = full_state_dict(model, ranks) if ranks.world > 1 else None  # every rank: whole on rank 0
+    if lead:
+        model.save_pretrained(run_dir / MODEL_DIR, state_dict=state)
+        tokenizer.save_pretrained(run_dir / MODEL_DIR)
     return PreferenceRunResult(run_dir, result["steps"], result)
 
 

@@ -98,10 +98,9 @@ def fit(
 
     On N learner `ranks` every rank calls `fit` with the same examples and settings: `losses` yields this
     rank's share of each step (`Ranks.micro_batches`, `Ranks.weigh`), the step's `stats` are gathered from
-    every rank before `metrics`, and rank 0's clock decides the deadline for all. No `after_step` there.
+    every rank before `metrics`, and rank 0's clock decides the deadline for all. `after_step` runs on every
+    rank and must return the same there (a held-out forward every rank makes, or rank 0's result shared).
     """
-    if ranks.world > 1 and after_step is not None:
-        raise ValueError("fit on N ranks takes no after_step hook")
     optimizer, stepper = adamw_stepper(
         params,
         lr=settings.lr,

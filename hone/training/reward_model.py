@@ -21,6 +21,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
+from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.fit import FitPlan, Stats, fit
 
 
@@ -108,6 +109,7 @@ def run_reward_model(
     *,
     log: Callable[[dict[str, float]], None] | None = None,
     deadline: float | None = None,
+    ranks: Ranks = ONE_RANK,
 ) -> dict[str, Any]:
     """Fit `model` in place for `settings.steps` optimizer steps (or until `deadline`, a
     `time.perf_counter()` value checked before each step).
@@ -115,7 +117,8 @@ def run_reward_model(
     `log` receives per step `loss`, `accuracy` and `margin` (mean chosen − rejected score) over the batch,
     `rewards/chosen`, `rewards/rejected`, `learning_rate`, `grad_norm`; and, every `eval_every` steps and
     after the last, `eval/pair_accuracy` and `eval/loss` on `val_pairs`. Returns `{"steps", "out_of_time",
-    "eval/pair_accuracy", "eval/loss"}` (the last held-out figures).
+    "eval/pair_accuracy", "eval/loss"}` (the last held-out figures). On N `ranks` (every rank calls this,
+    `model` sharded) each trains its share of every batch and every rank scores the held-out pairs.
     """
     if not train_pairs or not val_pairs:
         raise ValueError("reward-model training needs training pairs and held-out pairs")
@@ -133,13 +136,14 @@ def run_reward_model(
         len(train_pairs),
         settings,
         lambda batch, stats: _batch_losses(
-            model, tokenizer, [train_pairs[i] for i in batch], settings, stats
+            model, tokenizer, [train_pairs[i] for i in batch], settings, stats, ranks
         ),
         name="reward-model",
         advice="look for NaN/inf in the preference data, or lower rm.lr",
         log=log,
         deadline=deadline,
         after_step=after_step,
+        ranks=ranks,
     )
     result = {"steps": done.steps, "out_of_time": done.out_of_time, **done.metrics}
     if "eval/pair_accuracy" not in result:  # stopped by the deadline before any held-out measurement
@@ -169,13 +173,17 @@ def _batch_losses(
     batch: list[EncodedComparison],
     settings: RMSettings,
     stats: Stats,
+    ranks: Ranks = ONE_RANK,
 ) -> Iterator[torch.Tensor]:
-    """Each micro-batch's summed pair losses over the batch size (adding up to the batch mean), lazily."""
+    """Each micro-batch's summed pair losses over the batch size (adding up to the batch mean), lazily. On
+    N ranks, this rank's share of the batch, padded to as many micro-batches as any rank runs."""
     chunk = settings.micro_batch_size or len(batch)
-    for start in range(0, len(batch), chunk):
-        chosen, rejected, losses = _pair_losses(
-            model, tokenizer, batch[start : start + chunk], settings.center_coef
-        )
+    for rows, padding in ranks.micro_batches(torch.arange(len(batch)), chunk):
+        part = [batch[i] for i in rows.tolist()]
+        chosen, rejected, losses = _pair_losses(model, tokenizer, part, settings.center_coef)
+        if padding:  # the collectives of a forward and backward, nothing learnt or counted
+            yield ranks.weigh(losses.sum(), padding)
+            continue
         stats.append(
             {
                 "loss": losses.detach(),
@@ -185,4 +193,4 @@ def _batch_losses(
                 "rewards/rejected": rejected.detach(),
             }
         )
-        yield losses.sum() / len(batch)
+        yield ranks.weigh(losses.sum() / len(batch), padding)
