@@ -228,11 +228,18 @@ def _learner_ranks(cfg: HoneConfig, world: int) -> Iterator[Ranks]:
 def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.orchestration.loop import train
 
-    _one_rank_only("sft", cfg)
-
     cfg.sft.enabled = True
     cfg.run.steps = 0
-    result = train(cfg)
+    world = _world_size(cfg)
+    if world > 1 and "RANK" not in os.environ:
+        return _launch(ns, cfg, world)
+    with _learner_ranks(cfg, world) as ranks:
+        if ranks.rank > 0:
+            from hone.orchestration.learner_ranks import follow
+
+            follow(cfg, ranks)
+            return 0
+        result = train(cfg, ranks=ranks)
     print(f"SFT model saved to {result.run_dir / 'sft'}")
     print(f"held-out accuracy after SFT: {100 * result.start_eval['eval/accuracy']:.1f}%")
     return 0
@@ -269,13 +276,6 @@ def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
         f"(mean reward {result.mean_reward:.3f}) written to {result.path}"
     )
     return 0
-
-
-def _one_rank_only(command: str, cfg: HoneConfig) -> None:
-    if cfg.trainer.world_size > 1 or int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        raise ConfigError(
-            f"hone {command} runs on one learner rank; N ranks (trainer.world_size) train RL only, so far"
-        )
 
 
 def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:

@@ -48,6 +48,14 @@ STEPS = {
 }
 PPO = {"algorithm.advantage": "gae", "critic.lr": 1e-3, "algorithm.kl.coef": 0}
 LORA = {"model.lora.r": 4, "model.lora.alpha": 8}  # the KL reference: the base, the adapter disabled
+WARM = {  # SFT on the ranks first; the KL reference is its result, which every rank loads
+    "sft.enabled": "true",
+    "sft.max_steps": 2,
+    "sft.examples": 16,
+    "sft.batch_size": 5,
+    "sft.micro_batch_size": 2,
+    "sft.val_size": 4,
+}
 TOLERANCE = 1e-5  # fp32: AdamW turns float-order noise on a near-zero gradient into steps this size
 
 
@@ -86,8 +94,14 @@ def largest_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float
 
 @pytest.mark.parametrize(
     ("strategy", "extra", "torchrun"),
-    [("fsdp2", {}, False), ("ddp", {}, True), ("fsdp2", PPO, False), ("fsdp2", LORA, False)],
-    ids=["fsdp2", "ddp-torchrun", "fsdp2-ppo-critic", "fsdp2-lora"],
+    [
+        ("fsdp2", {}, False),
+        ("ddp", {}, True),
+        ("fsdp2", PPO, False),
+        ("fsdp2", LORA, False),
+        ("fsdp2", WARM, False),
+    ],
+    ids=["fsdp2", "ddp-torchrun", "fsdp2-ppo-critic", "fsdp2-lora", "fsdp2-sft-warm-start"],
 )
 def test_two_ranks_train_as_one_process(
     tmp_path: Path, micro_model_dir: Path, strategy: str, extra: dict[str, object], torchrun: bool
@@ -103,7 +117,15 @@ def test_two_ranks_train_as_one_process(
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     start = {f"model.safetensors/{k}": v for k, v in load_file(micro_model_dir / "model.safetensors").items()}
     assert largest_gap({k: one[k] for k in start}, start) > 10 * TOLERANCE  # the runs trained
-    assert largest_gap(one, two) <= TOLERANCE
+    if extra is WARM:
+        # The SFT results agree to 1e-6, but the RL steps after them leave one element of an attention
+        # output projection 1.7e-5 apart (measured): AdamW's g/sqrt(v) on a gradient near zero scales the
+        # ranks' float reassociation up to a step of lr. Above the 1e-5 the other cases meet.
+        sft = [load_file(tmp_path / run / "sft" / "model.safetensors") for run in ("one", "two")]
+        assert largest_gap(*sft) <= TOLERANCE
+        assert largest_gap(one, two) <= 3 * TOLERANCE
+    else:
+        assert largest_gap(one, two) <= TOLERANCE
     if extra is PPO:
         assert largest_gap(critic_weights(tmp_path / "one"), critic_weights(tmp_path / "two")) <= TOLERANCE
     if extra is LORA:  # the adapter as one process saves it, beside the merged weights
@@ -189,6 +211,42 @@ def test_a_reward_model_on_two_ranks_trains_as_one_process(tmp_path: Path, micro
     rows = [read_metrics(tmp_path / run / "metrics.jsonl") for run in ("one", "two")]
     held_out = [[r["eval/pair_accuracy"] for r in run if "eval/pair_accuracy" in r] for run in rows]
     assert held_out[0] == held_out[1] and len(held_out[0]) == 2  # steps 3 and 6
+
+
+def test_sft_on_two_ranks_trains_as_one_process_and_validates_on_rank_0(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """`hone sft` on 2 ranks: batches of 5 in micro-batches of 2 (rank 1 pads), rank 0 validating the
+    gathered weights every 2 steps; the SFT result equals one process's."""
+    sft = {
+        "sft.max_steps": 4,
+        "sft.examples": 16,
+        "sft.batch_size": 5,
+        "sft.micro_batch_size": 2,
+        "sft.val_size": 4,
+        "sft.eval_every": 2,
+        "trainer.collective_timeout_s": 60,
+    }
+    assert main(["sft", *tiny_overrides(tmp_path, micro_model_dir, "one", **sft)]) == 0
+    args = tiny_overrides(tmp_path, micro_model_dir, "two", **sft, **{"trainer.world_size": 2})
+    done = subprocess.run(
+        [sys.executable, "-m", "hone.cli", "sft", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    weights = [load_file(tmp_path / run / "sft" / "model.safetensors") for run in ("one", "two")]
+    start = load_file(micro_model_dir / "model.safetensors")
+    assert largest_gap(weights[0], start) > 10 * TOLERANCE
+    assert largest_gap(weights[0], weights[1]) <= TOLERANCE
+    logs = [read_metrics(tmp_path / run / "sft" / "sft_log.jsonl") for run in ("one", "two")]
+    evals = [[(r["step"], r["sft/eval"]) for r in log if "sft/eval" in r] for log in logs]
+    assert evals[0] == evals[1] and [step for step, _ in evals[0]] == [2, 4]
+    losses = [[r["sft/loss"] for r in log if "sft/loss" in r] for log in logs]
+    assert max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-5
 
 
 def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
@@ -303,7 +361,6 @@ def test_a_rank_that_fails_in_set_up_is_the_runs_one_line(tmp_path: Path, micro_
             "with model.lora, sft.enabled and a KL reference is not supported",
         ),
         (["trainer.strategy=zero3"], "trainer.strategy"),
-        ("sft", "hone sft runs on one learner rank"),
     ],
 )
 def test_what_ranks_cannot_do_yet_is_one_line_before_any_starts(

@@ -40,7 +40,15 @@ from hone.orchestration.components import RunComponents, weight_channel
 from hone.orchestration.learner import Learner
 from hone.orchestration.lifecycle import start_process
 from hone.orchestration.producer import ScoredGroups
-from hone.orchestration.rl_start import LearnerStart, learner_models, loaded_models, saved_models
+from hone.orchestration.rl_start import (
+    LearnerStart,
+    learner_models,
+    loaded_models,
+    saved_models,
+    shard_policy,
+)
+from hone.orchestration.warmstart import SFTData, SFTSettings, train_sft
+from hone.orchestration.weights import WeightChannel
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer
 from hone.training.distributed import Ranks, full_state_dict, init_ranks
 from hone.training.models import load_policy
@@ -106,6 +114,35 @@ class LeadRanks:
         self.ranks = ranks
         self.commands = Commands(ranks)
         self.gathered: GatheredWeights | None = None
+        self.cfg: HoneConfig | None = None  # the run's, for an SFT warm start (`attach`)
+        self.parts: RunComponents | None = None
+
+    def attach(self, cfg: HoneConfig, parts: RunComponents) -> None:
+        self.cfg, self.parts = cfg, parts
+
+    def begin_sft(self, texts: list[tuple[str, str]], data: SFTData, settings: SFTSettings) -> WeightChannel:
+        """An SFT warm start on every rank: the others are told (with the examples) and shard their policy
+        as this one does; rank 0's weight channel then publishes gathered weights."""
+        assert self.parts is not None and self.cfg is not None
+        self.commands.send("sft", texts=texts, data=SFTData(examples=data.examples), settings=settings)
+        shard_policy(self.cfg, self.parts.policy, self.ranks)
+        self.gather_weights(self.cfg, self.parts)
+        return self.parts.weights
+
+    @contextlib.contextmanager
+    def gathered_state(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Every rank gathers at this point of the SFT the others run too; the whole state, on rank 0."""
+        gathered = self.gathered
+        assert gathered is not None and gathered.state is None
+        gathered.gather()
+        try:
+            yield gathered.state or {}
+        finally:
+            gathered.release()
+
+    def share_score(self, score: float) -> float:
+        self.commands.send("score", score=score)
+        return score
 
     def announce(self, start: LearnerStart) -> None:
         self.commands.send("start", start=start)
@@ -113,6 +150,8 @@ class LeadRanks:
     def gather_weights(self, cfg: HoneConfig, parts: RunComponents) -> None:
         """After sharding: the run's weight channel reads the gathered state (the engine's names are read
         from the source it had, whose tensors are the sharded model's now: only their names are used)."""
+        if self.gathered is not None:  # an SFT warm start on the ranks did it
+            return
         names = list(parts.weight_source())
         self.gathered = GatheredWeights(names, parts.policy, self.ranks)
         parts.weight_source = self.gathered
@@ -170,6 +209,9 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
     commands = Commands(ranks)
     policy = load_policy(cfg.model, resolve_model(cfg.model.path))  # rank 0's weights replace these
     kind, payload = commands.receive()
+    if kind == "sft":  # a warm start: train with rank 0, then wait for RL's start
+        follow_sft(cfg, policy, ranks, commands, payload)
+        kind, payload = commands.receive()
     if kind == "stop":  # rank 0 ended before RL (e.g. `hone sft`)
         return
     start: LearnerStart = payload["start"]
@@ -206,3 +248,26 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
             return
         else:
             raise RuntimeError(f"learner rank {ranks.rank}: unknown command {kind!r} from rank 0")
+
+
+def follow_sft(
+    cfg: HoneConfig, policy: Policy, ranks: Ranks, commands: Commands, payload: dict[str, Any]
+) -> None:
+    """This rank's part of an SFT warm start: the same `train_sft` as rank 0, joining its gathers (each
+    validation's publish, the final publish and save) and taking its validation scores."""
+    shard_policy(cfg, policy, ranks)
+    gathered = GatheredWeights([], policy, ranks)
+
+    def joined() -> None:
+        gathered.gather()
+        gathered.release()
+
+    def score() -> float:
+        joined()
+        kind, sent = commands.receive()
+        if kind != "score":
+            raise RuntimeError(f"learner rank {ranks.rank}: expected rank 0's SFT score, got {kind!r}")
+        return float(sent["score"])
+
+    train_sft(payload["settings"], policy, payload["texts"], payload["data"], score, ranks=ranks)
+    joined()  # rank 0 publishes and saves the result

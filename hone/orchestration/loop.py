@@ -128,6 +128,8 @@ def run_learner(
     run_dir, checkpointer, latest = open_run_dir(cfg, resume, ranks)
     lead = LeadRanks(ranks) if ranks.world > 1 else None  # first: the other ranks wait on its commands
     parts = setup_components(cfg)
+    if lead is not None:
+        lead.attach(cfg, parts)
     try:  # a sampler may run an engine process (vLLM): it never outlives the run
         try:
             warm = cfg.sft.enabled and latest is None
@@ -191,7 +193,7 @@ def _train(
     ranks = ONE_RANK if lead is None else lead.ranks
     if resumed is None:
         announce = None if lead is None else lead.announce
-        begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started, ranks, announce)
+        begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started, ranks, announce, lead)
         if lead is not None:
             lead.gather_weights(cfg, parts)
     else:

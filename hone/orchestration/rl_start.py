@@ -18,7 +18,7 @@ from hone.orchestration.components import RunComponents
 from hone.orchestration.evaluate import EvalSettings, run_eval
 from hone.orchestration.lifecycle import SetupError, deadline
 from hone.orchestration.replay import ReplayBuffer
-from hone.orchestration.warmstart import SFTData, SFTSettings, warm_start_sft
+from hone.orchestration.warmstart import SFTData, SFTRanks, SFTSettings, warm_start_sft
 from hone.rollout.multiturn import Episodes
 from hone.tracking import MetricsLogger
 from hone.training.checkpoint import (
@@ -39,6 +39,7 @@ from hone.training.distributed import (
     Ranks,
     Shards,
     copy_from_rank0,
+    is_sharded,
     shard,
 )
 from hone.training.models import load_critic, load_reference
@@ -100,6 +101,13 @@ class LearnerModels:
     critic: CriticTrainer | None
 
 
+def shard_policy(cfg: HoneConfig, policy: Policy, ranks: Ranks) -> None:
+    """Every rank at once: the policy made rank 0's, then wrapped for `trainer.strategy` (FSDP2's bf16
+    mixed precision with `trainer.autocast: bfloat16`)."""
+    copy_from_rank0(policy.model, ranks)
+    shard(policy.model, cfg.trainer.strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
+
+
 def learner_models(cfg: HoneConfig, policy: Policy, start: LearnerStart, ranks: Ranks) -> LearnerModels:
     """The reference, trainer and critic of `policy`, each model wrapped for `trainer.strategy` on N ranks
     (every rank calls this at the same point: the wrapping starts from rank 0's weights). A resume of a
@@ -112,8 +120,8 @@ def learner_models(cfg: HoneConfig, policy: Policy, start: LearnerStart, ranks: 
     if cfg.algorithm.kl.coef > 0:  # before sharding: its record's digest reads whole tensors
         ref_policy, reference = load_reference(cfg.model, policy, start.start_dir, warm_started=start.warm)
     if ranks.world > 1:
-        copy_from_rank0(policy.model, ranks)
-        shard(policy.model, strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
+        if not is_sharded(policy.model):  # an SFT warm start on the ranks sharded it already
+            shard_policy(cfg, policy, ranks)
         if ref_policy is not None and ref_policy.model is not policy.model:  # LoRA's is the policy's model
             copy_from_rank0(ref_policy.model, ranks)
             shard(ref_policy.model, strategy, ranks)
@@ -307,9 +315,10 @@ def start_rl(
     started: float,
     ranks: Ranks = ONE_RANK,
     announce: Announce | None = None,
+    on_ranks: SFTRanks | None = None,
 ) -> RLStart:
-    """A fresh run's start: SFT warm start (if on; on rank 0 alone, before the model is sharded),
-    reference, trainer, and the eval before RL (step 0)."""
+    """A fresh run's start: SFT warm start (if on; on N ranks, `on_ranks` shards the policy and has the
+    other ranks train with it), reference, trainer, and the eval before RL (step 0)."""
     if sft_data is not None:
         warm_start_sft(
             SFTSettings.of(cfg),
@@ -321,6 +330,7 @@ def start_rl(
             parts.episodes,
             deadline=deadline(cfg.run, started),
             weights=parts.weights,
+            on_ranks=on_ranks,
         )
     models = begin_learner(cfg, parts, learner_start(cfg, parts, run_dir, None), ranks, announce)
     start_eval = run_eval(parts, EvalSettings.of(cfg))

@@ -6,10 +6,16 @@ few dozen steps, and the point of the demo is that RL, not SFT, does most of the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
+
+import torch
 
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
@@ -21,6 +27,7 @@ from hone.orchestration.weights import WeightChannel
 from hone.rewards import RewardFn, RewardScorer
 from hone.rollout import Sampler
 from hone.rollout.multiturn import Episodes, demonstration_tokens
+from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.policy import Policy
 from hone.training.sft import run_sft
 from hone.types import Sample, SamplingParams
@@ -116,6 +123,56 @@ class SFTSettings:
         )
 
 
+class SFTRanks(Protocol):
+    """Rank 0's side of an SFT warm start on N learner ranks (`learner_ranks.LeadRanks`)."""
+
+    ranks: Ranks
+
+    def begin_sft(self, texts: list[tuple[str, str]], data: SFTData, settings: SFTSettings) -> WeightChannel:
+        """Tell the other ranks to train; shard the policy; the channel that publishes gathered weights."""
+        ...
+
+    def gathered_state(self) -> AbstractContextManager[dict[str, torch.Tensor]]:
+        """Every rank gathers (the others as their `train_sft` reaches the same point): the whole state."""
+        ...
+
+    def share_score(self, score: float) -> float:
+        """Rank 0's validation score, sent to the other ranks (their `eval_fn` returns it)."""
+        ...
+
+
+def train_sft(
+    settings: SFTSettings,
+    policy: Policy,
+    texts: list[tuple[str, str]],
+    data: SFTData,
+    eval_fn: Callable[[], float],
+    *,
+    log: Callable[[dict[str, float]], None] | None = None,
+    deadline: float | None = None,
+    ranks: Ranks = ONE_RANK,
+) -> dict[str, Any]:
+    """`run_sft` with the warm start's settings: what every learner rank runs."""
+    return run_sft(
+        policy,
+        texts,
+        examples=data.examples,
+        batch_size=settings.batch_size,
+        micro_batch_size=settings.micro_batch_size,
+        lr=settings.lr,
+        schedule="constant",
+        max_steps=settings.max_steps,
+        eval_fn=eval_fn,
+        eval_every=settings.eval_every,
+        stop_at=settings.stop_at,
+        log=log,
+        seed=settings.seed,
+        deadline=deadline,
+        max_nonfinite_steps=settings.max_nonfinite_steps,
+        ranks=ranks,
+    )
+
+
 def warm_start_sft(
     settings: SFTSettings,
     policy: Policy,
@@ -127,15 +184,24 @@ def warm_start_sft(
     *,
     deadline: float | None = None,
     weights: WeightChannel,
+    on_ranks: SFTRanks | None = None,
 ) -> dict[str, float]:
     """SFT on `data` until validation accuracy on `data.val` reaches `settings.stop_at`, `max_steps` or
     `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`.
     `sampler` validates: `weights` publishes the policy's SFT weights to it, as version 0 (RL has not
-    started), before each validation and once SFT ends."""
+    started), before each validation and once SFT ends. `on_ranks`: rank 0 of N learner ranks, which
+    train together (each its share of every batch); rank 0 validates and saves the gathered weights."""
+    texts = [
+        (render_prompt(s, policy.tokenizer, settings.chat_template, settings.system_prompt), r)
+        for s, r in data.pairs
+    ]
+    if on_ranks is not None:
+        weights = on_ranks.begin_sft(texts, data, settings)
 
     def val_accuracy() -> float:
-        weights.publish(0)
-        return evaluate(
+        with on_ranks.gathered_state() if on_ranks is not None else contextlib.nullcontext():
+            weights.publish(0)
+        score = evaluate(
             sampler,
             policy.tokenizer,
             data.val,
@@ -145,6 +211,7 @@ def warm_start_sft(
             system_prompt=settings.system_prompt,
             episodes=episodes,
         )["eval/accuracy"]
+        return score if on_ranks is None else on_ranks.share_score(score)
 
     history: list[dict[str, float]] = []
 
@@ -153,31 +220,15 @@ def warm_start_sft(
         if "sft/eval" in row:
             log.info("SFT step %d: validation accuracy %.3f", row["step"], row["sft/eval"])
 
-    texts = [
-        (render_prompt(s, policy.tokenizer, settings.chat_template, settings.system_prompt), r)
-        for s, r in data.pairs
-    ]
-    result = run_sft(
-        policy,
-        texts,
-        examples=data.examples,
-        batch_size=settings.batch_size,
-        micro_batch_size=settings.micro_batch_size,
-        lr=settings.lr,
-        schedule="constant",
-        max_steps=settings.max_steps,
-        eval_fn=val_accuracy,
-        eval_every=settings.eval_every,
-        stop_at=settings.stop_at,
-        log=record,
-        seed=settings.seed,
-        deadline=deadline,
-        max_nonfinite_steps=settings.max_nonfinite_steps,
+    ranks = ONE_RANK if on_ranks is None else on_ranks.ranks
+    result = train_sft(
+        settings, policy, texts, data, val_accuracy, log=record, deadline=deadline, ranks=ranks
     )
-    weights.publish(0)
     if result["out_of_time"]:
         log.warning("SFT stopped at the run's time limit after %d steps", result["steps"])
-    policy.save_pretrained(out_dir)
+    with on_ranks.gathered_state() if on_ranks is not None else contextlib.nullcontext() as state:
+        weights.publish(0)
+        policy.save_pretrained(out_dir, state_dict=state)
     (out_dir / "sft_log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     log.info("SFT warm-start: %s", result)
     return result

@@ -160,6 +160,13 @@ def shard(model: nn.Module, strategy: str, ranks: Ranks, *, bf16: bool = False) 
     return model
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `shard` has wrapped `model` already (an SFT warm start on N ranks shards it first)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def full_state_dict(model: nn.Module, ranks: Ranks) -> dict[str, torch.Tensor]:
     """The whole model's state dict, on CPU, on rank 0 ({} on the others). A collective on N ranks: every
     rank calls it at the same point (before publishing weights or saving the Hugging Face model), never

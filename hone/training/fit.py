@@ -115,7 +115,7 @@ def fit(
 
     def out_of_time() -> bool:
         passed = deadline is not None and time.perf_counter() > deadline
-        result.out_of_time = bool(ranks.same(float(passed))) if deadline is not None else False
+        result.out_of_time = bool(ranks.same(float(passed))) if ranks.world > 1 else passed
         return result.out_of_time
 
     was_training = model.training

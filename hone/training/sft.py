@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.models.tokens import pad_token_id
+from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.fit import FitPlan, Stats, fit
 from hone.training.policy import Policy
 
@@ -90,6 +91,7 @@ def run_sft(
     seed: int = 0,
     deadline: float | None = None,
     max_nonfinite_steps: int = 3,
+    ranks: Ranks = ONE_RANK,
 ) -> dict[str, Any]:
     """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
     per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps of the offline loop
@@ -105,6 +107,8 @@ def run_sft(
     `"out_of_time": True`). `log` receives `{"step", "sft/loss", "sft/lr", "sft/grad_norm", "sft/tokens"}`
     per step and `{"step", "sft/eval"}` per evaluation.
     Returns `{"steps", "loss", "eval", "stopped_early", "out_of_time"}` (`eval`: the last score, or None).
+    On N learner `ranks` every rank calls this on the same examples, `policy` sharded: each trains its share
+    of every batch, and `eval_fn` must return the same score on every rank.
     """
     if policy.tokenizer is None:
         raise ValueError("run_sft needs a policy with a tokenizer")
@@ -117,7 +121,7 @@ def run_sft(
     scores: list[float] = []
 
     def losses(indices: list[int], stats: Stats) -> Iterator[torch.Tensor]:
-        return _batch_losses(policy, [encoded[i] for i in indices], pad_id, micro_batch_size, stats)
+        return _batch_losses(policy, [encoded[i] for i in indices], pad_id, micro_batch_size, stats, ranks)
 
     def metrics(indices: list[int], stats: Stats, lr_now: float, grad_norm: float) -> dict[str, float]:
         tokens = float(_response_tokens([encoded[i] for i in indices]))
@@ -160,6 +164,7 @@ def run_sft(
         after_step=evaluate,
         log=None if log is None else log_rows,
         deadline=deadline,
+        ranks=ranks,
     )
     return {
         "steps": done.steps,
@@ -181,14 +186,17 @@ def _batch_losses(
     pad_id: int,
     micro_batch_size: int | None,
     stats: Stats,
+    ranks: Ranks = ONE_RANK,
 ) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed response-token NLL divided by the whole batch's token count, so the losses
     sum to the batch's token-mean NLL whatever the micro-batch size; one forward at a time (lazily, for
-    `OptimizerStepper.step`). Each summed NLL goes to `stats` (as `nll`), for the logged loss."""
+    `OptimizerStepper.step`). Each summed NLL goes to `stats` (as `nll`), for the logged loss. On N ranks,
+    this rank's share of the batch, padded to as many micro-batches as any rank runs."""
     chunk = micro_batch_size or len(batch)
     total_tokens = _response_tokens(batch)
-    for start in range(0, len(batch), chunk):
-        input_ids, attention_mask, loss_mask = collate_sft(batch[start : start + chunk], pad_id)
+    for rows, padding in ranks.micro_batches(torch.arange(len(batch)), chunk):
+        input_ids, attention_mask, loss_mask = collate_sft([batch[i] for i in rows.tolist()], pad_id)
         nll, _ = sft_loss(policy, input_ids, attention_mask, loss_mask)
-        stats.append({"nll": nll.item()})
-        yield nll / total_tokens
+        if not padding:
+            stats.append({"nll": nll.item()})
+        yield ranks.weigh(nll / total_tokens, padding)
