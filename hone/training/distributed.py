@@ -16,7 +16,14 @@ replicated, gradients all-reduced, the same code path as `fsdp2` (as torchtitan 
 
 Weights leave the ranks through `full_state_dict` (a gather every rank joins at one point; rank 0 gets
 the dict) and checkpoints through `save_sharded`/`load_sharded` (PyTorch's DCP, loadable at another
-world size). Not wired into `hone train` yet (issue 30): nothing here starts or coordinates the ranks.
+world size; `GatheredModel`, `Shards`, `FullOptimizer` are the checkpoint parts). What starts and
+coordinates the ranks is `hone.orchestration.launch` (or torchrun, or Ray: `ray_learners`) and
+`hone.orchestration.learner_ranks`.
+
+Departures from a one-process run, on purpose: the trainer's micro-batches forward rows whole, without
+the shared-prompt forward (one or two model calls by the rows: every rank must make the same calls); with
+`trainer.autocast: bfloat16` the bf16 compute is FSDP2's mixed precision (every parameter cast, norms
+too), not autocast's per-op choice.
 """
 
 from __future__ import annotations
