@@ -113,7 +113,21 @@ def _rank(rank: int, world: int, model_dir: str, agg: str, strategy: str, rendez
     ranks = Ranks(rank, world)
     init_ranks(ranks, timeout_s=60, init_method=f"file://{rendezvous}")
     try:
-        if agg == "checkpoint":
+        if agg == "by_rows":  # each row scored as [its index, the rank that scored it]
+            result = {
+                rows: ranks.by_rows(
+                    rows,
+                    lambda idx, rows=rows: torch.stack(
+                        [
+                            (torch.arange(rows) if idx is None else idx).float(),
+                            torch.full((len(idx),), float(rank)),
+                        ],
+                        dim=1,
+                    ),
+                )
+                for rows in (5, 1)
+            }
+        elif agg == "checkpoint":
             result = checkpointed(Path(model_dir), ranks, str(Path(out).parent / "dcp"))
         elif agg == "critic":
             result = updated_critic(Path(model_dir), ranks, strategy)
@@ -182,3 +196,14 @@ def test_each_rank_trains_its_share_and_pads_to_the_same_micro_batch_count() -> 
     loss = torch.tensor(3.0)
     assert Ranks(1, 2).weigh(loss, True) == 0 and Ranks(1, 2).weigh(loss, False) == 6
     assert Ranks().weigh(loss, False) is loss  # one rank: the very tensor, so one process is unchanged
+
+
+def test_each_rank_scores_its_share_of_a_no_grad_pass_and_the_parts_gather_in_order(tmp_path: Path) -> None:
+    """`Ranks.by_rows`: 5 rows over 2 ranks are rows 0-2 from rank 0 and 3-4 from rank 1 (which scored a
+    padding row too, dropped); 1 row is rank 0's, rank 1 scoring a filler only."""
+    out = tmp_path / "rank0.pt"
+    args = (2, "", "by_rows", "fsdp2", str(tmp_path / "rendezvous"), str(out))
+    mp.start_processes(_rank, args=args, nprocs=2, start_method="spawn")
+    result = torch.load(out)
+    assert result[5].tolist() == [[0, 0], [1, 0], [2, 0], [3, 1], [4, 1]]
+    assert result[1].tolist() == [[0, 0]]

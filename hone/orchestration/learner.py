@@ -25,6 +25,7 @@ from hone.config import AlgorithmConfig, TrainerConfig
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
 from hone.training.critic import CriticTrainer
+from hone.training.distributed import Ranks
 from hone.training.policy import Policy, first_response_column
 from hone.training.ppo import micro_batch_rows
 from hone.training.trainer import RLTrainer
@@ -32,17 +33,29 @@ from hone.types import Batch, Rollout, TrainBatch
 
 
 @torch.no_grad()
-def _log_probs(policy: Policy, seqs: Batch, temperature: float, micro: int, shared: bool) -> torch.Tensor:
+def _log_probs(
+    policy: Policy, seqs: Batch, temperature: float, micro: int, shared: bool, ranks: Ranks
+) -> torch.Tensor:
+    """The batch's per-token log-probs under `policy`; on N ranks each scores a share (`Ranks.by_rows`),
+    forwarding rows whole: a shared-prompt forward is one or two model calls by the rows, and every rank
+    must make the same calls."""
     policy.model.eval()
-    log_probs, _ = policy.token_log_probs(
-        seqs.input_ids,
-        seqs.attention_mask,
-        temperature=temperature,
-        micro_batch_size=micro,
-        from_column=first_response_column(seqs.response_mask),
-        prompt_lens=seqs.prompt_lens if shared else None,
-    )
-    return log_probs
+    first = first_response_column(seqs.response_mask)  # the whole batch's, on every rank
+    shared = shared and ranks.world == 1
+
+    def score(rows: torch.Tensor | None) -> torch.Tensor:
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows.to(t.device)])
+        log_probs, _ = policy.token_log_probs(
+            pick(seqs.input_ids),
+            pick(seqs.attention_mask),
+            temperature=temperature,
+            micro_batch_size=micro,
+            from_column=first,
+            prompt_lens=pick(seqs.prompt_lens) if shared else None,
+        )
+        return log_probs
+
+    return ranks.by_rows(len(seqs.input_ids), score)
 
 
 def compute_advantages(
@@ -159,17 +172,26 @@ class Learner:
         micro = micro_batch_rows(self.trainer_cfg, seqs.input_ids.shape[1])
         shared = self.trainer_cfg.shared_prompts
         old_logp = seqs.sampler_log_probs
+        ranks = self.trainer.ranks
         if self.algorithm.old_log_probs == "recompute":
             # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the
             # first optimizer step, and the ratio measures the update, not the rounding.
             with self.trainer.autocast():
-                old_logp = _log_probs(self.policy, seqs, self.temperature, micro, shared)
+                old_logp = _log_probs(self.policy, seqs, self.temperature, micro, shared, ranks)
         ref_logp = None
         if self.ref_policy is not None:
-            ref_logp = _log_probs(self.ref_policy, seqs, self.temperature, micro, shared)
+            ref_logp = _log_probs(self.ref_policy, seqs, self.temperature, micro, shared, ranks)
         values = None
         if self.critic is not None:
-            values = self.critic.values(seqs.input_ids, seqs.attention_mask, seqs.response_mask)
+            critic = self.critic
+
+            def value(rows: torch.Tensor | None) -> torch.Tensor:
+                pick = (lambda t: t) if rows is None else (lambda t: t[rows.to(t.device)])
+                return critic.values(
+                    pick(seqs.input_ids), pick(seqs.attention_mask), pick(seqs.response_mask)
+                )
+
+            values = ranks.by_rows(len(seqs.input_ids), value)
         advantages, returns, metrics = compute_advantages(
             rollouts,
             self.algorithm,

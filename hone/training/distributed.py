@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -71,6 +72,22 @@ class Ranks:
         if padding:
             return loss * 0.0
         return loss * float(self.world) if self.world > 1 else loss
+
+    def by_rows(self, rows: int, score: Callable[[torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
+        """`score(row indices)` of a batch of `rows` rows (`[len(indices), ...]`, no grad), each rank
+        scoring its contiguous share and the parts all-gathered in order; `score(None)` (the whole batch)
+        on one rank. A share is padded to the largest by repeating a row, so every rank makes the same
+        model calls (FSDP gathers inside each), and the padding is dropped after the gather."""
+        if self.world == 1:
+            return score(None)
+        shares = torch.arange(rows).tensor_split(self.world)
+        most = len(shares[0])
+        mine = shares[self.rank]
+        filler = mine[:1] if len(mine) else torch.zeros(1, dtype=torch.long)
+        out = score(torch.cat([mine, filler.repeat(most - len(mine))]))
+        parts = [torch.empty_like(out) for _ in range(self.world)]
+        dist.all_gather(parts, out.contiguous())
+        return torch.cat([part[: len(share)] for part, share in zip(parts, shares, strict=True)])
 
     def same(self, value: float) -> float:
         """Rank 0's `value` on every rank (e.g. an LR that follows rank 0's clock under a time limit)."""
