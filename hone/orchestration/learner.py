@@ -25,7 +25,7 @@ from hone.config import AlgorithmConfig, TrainerConfig
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
 from hone.training.critic import CriticTrainer
-from hone.training.distributed import Ranks
+from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.policy import Policy, first_response_column
 from hone.training.ppo import micro_batch_rows
 from hone.training.trainer import RLTrainer
@@ -139,6 +139,7 @@ class Learner:
     publish: Callable[[int], None]
     version: int = 0
     critic: CriticTrainer | None = None
+    ranks: Ranks = ONE_RANK  # N learner ranks: the no-grad passes split over them too
 
     def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
         """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish the next version.
@@ -172,7 +173,7 @@ class Learner:
         micro = micro_batch_rows(self.trainer_cfg, seqs.input_ids.shape[1])
         shared = self.trainer_cfg.shared_prompts
         old_logp = seqs.sampler_log_probs
-        ranks = self.trainer.ranks
+        ranks = self.ranks
         if self.algorithm.old_log_probs == "recompute":
             # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the
             # first optimizer step, and the ratio measures the update, not the rounding.

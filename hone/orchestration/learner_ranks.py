@@ -231,6 +231,7 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
         pad_id=start.pad_id,
         publish=lambda _version: gathered.gather(),  # rank 0 publishes; here the state is {}
         critic=models.critic,
+        ranks=ranks,
     )
     while True:
         kind, payload = commands.receive()

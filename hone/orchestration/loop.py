@@ -218,6 +218,7 @@ def _train(
         publish=rollouts.publish if lead is None else lead.publisher(rollouts.publish),
         version=begin.version,
         critic=begin.critic,
+        ranks=ranks,
     )
 
     def save(step: int) -> None:
