@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -140,21 +140,38 @@ def _summary(result: RunResult, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _train(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+RankedHandler = Callable[[argparse.Namespace, HoneConfig, "Ranks"], int]
+
+
+def _on_ranks(handler: RankedHandler) -> Callable[[argparse.Namespace, HoneConfig], int]:
+    """A training command on `trainer.world_size` learner ranks: unlaunched, this process starts the ranks
+    and only watches them; a rank (or the one process) runs `handler` in the ranks' process group."""
+
+    def run(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+        world = _world_size(cfg)
+        if world > 1 and "RANK" not in os.environ:
+            return _launch(ns, cfg, world)
+        with _learner_ranks(cfg, world) as ranks:
+            return handler(ns, cfg, ranks)
+
+    return run
+
+
+def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.orchestration.loop import train
 
-    world = _world_size(cfg)
-    if world > 1 and "RANK" not in os.environ:  # start the ranks: this process only watches them
-        return _launch(ns, cfg, world)
+    if ranks.rank > 0:
+        return _follow(cfg, ranks)
     started = time.perf_counter()
-    with _learner_ranks(cfg, world) as ranks:
-        if ranks.rank > 0:
-            from hone.orchestration.learner_ranks import follow
-
-            follow(cfg, ranks)
-            return 0
-        result = train(cfg, resume=bool(ns.resume), ranks=ranks)
+    result = train(cfg, resume=bool(ns.resume), ranks=ranks)
     print(_summary(result, time.perf_counter() - started))
+    return 0
+
+
+def _follow(cfg: HoneConfig, ranks: Ranks) -> int:
+    from hone.orchestration.learner_ranks import follow
+
+    follow(cfg, ranks)
     return 0
 
 
@@ -225,21 +242,14 @@ def _learner_ranks(cfg: HoneConfig, world: int) -> Iterator[Ranks]:
             dist.destroy_process_group()
 
 
-def _sft(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.orchestration.loop import train
 
     cfg.sft.enabled = True
     cfg.run.steps = 0
-    world = _world_size(cfg)
-    if world > 1 and "RANK" not in os.environ:
-        return _launch(ns, cfg, world)
-    with _learner_ranks(cfg, world) as ranks:
-        if ranks.rank > 0:
-            from hone.orchestration.learner_ranks import follow
-
-            follow(cfg, ranks)
-            return 0
-        result = train(cfg, ranks=ranks)
+    if ranks.rank > 0:
+        return _follow(cfg, ranks)
+    result = train(cfg, ranks=ranks)
     print(f"SFT model saved to {result.run_dir / 'sft'}")
     print(f"held-out accuracy after SFT: {100 * result.start_eval['eval/accuracy']:.1f}%")
     return 0
@@ -278,14 +288,10 @@ def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     return 0
 
 
-def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+def _dpo(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.orchestration.preference import MODEL_DIR, run_dpo_recipe
 
-    world = _world_size(cfg)
-    if world > 1 and "RANK" not in os.environ:
-        return _launch(ns, cfg, world)
-    with _learner_ranks(cfg, world) as ranks:
-        result = run_dpo_recipe(cfg, ranks)
+    result = run_dpo_recipe(cfg, ranks)
     if ranks.rank > 0:
         return 0
     print(_preference_summary(result, MODEL_DIR))
@@ -299,14 +305,10 @@ def _dpo(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     return 0
 
 
-def _rm(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+def _rm(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.orchestration.preference import MODEL_DIR, run_rm_recipe
 
-    world = _world_size(cfg)
-    if world > 1 and "RANK" not in os.environ:
-        return _launch(ns, cfg, world)
-    with _learner_ranks(cfg, world) as ranks:
-        result = run_rm_recipe(cfg, ranks)
+    result = run_rm_recipe(cfg, ranks)
     if ranks.rank > 0:
         return 0
     print(_preference_summary(result, MODEL_DIR))
@@ -361,7 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     from hone.orchestration.loop import RunInterrupted
 
-    handlers = {"train": _train, "sft": _sft, "eval": _eval, "pairs": _pairs, "dpo": _dpo, "rm": _rm}
+    handlers = {
+        "train": _on_ranks(_train),
+        "sft": _on_ranks(_sft),
+        "eval": _eval,
+        "pairs": _pairs,
+        "dpo": _on_ranks(_dpo),
+        "rm": _on_ranks(_rm),
+    }
     with _signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)

@@ -59,14 +59,15 @@ WARM = {  # SFT on the ranks first; the KL reference is its result, which every 
 TOLERANCE = 1e-5  # fp32: AdamW turns float-order noise on a near-zero gradient into steps this size
 
 
-def hone_train(args: list[str], cwd: Path, *, torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+def hone_cli(argv: list[str], cwd: Path, *, torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+    """`hone <argv>` in a subprocess (under torchrun with 2 ranks if asked), its output captured."""
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         if torchrun
         else [sys.executable]
     )
     return subprocess.run(
-        [*launcher, "-m", "hone.cli", "train", *args],
+        [*launcher, "-m", "hone.cli", *argv],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -77,7 +78,7 @@ def hone_train(args: list[str], cwd: Path, *, torchrun: bool = False) -> subproc
 
 def ranks_run(tmp_path: Path, model_dir: Path, name: str, *, world: int = 2, **extra: object) -> Path:
     settings = {**STEPS, "trainer.world_size": world, **extra}
-    done = hone_train(tiny_overrides(tmp_path, model_dir, name, **settings), tmp_path)
+    done = hone_cli(["train", *tiny_overrides(tmp_path, model_dir, name, **settings)], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp_path / name
 
@@ -110,8 +111,8 @@ def test_two_ranks_train_as_one_process(
     overrides = STEPS | extra | {"trainer.strategy": strategy}
     if not torchrun:
         overrides["trainer.world_size"] = 2  # under torchrun: its WORLD_SIZE
-    done = hone_train(
-        tiny_overrides(tmp_path, micro_model_dir, "two", **overrides), tmp_path, torchrun=torchrun
+    done = hone_cli(
+        ["train", *tiny_overrides(tmp_path, micro_model_dir, "two", **overrides)], tmp_path, torchrun=torchrun
     )
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
@@ -159,14 +160,7 @@ def test_dpo_on_two_ranks_trains_as_one_process_and_evaluates_the_gathered_weigh
     common = ["dpo.batch_size=5", "dpo.micro_batch_size=2", "trainer.collective_timeout_s=60"]
     assert main(dpo_args(tmp_path, micro_model_dir, "one", *common)) == 0
     args = dpo_args(tmp_path, micro_model_dir, "two", *common, "trainer.world_size=2")
-    done = subprocess.run(
-        [sys.executable, "-m", "hone.cli", *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = hone_cli(args, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     weights = [load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two")]
     start = load_file(micro_model_dir / "model.safetensors")
@@ -197,14 +191,7 @@ def test_a_reward_model_on_two_ranks_trains_as_one_process(tmp_path: Path, micro
         "trainer.collective_timeout_s=60",
     ]
     assert main(["rm", "rm", "run.name=one", *args]) == 0
-    done = subprocess.run(
-        [sys.executable, "-m", "hone.cli", "rm", "rm", "run.name=two", "trainer.world_size=2", *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = hone_cli(["rm", "rm", "run.name=two", "trainer.world_size=2", *args], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     weights = [load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two")]
     assert largest_gap(weights[0], weights[1]) <= TOLERANCE
@@ -229,14 +216,7 @@ def test_sft_on_two_ranks_trains_as_one_process_and_validates_on_rank_0(
     }
     assert main(["sft", *tiny_overrides(tmp_path, micro_model_dir, "one", **sft)]) == 0
     args = tiny_overrides(tmp_path, micro_model_dir, "two", **sft, **{"trainer.world_size": 2})
-    done = subprocess.run(
-        [sys.executable, "-m", "hone.cli", "sft", *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = hone_cli(["sft", *args], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     weights = [load_file(tmp_path / run / "sft" / "model.safetensors") for run in ("one", "two")]
     start = load_file(micro_model_dir / "model.safetensors")
@@ -256,11 +236,13 @@ def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
     stopped = ranks_run(tmp_path, micro_model_dir, "stopped", **{"run.steps": 2})
     assert (stopped / "checkpoints" / "step-2" / "shards" / ".metadata").is_file()
     shutil.copytree(stopped, tmp_path / "to-one")
-    again = hone_train(["--resume", str(stopped), "run.steps=3"], tmp_path)
+    again = hone_cli(["train", "--resume", str(stopped), "run.steps=3"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert largest_gap(final_weights(stopped), straight) == 0.0  # bit-identical
 
-    one = hone_train(["--resume", str(tmp_path / "to-one"), "run.steps=3", "trainer.world_size=1"], tmp_path)
+    one = hone_cli(
+        ["train", "--resume", str(tmp_path / "to-one"), "run.steps=3", "trainer.world_size=1"], tmp_path
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     assert "written by 2 learner ranks, going on with 1" in one.stderr
     assert largest_gap(final_weights(tmp_path / "to-one"), straight) <= TOLERANCE
@@ -268,8 +250,8 @@ def test_checkpoints_of_two_ranks_resume_exactly_and_at_another_world_size(
     train(
         load_config(None, tiny_overrides(tmp_path, micro_model_dir, "from-one", **{**STEPS, "run.steps": 2}))
     )
-    two = hone_train(
-        ["--resume", str(tmp_path / "from-one"), "run.steps=3", "trainer.world_size=2"], tmp_path
+    two = hone_cli(
+        ["train", "--resume", str(tmp_path / "from-one"), "run.steps=3", "trainer.world_size=2"], tmp_path
     )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "written by 1 learner rank, going on with 2" in two.stderr
@@ -343,8 +325,11 @@ def test_sigterm_on_the_launcher_stops_every_rank_within_10_s(tmp_path: Path, mi
 
 def test_a_rank_that_fails_in_set_up_is_the_runs_one_line(tmp_path: Path, micro_model_dir: Path) -> None:
     bad = {"data.task": "null", "data.source": "nope.jsonl", "data.eval_source": "nope.jsonl"}
-    done = hone_train(
-        tiny_overrides(tmp_path, micro_model_dir, "bad", **STEPS, **bad, **{"trainer.world_size": 2}),
+    done = hone_cli(
+        [
+            "train",
+            *tiny_overrides(tmp_path, micro_model_dir, "bad", **STEPS, **bad, **{"trainer.world_size": 2}),
+        ],
         tmp_path,
     )
     assert done.returncode == 2

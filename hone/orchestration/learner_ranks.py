@@ -98,6 +98,21 @@ class GatheredWeights:
         """The gathered state (rank 0; {} elsewhere), between `gather` and `release`."""
         return self._state
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Every rank gathers here; inside, the whole state (on rank 0), released after."""
+        assert self._state is None, "a gather inside a gather"
+        self.gather()
+        try:
+            yield self._state or {}
+        finally:
+            self.release()
+
+    def join(self) -> None:
+        """A rank other than 0: its part of a gather rank 0 makes now."""
+        with self.held():
+            pass
+
     def __call__(self) -> dict[str, torch.Tensor]:
         if self._state is None:
             raise RuntimeError("the learner ranks' weights are read between gather() and release() only")
@@ -129,16 +144,10 @@ class LeadRanks:
         self.gather_weights(self.cfg, self.parts)
         return self.parts.weights
 
-    @contextlib.contextmanager
-    def gathered_state(self) -> Iterator[dict[str, torch.Tensor]]:
+    def gathered_state(self) -> contextlib.AbstractContextManager[dict[str, torch.Tensor]]:
         """Every rank gathers at this point of the SFT the others run too; the whole state, on rank 0."""
-        gathered = self.gathered
-        assert gathered is not None and gathered.state is None
-        gathered.gather()
-        try:
-            yield gathered.state or {}
-        finally:
-            gathered.release()
+        assert self.gathered is not None
+        return self.gathered.held()
 
     def share_score(self, score: float) -> float:
         self.commands.send("score", score=score)
@@ -163,11 +172,8 @@ class LeadRanks:
         assert gathered is not None
 
         def ranked_publish(version: int) -> None:
-            gathered.gather()
-            try:
+            with gathered.held():
                 publish(version)
-            finally:
-                gathered.release()
 
         return ranked_publish
 
@@ -175,14 +181,10 @@ class LeadRanks:
     def weights_held(self) -> Iterator[None]:
         """Every rank gathers now (`gather`); inside, rank 0's weight source reads the whole state (a publish
         outside a learn: a resume's, a Ray executor's first one to its new actors)."""
-        gathered = self.gathered
-        assert gathered is not None
+        assert self.gathered is not None
         self.commands.send("gather")
-        gathered.gather()
-        try:
+        with self.gathered.held():
             yield
-        finally:
-            gathered.release()
 
     def learn(self, groups: ScoredGroups, step: int) -> None:
         self.commands.send("learn", rollouts=groups.rollouts, step=step)
@@ -229,7 +231,7 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
         trainer_cfg=cfg.trainer,
         temperature=cfg.rollout.temperature,
         pad_id=start.pad_id,
-        publish=lambda _version: gathered.gather(),  # rank 0 publishes; here the state is {}
+        publish=lambda _version: gathered.join(),  # rank 0 publishes what the gather gives it
         critic=models.critic,
         ranks=ranks,
     )
@@ -241,8 +243,7 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
                 ScoredGroups(step=step, rollouts=payload["rollouts"], metrics={}, new_tokens=0), step
             )
         elif kind == "gather":  # rank 0 publishes outside a learn
-            gathered.gather()
-            gathered.release()
+            gathered.join()
         elif kind == "save":
             checkpointer.save(int(payload["step"]), saved_models(policy, models, ranks))
         elif kind == "stop":
@@ -259,16 +260,12 @@ def follow_sft(
     shard_policy(cfg, policy, ranks)
     gathered = GatheredWeights([], policy, ranks)
 
-    def joined() -> None:
-        gathered.gather()
-        gathered.release()
-
     def score() -> float:
-        joined()
+        gathered.join()
         kind, sent = commands.receive()
         if kind != "score":
             raise RuntimeError(f"learner rank {ranks.rank}: expected rank 0's SFT score, got {kind!r}")
         return float(sent["score"])
 
     train_sft(payload["settings"], policy, payload["texts"], payload["data"], score, ranks=ranks)
-    joined()  # rank 0 publishes and saves the result
+    gathered.join()  # rank 0 publishes and saves the result
