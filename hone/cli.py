@@ -148,10 +148,14 @@ def _on_ranks(handler: RankedHandler) -> Callable[[argparse.Namespace, HoneConfi
     and only watches them; a rank (or the one process) runs `handler` in the ranks' process group."""
 
     def run(ns: argparse.Namespace, cfg: HoneConfig) -> int:
-        world = _world_size(cfg)
+        from hone.orchestration.launch import world_size
+
+        world = world_size(cfg)
         if world > 1 and "RANK" not in os.environ:
             return _launch(ns, cfg, world)
-        with _learner_ranks(cfg, world) as ranks:
+        from hone.orchestration.learner_ranks import joined_ranks
+
+        with joined_ranks(cfg, world) as ranks:
             return handler(ns, cfg, ranks)
 
     return run
@@ -175,23 +179,11 @@ def _follow(cfg: HoneConfig, ranks: Ranks) -> int:
     return 0
 
 
-def _world_size(cfg: HoneConfig) -> int:
-    """`trainer.world_size`, or under torchrun (or `hone train`'s own launch) `WORLD_SIZE`: they must
-    agree when both are set."""
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
-        return cfg.trainer.world_size
-    world = int(os.environ["WORLD_SIZE"])
-    if cfg.trainer.world_size not in (1, world):
-        raise ConfigError(f"trainer.world_size is {cfg.trainer.world_size} but WORLD_SIZE is {world}")
-    cfg.trainer.world_size = world
-    return world
-
-
 def _launch(ns: argparse.Namespace, cfg: HoneConfig, world: int) -> int:
-    from hone.orchestration.launch import launch
+    from hone.orchestration.launch import check_devices, launch
     from hone.orchestration.lifecycle import where_stopped
 
-    _check_devices(cfg, world)
+    check_devices(cfg, world)
     code, line = launch(ns.argv, world)
     if line is not None:
         rank_failed = line.startswith("learner rank ")
@@ -199,47 +191,6 @@ def _launch(ns: argparse.Namespace, cfg: HoneConfig, world: int) -> int:
             line = f"{line}; {where_stopped(Path(cfg.run.dir) / cfg.run.name)}"
         print(f"hone: {'error: ' if code == 2 else ''}{line}", file=sys.stderr)
     return code
-
-
-def _check_devices(cfg: HoneConfig, world: int) -> None:
-    """Set-up errors of N ranks, one line before any rank starts."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        raise ConfigError("trainer.world_size > 1 needs torch.distributed with gloo; this torch has none")
-    wants_gpu = cfg.model.device.startswith("cuda") or (
-        cfg.model.device == "auto" and torch.cuda.is_available()
-    )
-    if wants_gpu:
-        count = torch.cuda.device_count()
-        if world > count:
-            raise ConfigError(f"trainer.world_size={world} needs one GPU per rank; this machine has {count}")
-        if not dist.is_nccl_available():
-            raise ConfigError("trainer.world_size > 1 on GPUs needs NCCL; this torch has none")
-
-
-@contextlib.contextmanager
-def _learner_ranks(cfg: HoneConfig, world: int) -> Iterator[Ranks]:
-    """This process's place among the learner ranks, in their process group until the run ends."""
-    from hone.training.distributed import Ranks
-
-    if world == 1:
-        yield Ranks()
-        return
-    from hone.orchestration.learner_ranks import start_ranks
-
-    ranks = Ranks.from_env()
-    if ranks.rank > 0:  # rank 0 speaks for the run
-        logging.getLogger("hone").setLevel(logging.WARNING)
-    start_ranks(cfg, ranks)
-    try:
-        yield ranks
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:

@@ -29,6 +29,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hone.config import ConfigError, HoneConfig
+
 GRACE_S = 6.0  # a rank's time to end on SIGTERM before it is killed
 POLL_S = 0.1
 ERROR_FILE = "HONE_ERROR_FILE"
@@ -178,3 +180,33 @@ def _handling(handler: object) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def world_size(cfg: HoneConfig) -> int:
+    """`trainer.world_size`, or under torchrun (or `hone train`'s own launch) `WORLD_SIZE`: they must
+    agree when both are set."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return cfg.trainer.world_size
+    world = int(os.environ["WORLD_SIZE"])
+    if cfg.trainer.world_size not in (1, world):
+        raise ConfigError(f"trainer.world_size is {cfg.trainer.world_size} but WORLD_SIZE is {world}")
+    cfg.trainer.world_size = world
+    return world
+
+
+def check_devices(cfg: HoneConfig, world: int) -> None:
+    """Set-up errors of N ranks, one line before any rank starts."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise ConfigError("trainer.world_size > 1 needs torch.distributed with gloo; this torch has none")
+    wants_gpu = cfg.model.device.startswith("cuda") or (
+        cfg.model.device == "auto" and torch.cuda.is_available()
+    )
+    if wants_gpu:
+        count = torch.cuda.device_count()
+        if world > count:
+            raise ConfigError(f"trainer.world_size={world} needs one GPU per rank; this machine has {count}")
+        if not dist.is_nccl_available():
+            raise ConfigError("trainer.world_size > 1 on GPUs needs NCCL; this torch has none")

@@ -205,6 +205,24 @@ def start_ranks(cfg: HoneConfig, ranks: Ranks, init_method: str = "env://") -> N
     init_ranks(ranks, timeout_s=cfg.trainer.collective_timeout_s, init_method=init_method)
 
 
+@contextlib.contextmanager
+def joined_ranks(cfg: HoneConfig, world: int) -> Iterator[Ranks]:
+    """This process's place among `world` learner ranks (from the environment), in their process group
+    until the block ends; one rank: `Ranks()` and nothing joined."""
+    if world == 1:
+        yield Ranks()
+        return
+    ranks = Ranks.from_env()
+    if ranks.rank > 0:  # rank 0 speaks for the run
+        logging.getLogger("hone").setLevel(logging.WARNING)
+    start_ranks(cfg, ranks)
+    try:
+        yield ranks
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def follow(cfg: HoneConfig, ranks: Ranks) -> None:
     """A learner rank other than 0: build the policy, then do what rank 0 says until it says stop."""
     start_process(cfg.run)
