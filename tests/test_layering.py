@@ -76,7 +76,7 @@ def layering_edges(root: Path = HONE) -> dict[tuple[str, str], list[str]]:
     edges: dict[tuple[str, str], list[str]] = {}
     for path in sorted(root.rglob("*.py")):
         package = _module_package(path, root)
-        importer = package[1] if len(package) > 1 else path.stem  # hone/config.py -> config
+        importer = package[1] if len(package) > 1 else path.stem  # hone/config.py -> config; hone/config/x.py -> config
         tree = ast.parse(path.read_text(), filename=str(path))
         for imported in _imported_packages(tree, package):
             if imported != importer:
