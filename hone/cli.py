@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES
 from hone.config import ConfigError, HoneConfig, list_recipes, load_config
+from hone.data.errors import HoneDataError
+from hone.data.splits import check_data_files
 from hone.errors import HoneError
 
 if TYPE_CHECKING:
@@ -34,34 +35,18 @@ if TYPE_CHECKING:
     from hone.orchestration.preference import PreferenceRunResult
     from hone.training.distributed import Ranks
 
-MAIN_KEYS = f"""main keys (override any as section.key=value):
-  run.name run.steps run.seed run.time_limit_s run.save_every run.eval_every run.plugins
-  model.path (tiny | smollm2-135m-instruct | local dir | hub name) model.dtype model.lora.r
-  data.task data.task_args data.source (file | hub | reasoning_gym:<name>) data.args data.eval_source
-  data.prompts_per_step data.chat_template
-  data.scheduler (uniform difficulty | pkg.mod:Class) data.scheduler_args data.pass_rate_ema
-  data.difficulty_filter.lo/hi/cooldown_steps
-  rollout.n rollout.temperature rollout.top_p rollout.max_new_tokens rollout.stop
-  rollout.agent (pkg.mod:async_fn) rollout.agent_concurrency rollout.agent_timeout_s
-  reward.fn (task math code format overlong length reward_model judge env | pkg.mod:fn) reward.args
-  reward.components.<name>.fn/weight/args reward.timeout_s reward.max_concurrency
-  env.name (registered | pkg.mod:Class) env.args env.max_turns env.max_total_tokens env.drop_void_turns
-  algorithm.advantage ({" ".join(sorted(ADVANTAGE_ESTIMATORS))})
-  algorithm.policy_loss ({" ".join(sorted(POLICY_LOSSES))}) algorithm.loss_agg algorithm.clip_low/clip_high
-  algorithm.kl.coef algorithm.kl.estimator ({" ".join(sorted(KL_ESTIMATORS))})
-  algorithm.kl.placement (loss | reward) algorithm.dual_clip algorithm.skip_zero_variance_groups
-  algorithm.dynamic_sampling.enabled algorithm.dynamic_sampling.max_rounds algorithm.mask_truncated
-  algorithm.replay.enabled algorithm.replay.min_reward algorithm.replay.max_pass_rate
-  trainer.lr trainer.schedule trainer.warmup_steps trainer.ppo_epochs trainer.mini_batches
-  trainer.micro_batch_size trainer.grad_clip
-  critic.path critic.lr critic.schedule critic.warmup_steps critic.value_clip critic.value_coef
-  critic.micro_batch_size critic.grad_clip (a critic section goes with algorithm.advantage gae)
-  sft.enabled sft.data sft.stop_at_accuracy   eval.n eval.k eval.temperature
-  pairs.prompts pairs.per_prompt pairs.min_margin pairs.out
-  dpo.data dpo.loss ({" ".join(sorted(PREFERENCE_LOSSES))}) dpo.beta dpo.label_smoothing dpo.simpo_gamma
-  dpo.cache_reference dpo.eval dpo.lr dpo.batch_size dpo.steps dpo.prompt_field/chosen_field/rejected_field
-  rm.data rm.eval_data rm.val_fraction rm.center_rewards_coef rm.lr rm.batch_size rm.steps rm.eval_every
-  logging.tensorboard logging.wandb"""
+KEYS_HELP = """every key, its type, default and meaning: `hone config [RECIPE] [overrides]` prints the
+resolved recipe with each key described (all keys: docs/reference/config.md).
+Override any key as section.key=value."""
+
+
+class _Version(argparse.Action):
+    """`hone --version`, computed only when asked (it runs git for the commit)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from hone.version import version_line
+
+        parser.exit(message=version_line() + "\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="hone",
         description="RL post-training of language models.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"recipes: {', '.join(list_recipes())}\n\n{MAIN_KEYS}",
+        epilog=f"recipes: {', '.join(list_recipes())}\n\n{KEYS_HELP}",
     )
+    parser.add_argument("--version", nargs=0, action=_Version, help="print Hone's version and commit")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in [
         ("train", "RL training"),
@@ -79,12 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         ("pairs", "preference pairs sampled from the model, labelled by the recipe's reward"),
         ("dpo", "direct preference optimisation on preference pairs"),
         ("rm", "train a reward model on preference pairs"),
+        ("config", "print the resolved config as YAML, each key described"),
     ]:
         sub = commands.add_parser(
             name,
             help=text,
             formatter_class=argparse.RawDescriptionHelpFormatter,
-            epilog=f"recipes: {', '.join(list_recipes())}\n\n{MAIN_KEYS}",
+            epilog=f"recipes: {', '.join(list_recipes())}\n\n{KEYS_HELP}",
         )
         sub.add_argument(
             "args", nargs="*", metavar="RECIPE|key=value", help="recipe name/path, then overrides"
@@ -93,6 +80,17 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint"
             )
+            sub.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="check the recipe, data, reward and tokenizer, print two prompts as the model sees "
+                "them, and exit",
+            )
+        if name == "config":
+            sub.add_argument(
+                "--markdown", action="store_true", help="every key as a Markdown reference (the docs' page)"
+            )
+            sub.add_argument("--schema", action="store_true", help="the recipe's JSON schema (YAML editors)")
         if name == "eval":
             sub.add_argument(
                 "--model", help="model to evaluate (dir, hub name, or alias); default model.path"
@@ -117,10 +115,19 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
             raise ConfigError(f"--resume {ns.resume}: no config.yaml there (is it a run directory?)")
         run_dir = Path(ns.resume)
         overrides = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", *overrides]
-        return load_config(saved, overrides)
+        return load_config(saved, overrides, relative_to=Path.cwd())
     if recipe is None and ns.command in ("dpo", "rm"):  # the default recipe trains no preferences
         recipe = ns.command
     return load_config(recipe, overrides)
+
+
+def _show_config(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.config.reference import commented_yaml
+    from hone.version import version_line
+
+    header = [f"{version_line()}: hone config {' '.join(ns.args)}".rstrip()]
+    print(commented_yaml(cfg, header), end="")
+    return 0
 
 
 def _summary(result: RunResult, seconds: float) -> str:
@@ -166,6 +173,11 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 
     if ranks.rank > 0:
         return _follow(cfg, ranks)
+    if ns.dry_run:
+        from hone.orchestration.dry_run import dry_run
+
+        dry_run(cfg)
+        return 0
     started = time.perf_counter()
     result = train(cfg, resume=bool(ns.resume), ranks=ranks)
     print(_summary(result, time.perf_counter() - started))
@@ -301,11 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     # call, an OpenEnv or verifiers run one per poll, each under Hone's prefix.
     for noisy in ("httpx", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:  # the recipe is checked before torch models and transformers load: a typo fails in a second
+    if ns.command == "config" and (ns.markdown or ns.schema):
+        from hone.config.reference import json_schema, markdown_reference
+
+        print(markdown_reference() if ns.markdown else json_schema(), end="")
+        return 0
+    try:  # the recipe and data files are checked before any model loads: a typo fails in seconds
         cfg = _config(ns)
         if getattr(ns, "model", None):
             cfg.model.path = ns.model
-    except ConfigError as e:
+        if ns.command == "config":
+            return _show_config(ns, cfg)
+        if ns.command in ("train", "sft", "eval", "pairs") and not getattr(ns, "resume", None):
+            check_data_files(cfg.data, has_env=cfg.env.name is not None)
+    except (ConfigError, HoneDataError) as e:
         return _error(e)
     # Hone reports its own progress; transformers' per-shard bars would drown it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -46,7 +46,6 @@ def test_overrides_are_typed_by_yaml_and_nested() -> None:
         ("rollout.n=many", "rollout.n: Input should be a valid integer"),
         ("trainer.lr=0", "trainer.lr: Input should be greater than 0"),
         ("data.source=x.jsonl", "only one of data.task"),
-        ("data.task=null", "or an env that makes its own"),
         ("env.max_turns=0", "env.max_turns: Input should be greater than or equal to 1"),
         ("runn.seed=1", "runn: unknown key"),
         ("run.seed", "not of the form section.key=value"),

@@ -20,7 +20,7 @@ HONE = Path(__file__).resolve().parents[1] / "hone"
 
 # `errors` (the `HoneError` base) and `plugins` (the `pkg.mod:attr` loader) serve every package: leaves.
 LEAVES = frozenset(
-    {"types", "aio", "seeding", "registry", "verifiers", "config", "tracking", "errors", "plugins"}
+    {"types", "aio", "seeding", "registry", "verifiers", "config", "tracking", "errors", "plugins", "version"}
 )
 _FEEDS = frozenset({"data", "models"})  # "feed both sides"
 _ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout"}
@@ -76,7 +76,7 @@ def layering_edges(root: Path = HONE) -> dict[tuple[str, str], list[str]]:
     edges: dict[tuple[str, str], list[str]] = {}
     for path in sorted(root.rglob("*.py")):
         package = _module_package(path, root)
-        importer = package[1] if len(package) > 1 else path.stem  # hone/config.py -> config; hone/config/x.py -> config
+        importer = package[1] if len(package) > 1 else path.stem  # hone/seeding.py -> seeding
         tree = ast.parse(path.read_text(), filename=str(path))
         for imported in _imported_packages(tree, package):
             if imported != importer:

@@ -8,6 +8,7 @@ are checked against what is registered.
 from hone.config.load import (
     DEFAULT_RECIPE,
     RECIPES_DIR,
+    RUN_CONFIG_HEADER,
     find_recipe,
     list_recipes,
     load_config,
@@ -46,6 +47,7 @@ from hone.config.schema import (
 __all__ = [
     "DEFAULT_RECIPE",
     "RECIPES_DIR",
+    "RUN_CONFIG_HEADER",
     "AlgorithmConfig",
     "ClusterConfig",
     "ConfigError",

@@ -1,20 +1,51 @@
-"""Reading a recipe: find it, apply dotted overrides, import plugins, validate into a `HoneConfig`."""
+"""Reading a recipe: find it, apply dotted overrides and the algorithm preset, import plugins, validate into
+a `HoneConfig`.
+
+Paths are made absolute here: a relative path in a recipe means the recipe's folder (so a recipe runs the
+same from any directory), one in an override the current directory; the run's saved `config.yaml` then
+records where its data really was. The current directory and the recipe's folder join the import path
+(appended: an installed package of the same name still wins), so `reward.fn: myreward:score` finds a
+`myreward.py` beside the recipe without PYTHONPATH.
+"""
 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from hone.config.aliases import PEER_KEYS
+from hone.config.keys import sections, suggest
+from hone.config.presets import apply_preset
 from hone.config.schema import ConfigError, HoneConfig
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"
 _EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+# Keys naming a local file or directory (or else a hub name or an alias, kept as written).
+PATH_KEYS = (
+    ("data", "source"),
+    ("data", "eval_source"),
+    ("sft", "data"),
+    ("dpo", "data"),
+    ("rm", "data"),
+    ("rm", "eval_data"),
+    ("model", "path"),
+    ("critic", "path"),
+)
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+# The first line of a run's saved config.yaml: its paths were made absolute when it was written, and any
+# relative one left (a run from before that) meant the directory the run was started from.
+RUN_CONFIG_HEADER = "# hone run config"
+
+log = logging.getLogger("hone")
 
 
 def list_recipes() -> list[str]:
@@ -63,9 +94,44 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, origin: str) 
 def _format_error(error: ValidationError, origin: str) -> str:
     first = error.errors()[0]
     key = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key" + suggest(key, PEER_KEYS)
+    elif first["type"] == "model_type" and key in sections():  # `algorithm=rloo`
+        msg = f"{key} is a section: set one of its keys ({key}.<key>=value); `hone config` lists them"
+    else:
+        msg = first["msg"].removeprefix("Value error, ")
     more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{origin}: {key}: {msg}{more}"
+
+
+def resolve_path(value: str, base: Path) -> str:
+    """`value` made absolute against `base` when it names a local file or folder: it exists there, or it
+    looks like a file (a data suffix, or `./`, `../`, `~`). A hub name (`openai/gsm8k`), an alias (`tiny`)
+    or a `prefix:name` source (`reasoning_gym:chain_sum`) is kept as written."""
+    if not value or ":" in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    candidate = Path(os.path.abspath(base / path))
+    looks_local = path.suffix in _FILE_SUFFIXES or value.startswith(("./", "../", "~"))
+    return str(candidate) if candidate.exists() or looks_local else value
+
+
+def _resolve_paths(tree: dict[str, Any], base: Path, only: set[tuple[str, str]] | None = None) -> None:
+    for section, key in PATH_KEYS:
+        body = tree.get(section)
+        if (only is None or (section, key) in only) and isinstance(body, dict):
+            value = body.get(key)
+            if isinstance(value, str):
+                body[key] = resolve_path(value, base)
+
+
+def _extend_import_path(folders: list[Path]) -> None:
+    for folder in folders:
+        entry = str(folder.resolve())
+        if entry not in sys.path:
+            sys.path.append(entry)
 
 
 def _import_plugins(tree: dict[str, Any]) -> None:
@@ -81,10 +147,10 @@ def _import_plugins(tree: dict[str, Any]) -> None:
             raise ConfigError(f"run.plugins: cannot import {module!r}: {type(e).__name__}: {e}") from None
 
 
-def _read_recipe(path: Path) -> dict[str, Any]:
+def _read_recipe(path: Path, text: str) -> dict[str, Any]:
     """The recipe's tree of sections; one-line errors for bad YAML, an empty file or a scalar section."""
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else f"{path}"
@@ -105,16 +171,41 @@ def _read_recipe(path: Path) -> dict[str, Any]:
     return tree
 
 
-def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> HoneConfig:
-    """Load a recipe (default: the embedded one), apply dotted overrides, validate."""
+def load_config(
+    recipe: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    relative_to: Path | None = None,
+) -> HoneConfig:
+    """Load a recipe (default: the embedded one), apply dotted overrides and `algorithm.preset`, validate.
+
+    Relative paths in the recipe resolve against `relative_to` (default: the recipe's folder; a packaged
+    recipe's and a run's saved config's against the current directory), those in overrides against the
+    current directory."""
     path = find_recipe(str(recipe) if recipe is not None else None)
-    tree = _read_recipe(path)
+    packaged = path.resolve().parent == RECIPES_DIR.resolve()
+    text = path.read_text()
+    from_cwd = packaged or text.startswith(RUN_CONFIG_HEADER)
+    base = relative_to or (Path.cwd() if from_cwd else path.resolve().parent)
+    tree = _read_recipe(path, text)
+    _resolve_paths(tree, base)
+    overridden: set[tuple[str, str]] = set()
     for text in overrides:
         keys, value = parse_override(text)
         _set_dotted(tree, keys, value, f"override {text!r}")
+        overridden.add((keys[0], keys[-1]) if len(keys) == 2 else ("", ""))
+    _resolve_paths(tree, Path.cwd(), only=overridden)
+    _extend_import_path([Path.cwd()] if packaged else [Path.cwd(), path.resolve().parent])
     _import_plugins(tree)
+    origin = f"{path}" + (" + overrides" if overrides else "")
     try:
-        return HoneConfig.model_validate(tree)
+        preset_keys = apply_preset(tree)
+    except ValueError as e:
+        raise ConfigError(f"{origin}: algorithm.preset: {e}") from None
+    try:
+        cfg = HoneConfig.model_validate(tree)
     except ValidationError as e:
-        origin = f"{path}" + (" + overrides" if overrides else "")
         raise ConfigError(_format_error(e, origin)) from None
+    if preset_keys:
+        log.info("algorithm.preset %s set %s", cfg.algorithm.preset, ", ".join(preset_keys))
+    return cfg

@@ -23,6 +23,7 @@ from hone.algorithms import (
 from hone.algorithms.advantages import reads_values
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
+from hone.config.presets import PRESETS
 from hone.errors import HoneError
 from hone.rollout.engines import check_engine
 
@@ -42,18 +43,28 @@ def _check_registered(value: str, registry: dict[str, Any], kind: str) -> str:
 
 
 class RunConfig(Section):
-    name: str = "demo"
+    name: str = Field(
+        "demo",
+        description="the run's name: its directory is run.dir/run.name (an existing one is refused unless "
+        "--resume)",
+    )
     plugins: list[str] = Field(
         default_factory=list, description="modules imported first, e.g. ones that register new algorithms"
     )
-    dir: str = "runs"
-    seed: int = 0
+    dir: str = Field("runs", description="where run directories go (relative to the current directory)")
+    seed: int = Field(
+        0,
+        description="seeds sampling, data order and initialisation; the same seed and config give the same "
+        "run",
+    )
     steps: int = Field(200, ge=0, description="RL steps (optimizer rounds of sample → score → update)")
     time_limit_s: float | None = Field(
         None, gt=0, description="wall-time budget of this session (SFT included); RL stops when it is spent"
     )
     save_every: int = Field(50, ge=0, description="checkpoint cadence in steps; 0 = only at the end")
-    keep_last: int | None = Field(2, ge=1)
+    keep_last: int | None = Field(
+        2, ge=1, description="checkpoints kept on disk (older ones are deleted); null = all"
+    )
     eval_every: int = Field(50, ge=0, description="held-out eval cadence in steps; 0 = start and end only")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
     callbacks: list[str] = Field(
@@ -65,20 +76,27 @@ class RunConfig(Section):
 
 
 class LoraConfig(Section):
-    r: int = Field(16, ge=1)
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] | str = "all-linear"
+    r: int = Field(16, ge=1, description="LoRA rank (peft)")
+    alpha: int = Field(32, description="LoRA scaling numerator: updates are scaled by alpha / r")
+    dropout: float = Field(0.0, description="dropout on the LoRA branch")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="modules that get adapters: 'all-linear' or a list of module names"
+    )
 
 
 class ModelConfig(Section):
     path: str = Field(
         "tiny", description="local dir, hub name, or alias (tiny, tiny:<name>, smollm2-135m-instruct)"
     )
-    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32",
+        description="weights' dtype for training: float32, bfloat16, or auto (the checkpoint's own)",
+    )
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto | cpu | cuda[:N]")
     lora: LoraConfig | None = None
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward pass: less memory, ~30% more time"
+    )
 
 
 class DifficultyFilterConfig(Section):
@@ -96,8 +114,15 @@ class DifficultyFilterConfig(Section):
 
 
 class DataConfig(Section):
-    task: str | None = Field("arithmetic", description="built-in generated task; null when source is set")
-    task_args: dict[str, Any] = Field(default_factory=dict)
+    task: str | None = Field(
+        None,
+        description="a built-in generated task (hone.data.tasks: arithmetic, word_problems...) instead of a "
+        "data.source; null = none (the default recipe names arithmetic)",
+    )
+    task_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of the built-in task (e.g. arithmetic's min_digits, ops)",
+    )
     source: str | None = Field(
         None,
         description="jsonl/parquet file, HF dataset name, or reasoning_gym:<name> (instead of task)",
@@ -106,11 +131,21 @@ class DataConfig(Section):
         default_factory=dict,
         description="with source reasoning_gym:<name>: that dataset's config (its difficulty settings)",
     )
-    eval_source: str | None = None
+    eval_source: str | None = Field(
+        None,
+        description="held-out file/dataset for eval/accuracy; null = hold out data.eval_size rows of "
+        "data.source (at most 10%, chosen by a hash of each row)",
+    )
     subset: str | None = Field(None, description="HF dataset configuration name (e.g. gsm8k's 'main')")
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
-    messages_field: str | None = None
+    prompt_field: str = Field(
+        "prompt", description="the column holding the prompt (text, or a list of chat messages)"
+    )
+    answer_field: str = Field(
+        "answer", description="the column holding the reference answer the reward compares against"
+    )
+    messages_field: str | None = Field(
+        None, description="a column of chat messages to use as the prompt instead of prompt_field"
+    )
     chat_template: bool = Field(False, description="render prompts through the tokenizer's chat template")
     system_prompt: str | None = Field(
         None,
@@ -119,7 +154,12 @@ class DataConfig(Section):
     )
     train_size: int = Field(100_000, ge=1, description="generated training problems (task, reasoning_gym)")
     eval_size: int = Field(1000, ge=1, description="held-out problems for eval/accuracy")
-    prompts_per_step: int = Field(32, ge=1)
+    prompts_per_step: int = Field(
+        32,
+        ge=1,
+        description="prompts (groups) sampled per RL step; each is answered rollout.n times (TRL/verl: the "
+        "batch of prompts)",
+    )
     scheduler: str = Field(
         "uniform",
         description="which prompts each step draws: uniform (seeded epoch shuffle), difficulty (pass rate "
@@ -154,11 +194,21 @@ class RolloutConfig(Section):
     )
     n: int = Field(8, ge=1, description="samples per prompt (the group size)")
     temperature: float = Field(1.0, gt=0, description="> 0: the trainer scores logits / temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(16, ge=1)
-    stop: list[str] = Field(default_factory=list)
-    max_batch_size: int = Field(512, ge=1)
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="nucleus sampling: keep the smallest token set with this much probability",
+    )
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens; 0 = all")
+    max_new_tokens: int = Field(
+        16,
+        ge=1,
+        description="longest response in tokens; a longer one is cut (finish_reason length) (TRL: "
+        "max_completion_length)",
+    )
+    stop: list[str] = Field(default_factory=list, description="strings that end a response (kept in it)")
+    max_batch_size: int = Field(512, ge=1, description="most sequences the engine generates at once")
     dtype: Literal["model", "bfloat16"] = Field(
         "model",
         description="hf: the sampler's copy of the weights in the policy's dtype, or in bfloat16 (decodes "
@@ -209,7 +259,7 @@ class RolloutConfig(Section):
 
 class RewardComponentConfig(Section):
     fn: str = Field(description="a built-in reward name, 'task', or a dotted path 'pkg.mod:fn'")
-    weight: float = 1.0
+    weight: float = Field(1.0, description="this component's weight in the total reward")
     args: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of the reward's factory"
     )
@@ -278,7 +328,7 @@ class EnvConfig(Section):
     )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
     max_turns: int | None = Field(None, ge=1, description="assistant turns per episode; null = the env's own")
-    max_tokens_per_turn: int = Field(32, ge=1)
+    max_tokens_per_turn: int = Field(32, ge=1, description="longest assistant turn in tokens")
     max_total_tokens: int = Field(1024, ge=2, description="prompt + every turn + observations")
     drop_void_turns: bool = Field(
         False, description="drop trajectories with an empty or cut-off turn from training (SimpleTIR)"
@@ -286,9 +336,18 @@ class EnvConfig(Section):
 
 
 class KLConfig(Section):
-    coef: float = Field(0.0, ge=0)
-    estimator: str = "k3"
-    placement: Literal["loss", "reward"] = "loss"
+    coef: float = Field(
+        0.0,
+        ge=0,
+        description="weight of the KL penalty to the reference (the starting) model; 0 = no reference model "
+        "(TRL: beta)",
+    )
+    estimator: str = Field("k3", description="KL estimator (Schulman's k1, k2, k3 = verl's low_var_kl...)")
+    placement: Literal["loss", "reward"] = Field(
+        "loss",
+        description="loss: a KL term in the loss (GRPO); reward: subtracted from the reward per token "
+        "(PPO/RLHF)",
+    )
 
     @field_validator("estimator")
     @classmethod
@@ -347,7 +406,11 @@ class DynamicSamplingConfig(Section):
     """DAPO's dynamic sampling (Yu et al. 2025, §3.2): sample further prompts until the step has
     `data.prompts_per_step` groups whose rewards differ; see README "Dynamic sampling"."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False,
+        description="sample further prompts until the step has prompts_per_step groups with differing "
+        "rewards (DAPO)",
+    )
     max_rounds: int = Field(
         4, ge=0, description="extra sampling rounds a step may take; past them it trains on what it has"
     )
@@ -357,7 +420,9 @@ class ReplayConfig(Section):
     """RLEP's experience replay (Zhang et al. 2025): past successes of prompts not yet solved are mixed
     into their later groups; see README "Experience replay"."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False, description="mix stored successes into later groups of prompts not yet solved (RLEP)"
+    )
     min_reward: float = Field(1.0, description="a rollout whose reward reaches this is a success to keep")
     max_pass_rate: float = Field(
         0.5,
@@ -368,17 +433,45 @@ class ReplayConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    advantage: str = "grpo"
-    policy_loss: str = "ppo"
+    preset: str | None = Field(
+        None,
+        description="a paper's settings (hone.config.presets: grpo, dr_grpo, dapo, gspo...): sets every "
+        "algorithm key the paper changes that the recipe leaves unset; `hone config` shows the result",
+    )
+    advantage: str = Field(
+        "grpo",
+        description="advantage estimator (hone.algorithms.ADVANTAGE_ESTIMATORS): grpo, dr_grpo, rloo, "
+        "reinforce_pp, gae (with a critic section)... (verl: adv_estimator)",
+    )
+    policy_loss: str = Field(
+        "ppo",
+        description="policy loss (hone.algorithms.POLICY_LOSSES): ppo (clipped ratio), gspo (sequence "
+        "ratio)...",
+    )
     loss_agg: str | None = Field(None, description="null = the loss's own (token-mean; GSPO: seq-mean)")
     clip_low: float | None = Field(None, ge=0, description="null = the loss's own default")
-    clip_high: float | None = Field(None, ge=0)
-    dual_clip: float | None = Field(None, gt=1)
-    norm_by_std: bool = True
-    eps: float = 1e-6
-    gamma: float = 1.0
-    lam: float = 1.0
-    entropy_coef: float = 0.0
+    clip_high: float | None = Field(
+        None,
+        ge=0,
+        description="upper clip of the ratio (DAPO's clip-higher, e.g. 0.28); null = clip_low (TRL: "
+        "epsilon_high)",
+    )
+    dual_clip: float | None = Field(
+        None,
+        gt=1,
+        description="ppo: dual-clip bound c > 1 on negative-advantage ratios (Ye et al. 2020); null = off",
+    )
+    norm_by_std: bool = Field(
+        True,
+        description="divide group advantages by the group's reward std (GRPO); false = Dr. GRPO's mean-only "
+        "(TRL: scale_rewards)",
+    )
+    eps: float = Field(
+        1e-6, description="added to the std before dividing, so an all-equal group does not divide by zero"
+    )
+    gamma: float = Field(1.0, description="discount per token (gae); 1.0 = undiscounted")
+    lam: float = Field(1.0, description="GAE's lambda: 1.0 = Monte-Carlo returns, 0 = one-step TD")
+    entropy_coef: float = Field(0.0, description="weight of an entropy bonus in the loss; 0 = none")
     kl: KLConfig = Field(default_factory=KLConfig)
     old_log_probs: Literal["recompute", "sampler"] = Field(
         "sampler",
@@ -399,6 +492,11 @@ class AlgorithmConfig(Section):
         "overlong filtering); they still count in the group baseline and the metrics",
     )
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str | None) -> str | None:
+        return v if v is None else _check_registered(v, PRESETS, "algorithm.preset")
 
     @field_validator("advantage")
     @classmethod
@@ -437,9 +535,11 @@ class CriticConfig(Section):
         description="a model dir or hub name for the critic's trunk (a saved critic keeps its value head); "
         "null = the policy's start (the SFT result after a warm start), with a new value head",
     )
-    lr: float = Field(1e-4, gt=0)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    weight_decay: float = 0.0
+    lr: float = Field(1e-4, gt=0, description="critic learning rate (AdamW)")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="critic learning-rate schedule"
+    )
+    weight_decay: float = Field(0.0, description="critic AdamW weight decay")
     warmup_steps: int = Field(
         0,
         ge=0,
@@ -456,22 +556,32 @@ class CriticConfig(Section):
     micro_batch_size: int | None = Field(
         None, ge=1, description="sequences per critic forward/backward; null = trainer.micro_batch_size"
     )
-    grad_clip: float | None = Field(1.0, gt=0)
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="clip the critic gradient's global norm; null = no clipping"
+    )
 
 
 class TrainerConfig(Section):
-    lr: float = Field(1e-4, gt=0)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr: float = Field(1e-4, gt=0, description="policy learning rate (AdamW) (TRL: learning_rate)")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="learning-rate schedule over run.steps after the warm-up"
+    )
     warmup_steps: int = Field(0, ge=0, description="RL steps of linear warm-up")
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    ppo_epochs: int = Field(1, ge=1)
+    weight_decay: float = Field(0.0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    ppo_epochs: int = Field(
+        1, ge=1, description="passes over each RL batch (TRL: num_iterations; verl: ppo_epochs)"
+    )
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch over one RL batch")
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
     micro_batch_tokens: int = Field(
         8192, ge=1, description="padded tokens per forward/backward, at most (logits are tokens x vocab)"
     )
-    grad_clip: float | None = Field(1.0, gt=0)
+    grad_clip: float | None = Field(
+        1.0,
+        gt=0,
+        description="clip the gradient's global norm to this; null = no clipping (TRL: max_grad_norm)",
+    )
     disable_dropout: bool = Field(
         True, description="zero every dropout for RL, so the on-policy ratio is exactly 1 (as TRL)"
     )
@@ -540,18 +650,22 @@ class TrainerConfig(Section):
 
 
 class SFTConfig(Section):
-    enabled: bool = False
+    enabled: bool = Field(False, description="supervised warm-start before RL (teaches the answer format)")
     data: str | None = Field(None, description="jsonl of prompt/response pairs; null = task demonstrations")
-    examples: int = Field(20_000, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(128, ge=1)
+    examples: int = Field(
+        20_000, ge=1, description="demonstrations generated from the task when sft.data is null"
+    )
+    lr: float = Field(1e-3, gt=0, description="SFT learning rate")
+    batch_size: int = Field(128, ge=1, description="demonstrations per SFT optimizer step")
     micro_batch_size: int | None = Field(
         None, ge=1, description="sequences per forward/backward; null = trainer.micro_batch_size"
     )
-    max_steps: int = Field(1000, ge=1)
+    max_steps: int = Field(1000, ge=1, description="most SFT optimizer steps")
     stop_at_accuracy: float | None = Field(None, ge=0, le=1, description="stop when val accuracy ≥ this")
-    eval_every: int = Field(25, ge=1)
-    val_size: int = Field(500, ge=1)
+    eval_every: int = Field(25, ge=1, description="SFT validation cadence in steps (for stop_at_accuracy)")
+    val_size: int = Field(
+        500, ge=1, description="held-out problems SFT validates on (disjoint from the eval set)"
+    )
 
 
 class PairsConfig(Section):
@@ -569,15 +683,17 @@ class PreferenceDataConfig(Section):
     data: str | None = Field(
         None, description="preference pairs: jsonl/parquet file, save_to_disk dir or HF dataset name"
     )
-    split: str = "train"
+    split: str = Field("train", description="the split of a hub dataset or a saved DatasetDict")
     subset: str | None = Field(None, description="HF dataset configuration name")
-    prompt_field: str = "prompt"
-    chosen_field: str = "chosen"
-    rejected_field: str = "rejected"
-    lr: float = Field(1e-6, gt=0)
-    schedule: Literal["constant", "cosine", "linear"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = 0.0
+    prompt_field: str = Field("prompt", description="the column holding the prompt")
+    chosen_field: str = Field("chosen", description="the column holding the preferred response")
+    rejected_field: str = Field("rejected", description="the column holding the dispreferred response")
+    lr: float = Field(1e-6, gt=0, description="learning rate (AdamW)")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "linear", description="learning-rate schedule over the steps after the warm-up"
+    )
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up")
+    weight_decay: float = Field(0.0, description="AdamW weight decay")
     batch_size: int = Field(8, ge=1, description="pairs per optimizer step")
     micro_batch_size: int | None = Field(None, ge=1, description="pairs per forward/backward; null = all")
     steps: int = Field(100, ge=1, description="optimizer steps")
@@ -631,7 +747,9 @@ class EvalConfig(Section):
     size: int | None = Field(None, ge=1, description="defaults to data.eval_size")
     temperature: float = Field(0.0, ge=0, description="0 = greedy accuracy")
     n: int = Field(1, ge=1, description="samples per problem for pass@k")
-    k: list[int] = Field(default_factory=lambda: [1])
+    k: list[int] = Field(
+        default_factory=lambda: [1], description="the k of each pass@k reported (each ≤ eval.n)"
+    )
 
     @model_validator(mode="after")
     def _k_within_n(self) -> EvalConfig:
@@ -756,14 +874,6 @@ class HoneConfig(Section):
         if self.rollout.agent and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
             raise ValueError(
                 "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: local)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _has_prompts(self) -> HoneConfig:
-        if self.data.task is None and self.data.source is None and self.env.name is None:
-            raise ValueError(
-                "data: set data.task (built-in) or data.source (dataset), or an env that makes its own"
             )
         return self
 

@@ -1,7 +1,8 @@
 """A run's problem splits: what it trains on, what it evaluates on, and what SFT validates on.
 
 The three come from one of: a built-in task (`data.task`), a reasoning-gym task (`data.source:
-reasoning_gym:<name>`), a dataset file or hub name (`data.source` + `data.eval_source`), or a
+reasoning_gym:<name>`), a dataset file or hub name (`data.source`, evaluated on `data.eval_source` or on rows
+held out of the source), or a
 self-contained game (an environment that makes its own problems). `data` sits below `envs`, so a game is
 passed in as a plain factory (`make_env`, its instances' class having `make_samples(n, seed, split,
 **env_args)`), not imported.
@@ -9,12 +10,15 @@ passed in as a plain factory (`make_env`, its instances' class having `make_samp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hone.data.datasets import load_samples
+from hone.data.errors import HoneDataError
 from hone.data.gym import PREFIX as GYM_PREFIX
 from hone.data.gym import ReasoningGymTask
 from hone.data.tasks import Task, get_task
@@ -26,6 +30,8 @@ if TYPE_CHECKING:  # config imports rewards, which import data: a runtime import
 log = logging.getLogger("hone")
 
 EVAL_SEED = 0  # fixed, so every run of a task is scored on the same held-out problems
+# Without data.eval_source, at most this share of data.source's rows is held out for eval.
+HOLD_OUT_SHARE = 0.1
 
 # A self-contained game's environment factory: `type(make_env()).make_samples(n, seed, split, **args)`.
 EnvFactory = Callable[[], Any]
@@ -47,13 +53,48 @@ def load_data(
         game = type(make_env())
         train = game.make_samples(data.train_size, seed, "train", **args)
         return None, train, held_out_samples(data, None, n_eval, make_env=make_env, env_args=args)
+    check_has_prompts(data, has_env=make_env is not None)
     task = load_task(data)
     if task is not None:
         train = task.train_samples(data.train_size, seed=seed)
         return task, train, held_out_samples(data, task, n_eval)
     assert data.source is not None
+    if data.eval_source is None:
+        train, held = split_source(data)
+        log.info(
+            "data.eval_source not set: holding out %d of the %d rows of %s for eval (the rows with the "
+            "smallest hash of prompt and answer: at most %d%%, at most data.eval_size %d); training on %d",
+            len(held),
+            len(train) + len(held),
+            data.source,
+            round(100 * HOLD_OUT_SHARE),
+            data.eval_size,
+            len(train),
+        )
+        return None, train, held[:n_eval]
     train = load_samples(data.source, split="train", **_dataset_fields(data))
     return None, train, held_out_samples(data, None, n_eval, make_env=make_env, env_args=args)
+
+
+def split_source(data: DataConfig) -> tuple[list[Sample], list[Sample]]:
+    """`data.source` split in two when there is no `data.eval_source`: the held-out rows (at most
+    `data.eval_size`, at most `HOLD_OUT_SHARE` of them), ordered by a hash of the problem, and the rest in
+    file order. A hash, not a shuffle: the split is the same for every seed and run, and the same row always
+    falls on the same side. A training row that repeats a held-out problem is dropped, so eval never scores a
+    problem the run trained on."""
+    assert data.source is not None
+    rows = load_samples(data.source, split="train", **_dataset_fields(data))
+    n_held = min(data.eval_size, int(len(rows) * HOLD_OUT_SHARE))
+    if n_held < 1:
+        raise HoneDataError(
+            f"{data.source}: {len(rows)} rows are too few to hold out {round(100 * HOLD_OUT_SHARE)}% for "
+            "eval; set data.eval_source to a held-out file"
+        )
+    digests = [hashlib.sha256(json.dumps(problem_key(s)).encode()).hexdigest() for s in rows]
+    order = sorted(range(len(rows)), key=lambda i: (digests[i], i))
+    held = [rows[i] for i in order[:n_held]]
+    held_keys = {problem_key(s) for s in held}
+    return [s for s in rows if problem_key(s) not in held_keys], held
 
 
 def load_task(data: DataConfig) -> Task | None:
@@ -75,7 +116,8 @@ def held_out_samples(
     at_most: bool = False,
 ) -> list[Sample]:
     """The first `n` problems of the run's held-out stream, which it never trains on: the task's or the
-    game's eval split (drawn with `EVAL_SEED`), or the rows of `data.eval_source`. A longer stream starts
+    game's eval split (drawn with `EVAL_SEED`), the rows of `data.eval_source`, or those held out of
+    `data.source` (`split_source`). A longer stream starts
     with a shorter one, so the eval set and SFT validation take consecutive, disjoint stretches of it.
     A task whose eval split has fewer than `n` distinct problems is an error, or with `at_most` gives
     the ones it has (a game's split and a file's rows never fail for being short)."""
@@ -84,7 +126,7 @@ def held_out_samples(
     if make_env is not None and data.source is None:
         return type(make_env()).make_samples(n, EVAL_SEED, "eval", **(env_args or {}))
     if data.eval_source is None:
-        raise ValueError("data.eval_source is required with data.source (a held-out split to evaluate on)")
+        return split_source(data)[1][:n]
     return load_samples(data.eval_source, split="test", limit=n, **_dataset_fields(data))
 
 
@@ -139,3 +181,29 @@ def _dataset_fields(data: DataConfig) -> dict[str, Any]:
         messages_field=data.messages_field,
         subset=data.subset,
     )
+
+
+def check_has_prompts(data: DataConfig, *, has_env: bool) -> None:
+    if data.task is None and data.source is None and not has_env:
+        raise HoneDataError(
+            "data: set data.source (your jsonl/parquet file or a hub dataset), data.task (a built-in "
+            "task, e.g. arithmetic), or env.name (an environment that makes its own problems)"
+        )
+
+
+def check_data_files(data: DataConfig, *, has_env: bool) -> None:
+    """Check that the run has prompts, and read the first row of each local data file (`data.source`,
+    `data.eval_source`) with the recipe's fields, so a wrong path or field name fails in a second, before a
+    model loads. A hub name or a `prefix:name` source is left to the run (reading it may mean a download)."""
+    check_has_prompts(data, has_env=has_env)
+    fields = _dataset_fields(data)
+    for key, source in (("data.source", data.source), ("data.eval_source", data.eval_source)):
+        if source is None or ":" in source:
+            continue
+        path = Path(source).expanduser()
+        if not (path.exists() or path.is_absolute() or path.suffix in (".jsonl", ".json", ".parquet")):
+            continue
+        try:
+            load_samples(source, limit=1, **fields)
+        except HoneDataError as e:
+            raise HoneDataError(f"{key}: {e}") from None

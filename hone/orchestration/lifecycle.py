@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from hone.config import HoneConfig, RunConfig
+from hone.config import RUN_CONFIG_HEADER, HoneConfig, RunConfig
 from hone.envs import release_envs
 from hone.errors import HoneError
 from hone.orchestration.components import RunComponents, build_components
 from hone.tracking import METRICS_FILE, MetricsLogger, read_metrics
 from hone.training.checkpoint import Checkpointer
 from hone.training.distributed import Ranks
+from hone.version import version_line
 
 
 class SetupError(HoneError, RuntimeError):
@@ -81,6 +82,7 @@ def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
     """Write `config.yaml` (what `--resume` reads) atomically: a crash mid-write keeps the old one."""
     tmp = run_dir / ".config.yaml.tmp"
     with tmp.open("w") as f:
+        f.write(f"{RUN_CONFIG_HEADER} · {version_line()}\n")
         f.write(cfg.to_yaml())
         f.flush()
         os.fsync(f.fileno())
