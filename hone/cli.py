@@ -46,7 +46,8 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         from hone.version import version_line
 
-        parser.exit(message=version_line() + "\n")
+        print(version_line())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -123,7 +123,9 @@ def _resolve_paths(tree: dict[str, Any], base: Path, only: set[tuple[str, str]] 
         body = tree.get(section)
         if (only is None or (section, key) in only) and isinstance(body, dict):
             value = body.get(key)
-            if isinstance(value, str):
+            # A bare model name is an alias (`tiny`) or a folder of the current directory, as before.
+            bare_model = key == "path" and "/" not in str(value) and not str(value).startswith("~")
+            if isinstance(value, str) and not bare_model:
                 body[key] = resolve_path(value, base)
 
 

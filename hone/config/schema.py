@@ -729,7 +729,7 @@ class DPOConfig(PreferenceDataConfig):
 
 
 class RMConfig(PreferenceDataConfig):
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(1e-5, gt=0, description="learning rate (AdamW)")
     eval_data: str | None = Field(None, description="held-out pairs; null = hold out val_fraction of rm.data")
     val_fraction: float = Field(0.1, gt=0, lt=1, description="share of rm.data held out when no eval_data")
     eval_every: int = Field(
