@@ -74,7 +74,8 @@ def test_runnable_blocks_run(page: Path, tmp_path: Path) -> None:
         done = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
         )
-        assert done.returncode == 0, f"{where} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        output = f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        assert done.returncode == 0, f"{where} exited {done.returncode}:\n{output}"
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -41,7 +41,7 @@ def on_files(files: Files, config: dict) -> Files:
     return files
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (mkdocs' signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     if page.file.src_uri == PAGE:
         return cli_markdown()
     return markdown
