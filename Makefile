@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: setup setup-smollm2 setup-vllm test test-ray test-vllm demo lint bench clean
+.PHONY: setup setup-smollm2 setup-vllm test test-ray test-vllm demo docs lint bench clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -53,6 +53,10 @@ test-vllm: setup setup-vllm
 # A fresh run directory each time, so `make demo` can be run again (runs/ refuses to overwrite a run).
 demo: setup
 	.venv/bin/hone train run.name=demo-$$(date +%Y%m%d-%H%M%S)
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or bad page fails it.
+docs: setup
+	$(PY) -m mkdocs build --strict
 
 bench: setup
 	$(PY) bench/sampler_bench.py

@@ -130,11 +130,11 @@ def test_episodes_through_the_adapter_equal_the_builtin_games(url: str, shaping:
     assert conversation == demo
 
 
-def test_the_readmes_server_trains_through_its_recipe(tmp_path: Path) -> None:
-    """README "OpenEnv environments": its server, written with openenv-core's API alone, plays the
-    games its recipe names (bisection wins in the same turns as on the built-in game)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## OpenEnv environments") :]
+def test_the_docs_server_trains_through_its_recipe(tmp_path: Path) -> None:
+    """docs/how-to/agents.md "OpenEnv environments": its server, written with openenv-core's API alone,
+    plays the games its recipe names (bisection wins in the same turns as on the built-in game)."""
+    page = (ROOT / "docs" / "how-to" / "agents.md").read_text()
+    section = page[page.index("## OpenEnv environments") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     recipe = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     (tmp_path / "readme_server.py").write_text(code)
