@@ -238,13 +238,16 @@ def _train(
     step = begin.step
     evaluation = EvalSettings.of(cfg)
     final_eval: dict[str, float] = {}
-    if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
+    left = None
+    if cfg.run.time_limit_s is not None:  # the LR schedule (and the progress total) follow the budget left
         left = cfg.run.time_limit_s - (time.perf_counter() - started)
         trainer.schedule.start_clock(left)
         if begin.critic is not None:
             begin.critic.schedule.start_clock(left)
     with (
-        Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress,
+        Progress(
+            total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress, time_left_s=left
+        ) as progress,
         closing(rollouts),
     ):
         while step < cfg.run.steps:
