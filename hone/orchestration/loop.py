@@ -170,7 +170,9 @@ def run_learner(
         if lead is not None:
             lead.stop()
         if cfg.logging.plot:
-            plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
+            plot_metrics(
+                run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot, title=cfg.run.name
+            )
         return result
     finally:
         close_samplers(parts)
