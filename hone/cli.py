@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
     # HTTP clients log every request at INFO: an agent run (rollout.agent) would print one line per model
     # call, an OpenEnv or verifiers run one per poll, each under Hone's prefix.
-    for noisy in ("httpx", "httpcore", "openai"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if ns.command == "config" and (ns.markdown or ns.schema):
         from hone.config.reference import json_schema, markdown_reference

@@ -367,10 +367,10 @@ def test_http_clients_do_not_log_each_request_under_hones_prefix(monkeypatch: py
     # An agent run makes thousands of model calls; httpx logs each at INFO, which the CLI's root handler
     # would print as "hone: HTTP Request: POST ...".
     monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)  # as the CLI's basicConfig sets it
-    for name in ("httpx", "httpcore", "openai"):
+    for name in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
     assert main(["train", "run.no_such_key=1"]) != 0  # a config error: main returns after logging is set
-    for name in ("httpx", "httpcore", "openai"):
+    for name in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
 
 

@@ -132,6 +132,7 @@ def test_resolve_paths_and_hub_names(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert resolve_model(str(model_dir)) == str(model_dir)
     monkeypatch.chdir(tmp_path)
     assert resolve_model("org/name") == "org/name"  # an existing relative directory wins over the hub
+    monkeypatch.setattr(resolve_module, "_hub_answers", lambda name: True)  # no network in tests
     assert resolve_model("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     for missing in ["./nope", str(tmp_path / "nope"), "~/surely-missing-hone-model", "a/b/c"]:
         with pytest.raises(FileNotFoundError, match="model directory not found") as info:

@@ -119,7 +119,7 @@ def test_progress_prints_sparse_plain_lines_when_not_a_tty() -> None:
         for step in range(1, 26):
             progress.update(step, {"reward/mean": 0.5, "throughput/tokens_per_s": 1234.4})
     lines = out.getvalue().splitlines()
-    assert [line.split()[2] for line in lines] == ["10/25", "20/25", "25/25"]
+    assert [line.split()[2] for line in lines] == ["1/25", "10/25", "20/25", "25/25"]
     assert "reward 0.500" in lines[0] and "1234 tok/s" in lines[0] and "ETA 0:00:00" in lines[-1]
 
 

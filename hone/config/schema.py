@@ -26,6 +26,7 @@ from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
 from hone.config.presets import PRESETS
 from hone.errors import HoneError
 from hone.rollout.engines import check_engine
+from hone.tracking.plot import DEFAULT_PLOT_METRICS
 
 
 class ConfigError(HoneError, ValueError):
@@ -764,7 +765,11 @@ class LoggingConfig(Section):
     progress: bool = True
     # Metrics drawn (one panel each, against step) into runs/<name>/curves.png when the run ends;
     # needs matplotlib (`pip install hone-rl[plot]`), skipped with a warning without it.
-    plot: list[str] = Field(default_factory=list)
+    plot: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PLOT_METRICS),
+        description="metrics drawn into curves.png when the run ends (default: reward, eval accuracy, "
+        "entropy, response length, skipped groups, KL); [] draws nothing",
+    )
 
 
 class SamplerRoleConfig(Section):

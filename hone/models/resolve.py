@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import huggingface_hub
+import huggingface_hub.errors
+import huggingface_hub.utils.logging
 
+from hone.errors import HoneError
 from hone.models.packaged import PACKAGED_MODELS, PackagedModel, convert_gguf, find_gguf
 from hone.models.tiny import build_tiny_model
 
@@ -36,13 +40,26 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # Long enough for a slow link to answer, short enough that an offline machine barely notices the wait.
 HUB_PROBE_TIMEOUT_S = 3.0
 
+log = logging.getLogger(__name__)
+# huggingface_hub prints its warnings (each download retry: "... thrown while requesting HEAD ...",
+# "Retrying in 2s") through a handler of its own *and* passes them up to the root logger, where the CLI's
+# `hone:` handler prints each a second time: keep them to the hub's own handler.
+huggingface_hub.utils.logging.disable_propagation()
+
+
+class HubUnreachableError(HoneError, ConnectionError):
+    """A hub model name while the Hugging Face hub does not answer, and no cached copy: one line, not a
+    minute of download retries."""
+
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "hone" / "models"
 
 
-def resolve_model(ref: str, cache_dir: Path | None = None) -> str:
-    """Resolve `ref`: `tiny[:preset]` → a cached build; existing directory → itself; `org/name` → as is.
+def resolve_model(ref: str, cache_dir: Path | None = None, *, what: str = "model.path") -> str:
+    """Resolve `ref`: `tiny[:preset]` → a cached build; existing directory → itself; `org/name` → as is
+    when the hub answers (or in offline mode), its cached snapshot directory when the hub is unreachable,
+    else a `HubUnreachableError` naming `what` (the config key).
 
     A `PACKAGED_MODELS` alias (`smollm2-135m-instruct`) → its hub name when the hub can serve it (already
     in the hub cache, or reachable), else its packaged GGUF converted once into `cache_dir`, else a
@@ -62,7 +79,37 @@ def resolve_model(ref: str, cache_dir: Path | None = None) -> str:
         raise NotADirectoryError(f"model path {ref!r} is a file; expected a model directory")
     if _looks_like_path(ref):
         raise FileNotFoundError(f"model directory not found: {ref}")
-    return ref
+    return _hub_model(ref, what)
+
+
+def _hub_model(ref: str, what: str) -> str:
+    """The hub name `ref` if the hub answers (a missing or gated repo is then `from_pretrained`'s error, by
+    name); unreachable, its cached copy, or a `HubUnreachableError` before any download retries."""
+    if _hub_offline() or _hub_answers(ref):
+        return ref
+    cached = huggingface_hub.try_to_load_from_cache(ref, "config.json")
+    if isinstance(cached, str):  # a later from_pretrained of the name would retry each file for ~20 s
+        snapshot = str(Path(cached).parent)
+        log.warning(
+            "%s %r: the Hugging Face hub is unreachable; using the cached copy %s", what, ref, snapshot
+        )
+        return snapshot
+    raise HubUnreachableError(
+        f"{what} {ref!r}: the Hugging Face hub is unreachable (set HF_HUB_OFFLINE=1 to use the local cache, "
+        "or pass a local directory)"
+    )
+
+
+def _hub_answers(hub_name: str, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the hub answers at all within `timeout_s`, even with an HTTP error (404, 401): only a
+    network failure (no route, refused, DNS, timeout) is "unreachable"."""
+    try:
+        huggingface_hub.model_info(hub_name, timeout=timeout_s)
+    except huggingface_hub.errors.HfHubHTTPError:
+        return True
+    except Exception:  # httpx/httpx2/requests errors, by huggingface_hub version: a failure to connect
+        return False
+    return True
 
 
 def _looks_like_path(ref: str) -> bool:

@@ -170,7 +170,9 @@ def run_learner(
         if lead is not None:
             lead.stop()
         if cfg.logging.plot:
-            plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot)
+            plot_metrics(
+                run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot, title=cfg.run.name
+            )
         return result
     finally:
         close_samplers(parts)
@@ -238,13 +240,16 @@ def _train(
     step = begin.step
     evaluation = EvalSettings.of(cfg)
     final_eval: dict[str, float] = {}
-    if cfg.run.time_limit_s is not None:  # the LR schedule also decays over what is left of the budget
+    left = None
+    if cfg.run.time_limit_s is not None:  # the LR schedule (and the progress total) follow the budget left
         left = cfg.run.time_limit_s - (time.perf_counter() - started)
         trainer.schedule.start_clock(left)
         if begin.critic is not None:
             begin.critic.schedule.start_clock(left)
     with (
-        Progress(total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress) as progress,
+        Progress(
+            total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress, time_left_s=left
+        ) as progress,
         closing(rollouts),
     ):
         while step < cfg.run.steps:

@@ -1,18 +1,24 @@
 """A training progress display: a live rich bar on a terminal, sparse plain lines otherwise.
 
 Logs and CI capture stdout; a redrawn bar there is noise, so when the console is not a terminal the
-same facts (step/total, reward, tokens/s, ETA) are printed as one line every `every` steps.
+same facts (step/total, reward, tokens/s, ETA) are printed as one line after the first step (a real
+model's first line should not wait ten steps) and then every `every` steps.
+
+Under a time budget (`run.time_limit_s`) the run usually ends by time, not at `run.steps`: the total
+shown is then the step the budget is expected to reach at the speed so far (`~3187 (time limit)`), and
+the ETA the lesser of the time to finish the steps and the time left in the budget.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
 REWARD_KEY = "reward/mean"
@@ -27,7 +33,9 @@ class Progress:
     """`update(step, metrics)` after each training step; reads `reward/mean` and `throughput/tokens_per_s`.
 
     `initial` is the step a resumed run starts from; the ETA uses only the speed of this session.
-    With `enabled=False` nothing is shown (e.g. `logging.progress: false` in a recipe).
+    With `enabled=False` nothing is shown (e.g. `logging.progress: false` in a recipe). `time_left_s` is
+    what is left of the run's time budget as the first step starts (None: no budget); `clock` (seconds,
+    monotonic) is for tests.
     """
 
     def __init__(
@@ -39,6 +47,8 @@ class Progress:
         description: str = "train",
         console: Console | None = None,
         enabled: bool = True,
+        time_left_s: float | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.enabled = enabled
         self.total = total
@@ -46,40 +56,73 @@ class Progress:
         self.description = description
         self.console = console or Console()
         self._start_step = initial
-        self._start_time = time.monotonic()
+        self._clock = clock or time.monotonic
+        self._start_time = self._clock()
+        self._deadline = None if time_left_s is None else self._start_time + time_left_s
         self._bar: RichProgress | None = None
         if enabled and self.console.is_terminal:
             self._bar = RichProgress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TextColumn("{task.fields[steps]}"),
                 TextColumn("reward {task.fields[reward]}"),
                 TextColumn("{task.fields[tps]} tok/s"),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
+                TextColumn("ETA {task.fields[eta]}"),
                 console=self.console,
             )
-            self._task = self._bar.add_task(description, total=total, completed=initial, reward="-", tps="-")
+            self._task = self._bar.add_task(
+                description,
+                total=total,
+                completed=initial,
+                steps=f"{initial}/{total}",
+                reward="-",
+                tps="-",
+                eta="-",
+            )
             self._bar.start()
 
-    def eta_s(self, step: int) -> float | None:
-        """Seconds left at the average speed since this session started, or None before any step."""
+    def _estimate(self, step: int) -> tuple[int, str, float | None]:
+        """(the step the run is expected to end at, that total as shown, the ETA in seconds or None)."""
         done = step - self._start_step
         if done <= 0:
-            return None
-        return (time.monotonic() - self._start_time) / done * max(0, self.total - step)
+            return self.total, str(self.total), None
+        now = self._clock()
+        per_step = max((now - self._start_time) / done, 1e-9)  # the average speed of this session
+        eta = per_step * max(0, self.total - step)
+        if self._deadline is None:
+            return self.total, str(self.total), eta
+        left = self._deadline - now
+        if left <= 0:  # the loop ends after the step that crosses the deadline: this one
+            ends = min(step, self.total)
+            return ends, str(ends) if ends == self.total else f"{ends} (time limit)", 0.0
+        ends = min(self.total, step + math.ceil(left / per_step))  # the step crossing the deadline still runs
+        shown = str(ends) if ends == self.total else f"~{ends} (time limit)"
+        return ends, shown, min(eta, left)
+
+    def eta_s(self, step: int) -> float | None:
+        """Seconds left at the average speed since this session started (at most what is left of the time
+        budget), or None before any step."""
+        return self._estimate(step)[2]
 
     def update(self, step: int, metrics: Mapping[str, float] | None = None) -> None:
         metrics = metrics or {}
         reward = _fmt(metrics.get(REWARD_KEY), ".3f")
         tps = _fmt(metrics.get(TOKENS_PER_S_KEY), ".0f")
+        ends, total, eta = self._estimate(step)
+        eta_text = "-" if eta is None else str(timedelta(seconds=round(eta)))
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, reward=reward, tps=tps)
-        elif self.enabled and (step % self.every == 0 or step >= self.total):
-            eta = self.eta_s(step)
-            eta_text = "-" if eta is None else str(timedelta(seconds=round(eta)))
+            self._bar.update(
+                self._task,
+                total=ends,
+                completed=step,
+                steps=f"{step}/{total}",
+                reward=reward,
+                tps=tps,
+                eta=eta_text,
+            )
+        elif self.enabled and (step == self._start_step + 1 or step % self.every == 0 or step >= ends):
             self.console.print(
-                f"{self.description} step {step}/{self.total} reward {reward} {tps} tok/s ETA {eta_text}",
+                f"{self.description} step {step}/{total} reward {reward} {tps} tok/s ETA {eta_text}",
                 highlight=False,
                 markup=False,
             )
