@@ -61,6 +61,7 @@ def tiny_overrides(run_dir: Path, model_dir: Path, name: str, **extra: object) -
         "rollout.max_new_tokens": 5,
         "sft.enabled": "false",
         "logging.progress": "false",
+        "logging.plot": "[]",
         "trainer.lr": 1e-3,
         "algorithm.skip_zero_variance_groups": "false",
     }
@@ -87,6 +88,7 @@ def tiny_run(root: Path, model_dir: Path, name: str = "r", **extra: object) -> l
         "sft.enabled": "false",
         "logging.progress": "false",
         "logging.tensorboard": "false",
+        "logging.plot": "[]",
     }
     return [f"{k}={v}" for k, v in (base | extra).items()]
 

@@ -45,7 +45,10 @@ def plot_metrics(
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        log.warning("matplotlib is not installed; skipping plot %s (pip install matplotlib)", out_png)
+        log.warning(
+            "matplotlib is not installed; skipping %s (pip install matplotlib, or logging.plot=[])",
+            out_png,
+        )
         return None
     if not keys:
         raise ValueError("plot_metrics needs at least one metric key")
