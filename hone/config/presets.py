@@ -46,7 +46,7 @@ PRESETS: dict[str, Preset] = {
             "algorithm.kl.coef": 0.04,
             "algorithm.kl.estimator": "k3",
             "algorithm.kl.placement": "loss",
-            # §4.1: "The policy model only has a single update following each exploration stage."
+            # §4.2: "The policy model only has a single update following each exploration stage."
             "trainer.ppo_epochs": 1,
             "trainer.mini_batches": 1,
         },
@@ -108,7 +108,7 @@ PRESETS: dict[str, Preset] = {
             "algorithm.clip_high": 4e-4,
             "algorithm.loss_agg": "seq-mean-token-mean",
             "algorithm.kl.coef": 0.0,
-            # §5.1: "we partition each batch of rollout data into four minibatches for gradient updates".
+            # §5.1 (v2): each batch of rollouts is partitioned into four mini-batches for gradient updates.
             "trainer.ppo_epochs": 1,
             "trainer.mini_batches": 4,
         },
