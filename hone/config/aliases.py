@@ -65,7 +65,11 @@ PEER_KEYS: dict[str, tuple[str, str]] = {
     "max_norm": ("trainer.grad_clip", "OpenRLHF"),
     "l2": ("trainer.weight_decay", "OpenRLHF"),
     "adam_betas": ("trainer.betas", "OpenRLHF"),
-    "lr_scheduler_type": ("trainer.schedule", "TRL: constant | cosine | linear in Hone"),
+    "lr_scheduler_type": ("trainer.schedule", "TRL (default linear): constant | cosine | linear in Hone"),
+    "lr_scheduler": ("trainer.schedule", "OpenRLHF (default cosine_with_min_lr): constant | cosine | linear"),
+    "adam_beta1": ("trainer.betas", "TRL: trainer.betas is the pair [beta1, beta2]"),
+    "adam_beta2": ("trainer.betas", "TRL: trainer.betas is the pair [beta1, beta2]"),
+    "warmup_ratio": ("trainer.warmup_steps", "TRL gives a ratio of the run; Hone takes RL steps"),
     "lr_warmup_steps": ("trainer.warmup_steps", "verl: Hone's warm-up counts RL steps"),
     "lr_warmup_ratio": (
         "trainer.warmup_steps",
@@ -161,7 +165,7 @@ PEER_KEYS: dict[str, tuple[str, str]] = {
     "kl_estimator": ("algorithm.kl.estimator", "OpenRLHF: k1, k2, k3 (same names)"),
     "use_kl_loss": (
         "algorithm.kl.placement",
-        "verl, OpenRLHF: true -> loss, false -> reward (and set kl.coef)",
+        "verl, OpenRLHF: true -> placement: loss (OpenRLHF without it: reward; verl: use_kl_in_reward)",
     ),
     "use_kl_in_reward": ("algorithm.kl.placement", "verl: true -> reward"),
     # --- filters ---
@@ -187,7 +191,19 @@ PEER_KEYS: dict[str, tuple[str, str]] = {
         "reward.components",
         "OpenRLHF: a reward component {fn: overlong, args: {max_len, buffer}}",
     ),
+    "rollout_is": (
+        "algorithm.off_policy.name",
+        "verl rollout correction: token|sequence -> name: tis, level",
+    ),
+    "rollout_rs": (
+        "algorithm.off_policy.name",
+        "verl rejection sampling -> name: mis (Hone's kept tokens carry the ratio; verl's alone keep 1)",
+    ),
     "rollout_is_threshold": ("algorithm.off_policy.cap", "verl rollout correction: off_policy.name: tis"),
+    "vllm_importance_sampling_mode": (
+        "algorithm.off_policy.name",
+        "TRL: token_/sequence_truncate -> tis, token_/sequence_mask -> mis, with off_policy.level",
+    ),
     "vllm_importance_sampling_cap": (
         "algorithm.off_policy.cap",
         "TRL: *_truncate -> off_policy.name: tis (cap); *_mask -> mis (hi); needs old_log_probs: recompute",
@@ -202,6 +218,15 @@ PEER_KEYS: dict[str, tuple[str, str]] = {
     "model_name_or_path": ("model.path", "TRL scripts"),
     "pretrain": ("model.path", "OpenRLHF"),
     "lora_rank": ("model.lora.r", "verl, OpenRLHF"),
+    "lora_alpha": ("model.lora.alpha", "verl, OpenRLHF"),
+    "peft_config": (
+        "model.lora",
+        "TRL: a peft LoraConfig -> model.lora: {r, alpha, dropout, target_modules}",
+    ),
+    "bf16": (
+        "trainer.autocast",
+        "TRL: trainer.autocast: bfloat16 (fp32 weights); model.dtype: bfloat16 keeps no fp32 master copy",
+    ),
     "enable_gradient_checkpointing": ("model.gradient_checkpointing", "verl"),
     "gradient_checkpointing": ("model.gradient_checkpointing", "TRL (on by default there, off in Hone)"),
     "prompt_data": ("data.source", "OpenRLHF"),
@@ -230,6 +255,16 @@ PEER_KEYS: dict[str, tuple[str, str]] = {
     "test_freq": ("run.eval_every", "verl"),
     "use_wandb": ("logging.wandb", "OpenRLHF"),
     "use_tensorboard": ("logging.tensorboard", "OpenRLHF"),
+    "project_name": ("logging.wandb_project", "verl trainer.project_name"),
+    "experiment_name": ("run.name", "verl trainer.experiment_name"),
+    "logger": (
+        "logging.wandb",
+        "verl trainer.logger: wandb -> logging.wandb, tensorboard -> logging.tensorboard",
+    ),
+    "n_gpus_per_node": (
+        "trainer.world_size",
+        "verl: Hone's learner ranks (one GPU each); samplers are placed by cluster.* on Ray",
+    ),
     "report_to": ("logging.wandb", "TRL: wandb -> logging.wandb, tensorboard -> logging.tensorboard"),
     "log_completions": (
         "logging.samples",
