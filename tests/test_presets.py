@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, aggregate_loss, scores_to_token_rewards
 from hone.algorithms.advantages import hyperparameters
-from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig
+from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig, load_config
 from hone.config.aliases import PEER_KEYS
 from hone.config.presets import PRESET_SECTIONS, PRESETS, apply_preset, explicit_over_preset
 
@@ -148,9 +148,9 @@ def test_no_preset_changes_nothing() -> None:
 @pytest.mark.parametrize("name", ["drgrpo", 5, "GRPO"])
 def test_unknown_preset_is_one_line_naming_the_known_ones(name: object) -> None:
     with pytest.raises(ConfigError) as error:
-        apply_preset({"algorithm": {"preset": name}})
+        load_config(None, [f"algorithm.preset={name}"])
     message = str(error.value)
-    assert "\n" not in message and message.startswith("algorithm.preset: unknown preset")
+    assert "\n" not in message and "+ overrides: algorithm.preset: unknown preset" in message
     assert "known presets: " + ", ".join(sorted(PRESETS)) in message
 
 

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from hone.config.aliases import PEER_KEYS
 from hone.config.keys import sections, suggest
-from hone.config.presets import apply_preset
+from hone.config.presets import apply_preset, explicit_over_preset
 from hone.config.schema import ConfigError, HoneConfig
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
@@ -203,11 +203,15 @@ def load_config(
     try:
         preset_keys = apply_preset(tree)
     except ValueError as e:
-        raise ConfigError(f"{origin}: algorithm.preset: {e}") from None
+        raise ConfigError(f"{origin}: {e}") from None
     try:
         cfg = HoneConfig.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_format_error(e, origin)) from None
     if preset_keys:
         log.info("algorithm.preset %s set %s", cfg.algorithm.preset, ", ".join(preset_keys))
+    kept = explicit_over_preset(tree)
+    if kept:
+        preset = cfg.algorithm.preset
+        log.warning("algorithm.preset %s: the recipe's own values win: %s", preset, "; ".join(kept))
     return cfg

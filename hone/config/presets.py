@@ -169,15 +169,14 @@ def _lookup(tree: dict[str, Any], key: str) -> tuple[bool, Any]:
 
 
 def preset_name(tree: dict[str, Any]) -> str | None:
-    """The tree's `algorithm.preset`, checked: None when unset; ConfigError for an unknown name."""
-    from hone.config.schema import ConfigError  # here: the schema imports this module
-
+    """The tree's `algorithm.preset`, checked: None when unset; ValueError for an unknown name (the loader
+    reports it as a ConfigError; this module imports nothing of Hone, as the schema imports it)."""
     algorithm = tree.get("algorithm")
     name = algorithm.get("preset") if isinstance(algorithm, dict) else None
     if name is None:
         return None
     if not isinstance(name, str) or name not in PRESETS:
-        raise ConfigError(f"algorithm.preset: unknown preset {name!r}; known presets: {_known()}")
+        raise ValueError(f"algorithm.preset: unknown preset {name!r}; known presets: {_known()}")
     return name
 
 
@@ -185,7 +184,7 @@ def apply_preset(tree: dict[str, Any]) -> list[str]:
     """Fill in the keys of the tree's `algorithm.preset` that the tree does not set; return them as
     "key=value" strings, in the preset's order. A key present in the tree (even null) is left alone: the
     recipe or an override set it. A section that is present but not a mapping is left for validation to
-    report. The tree keeps `algorithm.preset`. Unknown name: ConfigError listing the known presets."""
+    report. The tree keeps `algorithm.preset`. Unknown name: ValueError listing the known presets."""
     name = preset_name(tree)
     if name is None:
         return []
