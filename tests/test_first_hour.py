@@ -196,3 +196,15 @@ def test_a_run_records_the_hone_version_in_its_config(tmp_path: Path, micro_mode
     text = (tmp_path / "v" / "config.yaml").read_text()
     assert text.splitlines()[0] == f"# hone run config · {version_line()}"
     assert load_config(tmp_path / "v" / "config.yaml").run.name == "v"
+
+
+def test_dry_run_of_an_environment_shows_its_first_observation_and_tools(
+    micro_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = ["train", "--dry-run", "env.name=tool_arithmetic", f"model.path={micro_model_dir}"]
+    assert main([*args, "reward.fn=env", "data.train_size=4", "data.eval_size=2", f"run.dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- training prompt") == 2
+    tools = [line for line in out.splitlines() if line.startswith("tools the policy can call: ")]
+    assert len(tools) == 2 and tools[0] != "tools the policy can call: none"
+    assert "[user]" in out and not list(tmp_path.iterdir())
