@@ -24,7 +24,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 class Progress:
-    """`update(step, metrics)` after each training step; reads `reward/mean` and `throughput/tokens_per_s`.
+    """`update(step, metrics)` after each training step; reads `reward/mean` and `throughput/tokens_per_s`,
+    and shows `updated`, the steps so far that updated the policy, when given.
 
     `initial` is the step a resumed run starts from; the ETA uses only the speed of this session.
     With `enabled=False` nothing is shown (e.g. `logging.progress: false` in a recipe).
@@ -55,11 +56,14 @@ class Progress:
                 MofNCompleteColumn(),
                 TextColumn("reward {task.fields[reward]}"),
                 TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("updated {task.fields[updated]}"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 console=self.console,
             )
-            self._task = self._bar.add_task(description, total=total, completed=initial, reward="-", tps="-")
+            self._task = self._bar.add_task(
+                description, total=total, completed=initial, reward="-", tps="-", updated="-"
+            )
             self._bar.start()
 
     def eta_s(self, step: int) -> float | None:
@@ -69,17 +73,21 @@ class Progress:
             return None
         return (time.monotonic() - self._start_time) / done * max(0, self.total - step)
 
-    def update(self, step: int, metrics: Mapping[str, float] | None = None) -> None:
+    def update(
+        self, step: int, metrics: Mapping[str, float] | None = None, *, updated: int | None = None
+    ) -> None:
         metrics = metrics or {}
         reward = _fmt(metrics.get(REWARD_KEY), ".3f")
         tps = _fmt(metrics.get(TOKENS_PER_S_KEY), ".0f")
+        updates = "-" if updated is None else f"{updated}/{step}"
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, reward=reward, tps=tps)
+            self._bar.update(self._task, completed=step, reward=reward, tps=tps, updated=updates)
         elif self.enabled and (step % self.every == 0 or step >= self.total):
             eta = self.eta_s(step)
             eta_text = "-" if eta is None else str(timedelta(seconds=round(eta)))
             self.console.print(
-                f"{self.description} step {step}/{self.total} reward {reward} {tps} tok/s ETA {eta_text}",
+                f"{self.description} step {step}/{self.total} reward {reward} {tps} tok/s "
+                f"updated {updates} ETA {eta_text}",
                 highlight=False,
                 markup=False,
             )
