@@ -94,9 +94,20 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--schema", action="store_true", help="the recipe's JSON schema (YAML editors)")
         if name == "eval":
             sub.add_argument(
-                "--model", help="model to evaluate (dir, hub name, or alias); default model.path"
+                "--model",
+                help="model to evaluate (dir, hub name, or alias); default model.path. A model inside a "
+                "run directory, without a recipe, is evaluated with that run's config.yaml",
             )
             sub.add_argument("--out", help="also write the metrics as JSON to this file")
+            sub.add_argument(
+                "--run",
+                metavar="RUN_DIR",
+                help="evaluate runs/<name> with its own config.yaml: its latest checkpoint (or final model)",
+            )
+            sub.add_argument("--step", type=int, metavar="N", help="with --run: checkpoint step-N's model")
+            sub.add_argument(
+                "--samples", metavar="FILE", help="also write every eval response (and its grade) as JSONL"
+            )
     return parser
 
 
@@ -119,6 +130,10 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
         return load_config(saved, overrides, relative_to=Path.cwd())
     if recipe is None and ns.command in ("dpo", "rm"):  # the default recipe trains no preferences
         recipe = ns.command
+    if ns.command == "eval":  # --run, or a model inside a run directory: the run's own config.yaml
+        from hone.orchestration.eval_run import eval_config
+
+        return eval_config(recipe, overrides, run=ns.run, step=ns.step, model=ns.model)
     return load_config(recipe, overrides)
 
 
@@ -132,20 +147,9 @@ def _show_config(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 
 
 def _summary(result: RunResult, seconds: float) -> str:
-    before = result.start_eval.get("eval/accuracy")
-    after = result.final_eval.get("eval/accuracy")
-    lines = [
-        "",
-        f"run directory   {result.run_dir}",
-        f"RL steps        {result.steps}",
-        f"wall time       {seconds:.0f} s",
-    ]
-    if before is not None and after is not None:
-        lines += [
-            f"held-out accuracy before RL  {100 * before:5.1f}%",
-            f"held-out accuracy after RL   {100 * after:5.1f}%   ({100 * (after - before):+.1f} points)",
-        ]
-    return "\n".join(lines)
+    from hone.orchestration.report import run_summary
+
+    return run_summary(result, seconds)
 
 
 RankedHandler = Callable[[argparse.Namespace, HoneConfig, "Ranks"], int]
@@ -182,6 +186,11 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     started = time.perf_counter()
     result = train(cfg, resume=bool(ns.resume), ranks=ranks)
     print(_summary(result, time.perf_counter() - started))
+    from hone.orchestration.report import nothing_learned
+
+    warning = nothing_learned(result.tally)
+    if warning:  # the run worked, but taught nothing: loud, on stderr (the exit code stays 0)
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -222,15 +231,21 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.envs import release_envs
     from hone.orchestration.components import close_samplers
-    from hone.orchestration.evaluate import EvalSettings, run_eval
+    from hone.orchestration.eval_run import eval_records
+    from hone.orchestration.evaluate import EvalSettings, check_rewards_answered, run_eval_rollouts
     from hone.orchestration.lifecycle import setup_components
 
     parts = setup_components(cfg)
     try:
-        metrics = run_eval(parts, EvalSettings.of(cfg))
+        result = run_eval_rollouts(parts, EvalSettings.of(cfg))
     finally:
         close_samplers(parts)
         release_envs()
+    if ns.samples:
+        records = eval_records(result.rollouts, parts.policy.tokenizer)
+        Path(ns.samples).write_text("".join(json.dumps(record) + "\n" for record in records))
+    check_rewards_answered(result, parts.reward, "eval")  # every reward raised: one line, not accuracy 0
+    metrics = result.metrics
     for key, value in metrics.items():
         print(f"{key:24s} {value:.4f}")
     if ns.out:

@@ -15,6 +15,19 @@ def fails_on_odd_length(rollout: Rollout, sample: Sample) -> float:
     return 1.0
 
 
+def fails_on_half_the_prompts(rollout: Rollout, sample: Sample) -> float:
+    """Raises for about half the prompts (by their text), `token_id_reward` for the rest: a reward that
+    fails on some responses, never on all (one raising on every response stops a run at its step-0 eval)."""
+    if sum(map(ord, sample.prompt or "")) % 2:
+        raise RuntimeError("verifier crashed")
+    return token_id_reward(rollout, sample)
+
+
+def always_raises(rollout: Rollout, sample: Sample) -> float:
+    """A reward with a bug: it raises on every response."""
+    return rollout.no_such_field  # type: ignore[attr-defined,no-any-return]
+
+
 def token_id_reward(rollout: Rollout, sample: Sample) -> float:
     """Varies within almost every group of a random model, so every step has a gradient."""
     return float(sum(rollout.response_ids) % 7)

@@ -185,13 +185,15 @@ def test_a_failing_reward_scores_zero_and_is_counted(tmp_path: Path, micro_model
             **{
                 "run.steps": 1,
                 "run.eval_every": 0,
-                "reward.fn": "tests.rewards_for_tests:fails_on_odd_length",
+                "reward.fn": "tests.rewards_for_tests:fails_on_half_the_prompts",
             },
         ),
     )
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "flaky" / "metrics.jsonl").read_text().splitlines()]
     assert rows[1]["reward/errors"] > 0
+    # The eval grades only what was scored: the failed responses are counted, not graded as wrong.
+    assert rows[0]["eval/errors"] > 0 and rows[0]["eval/errors"] + rows[0]["eval/scored"] == 16
 
 
 def test_sigkill_between_checkpoints_then_resume_gives_identical_weights(

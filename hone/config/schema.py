@@ -759,17 +759,24 @@ class EvalConfig(Section):
 
 
 class LoggingConfig(Section):
-    tensorboard: bool = True
-    wandb: bool = False
-    wandb_project: str = "hone"
-    progress: bool = True
+    tensorboard: bool = Field(True, description="TensorBoard events in runs/<name>/tensorboard")
+    wandb: bool = Field(False, description="also log to Weights & Biases (the wandb extra)")
+    wandb_project: str = Field("hone", description="the W&B project (the run is named run.name)")
+    progress: bool = Field(True, description="a progress bar (a plain line every 10 steps off a terminal)")
     # Metrics drawn (one panel each, against step) into runs/<name>/curves.png when the run ends;
-    # needs matplotlib (`pip install hone-rl[plot]`), skipped with a warning without it.
+    # needs matplotlib (the plot extra), skipped with a warning without it.
     plot: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PLOT_METRICS),
         description="metrics drawn into curves.png when the run ends (default: reward, eval accuracy, "
         "entropy, response length, skipped groups, KL); [] draws nothing",
     )
+    samples: int = Field(
+        0,
+        ge=0,
+        description="responses written each logged step to runs/<name>/samples.jsonl and TensorBoard: the "
+        "first this many rollouts of the step's batch as sampled (prompt order, before any filter); 0 = off",
+    )
+    samples_every: int = Field(1, ge=1, description="log samples every this many RL steps")
 
 
 class SamplerRoleConfig(Section):

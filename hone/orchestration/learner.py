@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -140,6 +140,8 @@ class Learner:
     version: int = 0
     critic: CriticTrainer | None = None
     ranks: Ranks = ONE_RANK  # N learner ranks: the no-grad passes split over them too
+    # Each rollout's advantage (the mean over its response tokens) of the latest batch, in its order.
+    advantages: list[float] = field(default_factory=list, init=False)
 
     def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
         """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish the next version.
@@ -148,6 +150,7 @@ class Learner:
         the critic only."""
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
+        self.advantages = []
         if groups.rollouts:
             batch, metrics = self.batch(groups.rollouts)
             policy_moves = self.critic is None or step >= self.critic.cfg.warmup_steps
@@ -202,6 +205,8 @@ class Learner:
             values=values,
             group_ids=seqs.group_ids,
         )
+        per_token = advantages * seqs.response_mask
+        self.advantages = (per_token.sum(1) / seqs.response_mask.sum(1).clamp(min=1)).tolist()
         loss_mask = seqs.response_mask
         if self.algorithm.mask_truncated:
             loss_mask, metrics["loss/truncated_masked_frac"] = truncation_mask(rollouts, seqs.response_mask)

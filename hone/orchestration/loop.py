@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hone.config import HoneConfig
@@ -40,27 +40,44 @@ from hone.orchestration.lifecycle import (
     where_stopped,
 )
 from hone.orchestration.placement import rollout_source
+from hone.orchestration.producer import ScoredGroups
 from hone.orchestration.replay import ReplayBuffer
+from hone.orchestration.report import StepTally, sample_records, step_signal
 from hone.orchestration.rl_start import RLStart, checkpoint_parts, resume_rl, start_rl
 from hone.orchestration.rollouts import RolloutSource
 from hone.orchestration.warmstart import SFTData
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.plugins import load_object
-from hone.tracking import MetricsLogger, Progress, plot_metrics
+from hone.tracking import (
+    METRICS_FILE,
+    MetricsLogger,
+    Progress,
+    SampleLog,
+    plot_metrics,
+    read_metrics,
+    samples_markdown,
+)
 from hone.training.checkpoint import Checkpointer
 from hone.training.distributed import ONE_RANK, Ranks
 
-__all__ = ["RunInterrupted", "RunResult", "SetupError", "rl_step", "run_learner", "train"]
+__all__ = ["RunInterrupted", "RunResult", "SetupError", "learn_step", "rl_step", "run_learner", "train"]
 
 log = logging.getLogger("hone")
 
 
 @dataclass
 class RunResult:
+    """`steps`: the RL steps done, this session's and a resumed run's before it; `tally` counts which
+    updated the policy and which had no signal (`report`); `resumed_at` the step a resumed session started
+    from, and `resume_eval` the eval logged at that step (empty when it had none)."""
+
     run_dir: Path
     steps: int
     start_eval: dict[str, float]
     final_eval: dict[str, float]
+    tally: StepTally = field(default_factory=StepTally)
+    resumed_at: int | None = None
+    resume_eval: dict[str, float] = field(default_factory=dict)
 
 
 def rl_step(
@@ -68,15 +85,24 @@ def rl_step(
 ) -> dict[str, float]:
     """One RL step: take the next step's scored groups and learn from them (synchronous:
     `learn(produce(step))`; on N learner ranks every rank learns from them, `lead` telling the others);
-    returns the producer's metrics, the learner's, and the step's time and throughput."""
+    returns the producer's metrics, the learner's, whether it updated the policy and had a signal
+    (`report.step_signal`), and the step's time and throughput."""
+    return learn_step(step, rollouts, learner, lead)[1]
+
+
+def learn_step(
+    step: int, rollouts: RolloutSource, learner: Learner, lead: LeadRanks | None = None
+) -> tuple[ScoredGroups, dict[str, float]]:
+    """`rl_step`, with the step's scored groups."""
     t0 = time.perf_counter()
     groups = rollouts.take()
     if lead is not None:
         lead.learn(groups, step)
+    version = learner.version
     learned = learner.learn(groups, step)
     elapsed = time.perf_counter() - t0
     timing = {"time/step_s": elapsed, "throughput/tokens_per_s": groups.new_tokens / max(elapsed, 1e-9)}
-    return groups.metrics | learned | timing
+    return groups, groups.metrics | learned | step_signal(groups, learner.version > version) | timing
 
 
 StepCallback = Callable[[int, Mapping[str, float]], object]
@@ -241,6 +267,13 @@ def _train(
     evaluation = EvalSettings.of(cfg)
     final_eval: dict[str, float] = {}
     left = None
+    rows = read_metrics(run_dir / METRICS_FILE) if resumed is not None else []
+    tally = StepTally.of(rows, begin.step)  # a resumed run's steps before this session count too
+    resume_eval = {
+        k: v for row in rows if row["step"] == begin.step for k, v in row.items() if k.startswith("eval/")
+    }
+    n_samples = cfg.logging.samples
+    logged = SampleLog(run_dir, resume_step=begin.step if resumed else None) if n_samples else nullcontext()
     if cfg.run.time_limit_s is not None:  # the LR schedule (and the progress total) follow the budget left
         left = cfg.run.time_limit_s - (time.perf_counter() - started)
         trainer.schedule.start_clock(left)
@@ -251,10 +284,12 @@ def _train(
             total=cfg.run.steps, initial=begin.step, enabled=cfg.logging.progress, time_left_s=left
         ) as progress,
         closing(rollouts),
+        logged as sample_log,
     ):
         while step < cfg.run.steps:
-            metrics = rl_step(step, rollouts, learner, lead)
+            groups, metrics = learn_step(step, rollouts, learner, lead)
             step += 1
+            tally.add(metrics)
             out_of_time = (
                 cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s
             )
@@ -267,7 +302,17 @@ def _train(
             metrics_log.log(step, metrics)
             if evaluating:  # one value per prompt seen (up to 100k): at the eval cadence, not every step
                 metrics_log.histogram(step, "prompts/pass_rate", curriculum.pass_rates())
-            progress.update(step, metrics)
+            if sample_log is not None and step % cfg.logging.samples_every == 0:
+                records = sample_records(
+                    step,
+                    groups.sampled[:n_samples],
+                    groups.rollouts,
+                    learner.advantages,
+                    parts.policy.tokenizer,
+                )
+                sample_log.write(records)
+                metrics_log.text(step, "samples", samples_markdown(records))
+            progress.update(step, metrics, updated=tally.updated)
             if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 save(step)
             for callback in callbacks:
@@ -277,4 +322,5 @@ def _train(
                 break
     if not final_eval:  # no RL step ran in this session: the weights are where they started
         final_eval = start_eval if step == 0 else run_eval(parts, evaluation)
-    return RunResult(run_dir, step, start_eval, final_eval)
+    resumed_at = None if resumed is None else resumed.step
+    return RunResult(run_dir, step, start_eval, final_eval, tally, resumed_at, resume_eval)

@@ -48,13 +48,15 @@ class ScoredGroups:
     """One step's scored rollouts after the filters, grouped (a group's members are adjacent and share
     `group_id`), each stamped with its `policy_version`; the producer's metrics; and `new_tokens`, every
     token sampled for them, filtered-out rollouts included (throughput); `outcomes`, each prompt's
-    (correct, scored) rollouts before the filters (the curriculum's pass rates)."""
+    (correct, scored) rollouts before the filters (the curriculum's pass rates); `sampled`, the first
+    `logging.samples` rollouts as sampled, before the filters (what `samples.jsonl` shows)."""
 
     step: int
     rollouts: list[Rollout]
     metrics: dict[str, float]
     new_tokens: int
     outcomes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sampled: list[Rollout] = field(default_factory=list)
 
 
 def drop_failed_rewards(rollouts: list[Rollout]) -> tuple[list[Rollout], float]:
@@ -101,6 +103,7 @@ class ProducerSettings:
     skip_zero_variance_groups: bool
     max_failed_steps: int
     drop_void_turns: bool
+    log_samples: int = 0  # `logging.samples`: the first this many rollouts go with the step, unfiltered
 
     @classmethod
     def of(cls, cfg: HoneConfig) -> ProducerSettings:
@@ -112,6 +115,7 @@ class ProducerSettings:
             skip_zero_variance_groups=cfg.algorithm.skip_zero_variance_groups,
             max_failed_steps=cfg.reward.max_failed_steps,
             drop_void_turns=cfg.env.drop_void_turns,
+            log_samples=cfg.logging.samples,
         )
 
 
@@ -169,6 +173,7 @@ class Producer:
             rollouts, metrics = await self._sample_and_score(model, prompts.samples, params, timing)
             metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not
             outcomes = prompt_outcomes(rollouts)  # for the curriculum: the sampled answers, before replay
+            sampled = rollouts[: self.settings.log_samples]
             self._mix(rollouts)
             kept, filtered = self.filter(prompts.step, rollouts)
             metrics |= filtered
@@ -183,7 +188,12 @@ class Producer:
             metrics["replay/frac"] = sum(map(is_replayed, kept)) / max(1, len(kept))
         metrics |= timing
         return ScoredGroups(
-            step=prompts.step, rollouts=kept, metrics=metrics, new_tokens=new_tokens, outcomes=outcomes
+            step=prompts.step,
+            rollouts=kept,
+            metrics=metrics,
+            new_tokens=new_tokens,
+            outcomes=outcomes,
+            sampled=sampled,
         )
 
     async def _sample_and_score(

@@ -15,7 +15,7 @@ from typing import Any
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum
 from hone.orchestration.components import RunComponents
-from hone.orchestration.evaluate import EvalSettings, run_eval
+from hone.orchestration.evaluate import EvalSettings, check_rewards_answered, run_eval_rollouts
 from hone.orchestration.lifecycle import SetupError, deadline
 from hone.orchestration.replay import ReplayBuffer
 from hone.orchestration.warmstart import SFTData, SFTRanks, SFTSettings, warm_start_sft
@@ -333,8 +333,12 @@ def start_rl(
             on_ranks=on_ranks,
         )
     models = begin_learner(cfg, parts, learner_start(cfg, parts, run_dir, None), ranks, announce)
-    start_eval = run_eval(parts, EvalSettings.of(cfg))
+    evaluated = run_eval_rollouts(parts, EvalSettings.of(cfg))
+    start_eval = evaluated.metrics
     metrics_log.log(0, start_eval)
+    # A reward that raises on every response is a bug, not an outage: stop now, not after the run trained
+    # on nothing (`reward.max_failed_steps` is for outages, and a short run ends before it).
+    check_rewards_answered(evaluated, parts.reward, "step-0 eval", run_dir / "errors")
     log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
     return RLStart(models, 0, start_eval)
 

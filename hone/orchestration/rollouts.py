@@ -283,4 +283,5 @@ def merge_shares(shares: list[PromptBatch], results: list[ScoredGroups]) -> Scor
         metrics=metrics,
         new_tokens=sum(r.new_tokens for r in results),
         outcomes=outcomes,
+        sampled=[r for result in results for r in result.sampled],  # in prompt order: the first N lead
     )

@@ -98,6 +98,7 @@ class RewardScorer:
         # A bare callable is not known to be a verifier: mark it, or the total reward is counted.
         self.correctness: str | None = correctness_component(names, marked)
         self.outage = OutageWatch()  # fed by the training loop, one step at a time
+        self.last_error: BaseException | None = None  # the first error of the latest batch that had one
         self.components = list(components)
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
@@ -191,6 +192,7 @@ class RewardScorer:
                         rollout.metrics["reward/timeout"] = 1.0
                     else:
                         if errors == 0:
+                            self.last_error = score.error
                             logger.warning(
                                 "reward %r failed on sample %r; scoring 0",
                                 comp.name,

@@ -112,6 +112,11 @@ class MetricsLogger:
 
             self._wandb.log({key: wandb_lib.Histogram(list(values))}, step=step)
 
+    def text(self, step: int, key: str, text: str) -> None:
+        """Markdown text (TensorBoard only: e.g. a step's samples, which samples.jsonl holds as records)."""
+        if self._tb is not None:
+            self._tb.add_text(key, text, step)
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:

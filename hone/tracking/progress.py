@@ -30,7 +30,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 class Progress:
-    """`update(step, metrics)` after each training step; reads `reward/mean` and `throughput/tokens_per_s`.
+    """`update(step, metrics)` after each training step; reads `reward/mean` and `throughput/tokens_per_s`,
+    and shows `updated`, the steps so far that updated the policy, when given.
 
     `initial` is the step a resumed run starts from; the ETA uses only the speed of this session.
     With `enabled=False` nothing is shown (e.g. `logging.progress: false` in a recipe). `time_left_s` is
@@ -67,6 +68,7 @@ class Progress:
                 TextColumn("{task.fields[steps]}"),
                 TextColumn("reward {task.fields[reward]}"),
                 TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("updated {task.fields[updated]}"),
                 TextColumn("ETA {task.fields[eta]}"),
                 console=self.console,
             )
@@ -77,6 +79,7 @@ class Progress:
                 steps=f"{initial}/{total}",
                 reward="-",
                 tps="-",
+                updated="-",
                 eta="-",
             )
             self._bar.start()
@@ -104,10 +107,13 @@ class Progress:
         budget), or None before any step."""
         return self._estimate(step)[2]
 
-    def update(self, step: int, metrics: Mapping[str, float] | None = None) -> None:
+    def update(
+        self, step: int, metrics: Mapping[str, float] | None = None, *, updated: int | None = None
+    ) -> None:
         metrics = metrics or {}
         reward = _fmt(metrics.get(REWARD_KEY), ".3f")
         tps = _fmt(metrics.get(TOKENS_PER_S_KEY), ".0f")
+        updates = "-" if updated is None else f"{updated}/{step}"
         ends, total, eta = self._estimate(step)
         eta_text = "-" if eta is None else str(timedelta(seconds=round(eta)))
         if self._bar is not None:
@@ -118,11 +124,13 @@ class Progress:
                 steps=f"{step}/{total}",
                 reward=reward,
                 tps=tps,
+                updated=updates,
                 eta=eta_text,
             )
         elif self.enabled and (step == self._start_step + 1 or step % self.every == 0 or step >= ends):
             self.console.print(
-                f"{self.description} step {step}/{total} reward {reward} {tps} tok/s ETA {eta_text}",
+                f"{self.description} step {step}/{total} reward {reward} {tps} tok/s "
+                f"updated {updates} ETA {eta_text}",
                 highlight=False,
                 markup=False,
             )
