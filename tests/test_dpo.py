@@ -200,7 +200,8 @@ def test_without_a_recipe_dpo_and_rm_read_the_pairs_hone_pairs_writes(
     monkeypatch.chdir(tmp_path)  # no runs/pairs/pairs.jsonl here
     assert main([command, "logging.progress=false"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["hone: error: runs/pairs/pairs.jsonl: file not found"]
+    # The packaged recipe's relative path means the current directory; the error shows the path tried.
+    assert err == [f"hone: error: {tmp_path / 'runs/pairs/pairs.jsonl'}: file not found"]
     assert not (tmp_path / "runs").exists()
 
 

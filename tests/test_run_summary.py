@@ -265,3 +265,18 @@ def test_an_eval_whose_every_reward_raised_is_one_line_not_accuracy_0(
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "reward raised on every one of the 3 eval samples" in err[0]
+
+
+def test_an_update_on_equal_reward_groups_only_does_not_count_as_updating_the_policy() -> None:
+    from hone.orchestration.report import UPDATED, WITH_SIGNAL, StepTally, nothing_learned
+
+    tally = StepTally()
+    tally.add({UPDATED: 1.0, WITH_SIGNAL: 0.0})  # skip_zero_variance_groups off: a zero-advantage update
+    tally.add({UPDATED: 1.0, WITH_SIGNAL: 2.0})
+    tally.add({UPDATED: 0.0, WITH_SIGNAL: 0.0})
+    assert (tally.steps, tally.updated, tally.no_signal) == (3, 1, 2)
+    assert tally.line() == "1 of 3 steps updated the policy; 2 steps had only equal-reward groups (no signal)"
+    assert nothing_learned(tally) is None
+    empty = StepTally()
+    empty.add({UPDATED: 1.0, WITH_SIGNAL: 0.0})
+    assert (warning := nothing_learned(empty)) is not None and "0 of 1 steps updated" in warning

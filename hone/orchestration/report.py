@@ -1,11 +1,11 @@
 """What a run tells about itself: how many steps updated the policy and how many had no signal (the end
 summary, the progress line, the warning when nothing was learned), and the samples it logs.
 
-A step *updated the policy* when the learner published new weights (`train/policy_updated`: its groups
-were not all filtered out, and it was not a critic warm-up step); it *had no signal* when it scored some
-responses but no group among those it trained on had rewards that differ (`groups/with_signal` 0): every
-advantage of a group-relative estimator is then 0. Both are logged per step in metrics.jsonl, so a resumed
-run counts the steps before it too.
+A step *had no signal* when it scored some responses but no group among those it trained on had rewards
+that differ (`groups/with_signal` 0): every advantage of a group-relative estimator is then 0. A step
+*updated the policy* when the learner published new weights (`train/policy_updated`: its groups were not
+all filtered out, and it was not a critic warm-up step) and it had a signal. Both are logged per step in
+metrics.jsonl, so a resumed run counts the steps before it too.
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ class StepTally:
 
     def add(self, metrics: Mapping[str, object]) -> None:
         self.steps += 1
-        self.updated += bool(metrics.get(UPDATED))
         scored = metrics.get("reward/excluded_frac", 0.0) != 1.0  # else a reward outage: no grades at all
-        if WITH_SIGNAL in metrics and not metrics[WITH_SIGNAL] and scored:
-            self.no_signal += 1
+        no_signal = WITH_SIGNAL in metrics and not metrics[WITH_SIGNAL]
+        # An update on equal-reward groups only (skip_zero_variance_groups off) has every advantage 0: it
+        # does not count as updating the policy.
+        self.updated += bool(metrics.get(UPDATED)) and not no_signal
+        self.no_signal += no_signal and scored
 
     @classmethod
     def of(cls, rows: Iterable[Mapping[str, object]], up_to: int) -> StepTally:
