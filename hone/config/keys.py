@@ -116,7 +116,7 @@ def suggest(dotted: str, peer_keys: dict[str, tuple[str, str]]) -> str:
     last = dotted.rsplit(".", 1)[-1]
     if last in peer_keys:
         hone_key, note = peer_keys[last]
-        return f"; did you mean {hone_key}? ({note})"
+        return f"; did you mean {hone_key}? " + (note if "(" in note else f"({note})")
     names = key_names()
     close = [name for name in names if name.rsplit(".", 1)[-1] == last]  # `rollout.lr`: trainer.lr...
     close = close or difflib.get_close_matches(dotted, names, n=3, cutoff=0.75)

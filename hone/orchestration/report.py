@@ -87,9 +87,9 @@ def nothing_learned(tally: StepTally) -> str | None:
         [
             f"WARNING: this run did not train the policy ({tally.line()}).",
             *(f"  {line}" for line in why),
-            "  Try: sft.enabled=true (a supervised warm start on the answer format), an easier task",
-            "  (data.task_args), a larger rollout.n; and read what the model writes: logging.samples=4",
-            "  (runs/<name>/samples.jsonl).",
+            "  Try: a supervised warm start on the answer format (sft.enabled=true; with your own data",
+            "  also sft.data=<prompt/response jsonl>), a stronger model.path, an easier task, a larger",
+            "  rollout.n; and read what the model writes: logging.samples=4 (runs/<name>/samples.jsonl).",
         ]
     )
 
