@@ -45,7 +45,7 @@ class ReasoningGymTask(Task):
             import reasoning_gym  # deferred: importing it costs a second
         except ImportError:
             raise HoneDataError(
-                f"data.source {PREFIX}{dataset} needs reasoning-gym: pip install 'hone-rl[gym]'"
+                f"data.source {PREFIX}{dataset} needs reasoning-gym: pip install -e '.[gym]' in a Hone clone"
             ) from None
         self._registry = reasoning_gym.factory.DATASETS
         self.name = f"{PREFIX}{dataset}"  # type: ignore[misc]  # per instance: one class, many datasets

@@ -241,7 +241,7 @@ class OpenEnv(Environment):
         timeout_s: float = 60.0,
     ) -> None:
         if importlib.util.find_spec("openenv") is None:
-            raise ValueError("env 'openenv' needs openenv-core: pip install 'hone-rl[agents]'")
+            raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[agents]' in a Hone clone")
         given = [k for k, v in (("url", url), ("app", app), ("command", command)) if v]
         if len(given) != 1:
             raise ValueError(

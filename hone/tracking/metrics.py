@@ -74,8 +74,8 @@ class MetricsLogger:
                 import wandb as wandb_lib
             except ImportError as err:
                 raise ImportError(
-                    "W&B logging is enabled but `wandb` is not installed: `pip install 'hone-rl[wandb]'` "
-                    "(use mode='offline' without network), or turn logging.wandb off."
+                    "W&B logging is enabled but `wandb` is not installed: `pip install wandb` (the wandb "
+                    "extra; use mode='offline' without network), or turn logging.wandb off."
                 ) from err
             self._wandb = wandb_lib.init(dir=str(self.run_dir), **dict(wandb))
 
