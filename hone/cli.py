@@ -12,16 +12,14 @@ hone rm [RECIPE] [overrides]                   (no recipe: rm; reward model on r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +27,7 @@ from hone.config import ConfigError, HoneConfig, list_recipes, load_config
 from hone.data.errors import HoneDataError
 from hone.data.splits import check_data_files
 from hone.errors import HoneError
+from hone.orchestration.signals import signals_interrupt
 
 if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
@@ -178,6 +177,12 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 
     if ranks.rank > 0:
         return _follow(cfg, ranks)
+    if cfg.control is not None:
+        from hone.orchestration.control_loop import control_summary, train_control
+
+        started = time.perf_counter()
+        print(control_summary(train_control(cfg), time.perf_counter() - started))
+        return 0
     if ns.dry_run:
         from hone.orchestration.dry_run import dry_run
 
@@ -340,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg.model.path = ns.model
         if ns.command == "config":
             return _show_config(ns, cfg)
-        if ns.command in ("train", "sft", "eval", "pairs") and not getattr(ns, "resume", None):
+        resumed = getattr(ns, "resume", None)
+        # (a control run's environment makes its own observations)
+        if ns.command in ("train", "sft", "eval", "pairs") and not resumed and cfg.control is None:
             check_data_files(cfg.data, has_env=cfg.env.name is not None)
     except (ConfigError, HoneDataError) as e:
         return _error(e)
@@ -359,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         "dpo": _on_ranks(_dpo),
         "rm": _on_ranks(_rm),
     }
-    with _signals_interrupt() as received:
+    with signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)
         except HoneError as e:  # bad input or a run that cannot go on: one line, no traceback
@@ -419,28 +426,6 @@ def _say(text: str, line: str) -> None:
         Path(error_file).write_text(line)
     else:
         print(text, file=sys.stderr)
-
-
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[dict[str, int]]:
-    """SIGINT and SIGTERM (a scheduler's or `kill`'s stop) both raise KeyboardInterrupt, so either ends a
-    run the same way: one line saying where it stopped. The signal received is recorded for the exit code
-    (128 + signal, the shell's convention)."""
-    received: dict[str, int] = {}
-
-    def interrupt(signum: int, _frame: object) -> None:
-        received["signal"] = signum
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield received
-        return
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ LEAVES = frozenset(
     {"types", "aio", "seeding", "registry", "verifiers", "config", "tracking", "errors", "plugins", "version"}
 )
 _FEEDS = frozenset({"data", "models"})  # "feed both sides"
-_ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout"}
+_ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout", "control"}
 # What each package may import besides itself and the leaves.
 ALLOWED: dict[str, frozenset[str]] = {
     **{leaf: frozenset() for leaf in LEAVES},
@@ -34,6 +34,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rewards": _FEEDS,
     "envs": _FEEDS,
     "rollout": _FEEDS | {"rewards", "envs"},
+    "control": _FEEDS | {"algorithms"},  # gymnasium environments and policy networks for control
     "orchestration": _ABOVE_ROLLOUT,
     "cli": _ABOVE_ROLLOUT | {"orchestration"},
     "__init__": _ABOVE_ROLLOUT | {"orchestration", "cli"},  # hone/__init__.py: the top, like cli

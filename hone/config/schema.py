@@ -818,6 +818,55 @@ class ClusterConfig(Section):
     start_timeout_s: float = Field(120.0, gt=0, description="ray: the most the actors may take to start")
 
 
+class ControlConfig(Section):
+    """Classic control and robotics: a policy network trained on a gymnasium environment (instead of a
+    language model), with the same loop pieces: `algorithm` (gamma, lam, clip_low/high, entropy_coef),
+    `trainer` (lr, schedule, ppo_epochs, mini_batches, grad_clip), `run`, `logging`. One RL step is one
+    rollout of `rollout_steps` per environment and its update; see docs/how-to/control.md."""
+
+    env: str = Field(
+        description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5) or 'pkg.mod:Class' "
+        "(your gymnasium.Env)"
+    )
+    env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+    num_envs: int = Field(8, ge=1, description="environments stepped side by side (gymnasium's vector API)")
+    vectorization: Literal["sync", "async"] = Field(
+        "sync", description="sync: one process (cheap envs); async: a process per env (costly physics)"
+    )
+    rollout_steps: int = Field(32, ge=1, description="steps per environment per RL step (SB3: n_steps)")
+    env_steps: int = Field(
+        100_000,
+        ge=1,
+        description="total environment steps; RL steps = env_steps / (num_envs × rollout_steps)",
+    )
+    hidden_sizes: list[int] = Field([64, 64], description="the actor's and the critic's MLP hidden layers")
+    activation: Literal["tanh", "relu"] = Field("tanh", description="the MLPs' activation")
+    value_coef: float = Field(
+        1.0,
+        ge=0,
+        description="weight of the critic's loss, Hone's 0.5·MSE (1.0 = SB3's vf_coef 0.5 on the MSE; "
+        "CleanRL's vf_coef 0.5 = 0.5 here)",
+    )
+    normalize_advantages: bool = Field(
+        True, description="whiten the advantages of each mini-batch (SB3, CleanRL)"
+    )
+    anneal_clip: bool = Field(
+        False, description="decay the clip range with the learning rate (zoo's lin_0.2)"
+    )
+    normalize_obs: bool = Field(
+        False, description="running mean/std observation normalisation (MuJoCo); frozen for eval"
+    )
+    normalize_reward: bool = Field(False, description="scale rewards by a running std of the return (MuJoCo)")
+    clip_obs: float = Field(10.0, gt=0, description="with normalize_obs: clip observations to ±this")
+    clip_reward: float = Field(10.0, gt=0, description="with normalize_reward: clip rewards to ±this")
+    eval_episodes: int = Field(10, ge=1, description="deterministic episodes per eval (fixed seeds)")
+    stop_at_return: float | None = Field(
+        None,
+        description="end the run once the mean return of the last 100 training episodes reaches this "
+        "(SB3's StopTrainingOnRewardThreshold); null = run all env_steps",
+    )
+
+
 class HoneConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -835,12 +884,19 @@ class HoneConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     critic: CriticConfig | None = Field(None, description="a value model; set with algorithm.advantage: gae")
+    control: ControlConfig | None = Field(
+        None, description="a gymnasium environment to train a policy network on, instead of a language model"
+    )
 
     @model_validator(mode="after")
     def _critic_with_gae(self) -> HoneConfig:
         # An estimator that reads the critic's values (GAE: its advantages are the critic's TD errors)
         # needs one, and a critic no estimator reads would only cost a model.
         advantage = self.algorithm.advantage
+        if self.control is not None:  # a control policy is an actor-critic: its value head is the critic
+            if advantage != "gae" or self.critic is not None:
+                raise ValueError("control: needs algorithm.advantage: gae and no critic section")
+            return self
         if reads_values(advantage) != (self.critic is not None):
             raise ValueError(
                 f"algorithm.advantage: {advantage} needs a critic section (critic: {{}} for its defaults)"

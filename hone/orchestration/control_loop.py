@@ -1,0 +1,327 @@
+"""PPO on a gymnasium environment (`control:` in a recipe), on the same algorithm core as the language-model
+loop: `ADVANTAGE_ESTIMATORS["gae"]` with episode boundaries, `POLICY_LOSSES["ppo"]`, `value_loss`.
+
+Each RL step (Schulman et al. 2017, Algorithm 1; the CleanRL / SB3 implementation details):
+1. collect `rollout_steps` steps from each of `num_envs` environments with the current policy;
+2. GAE (Schulman et al. 2016) over the [env, time] segment: a terminated episode is not bootstrapped, a
+   truncated one (a time limit: CartPole's 500 steps) is bootstrapped with V of its final observation, and
+   the segment's end with V of the next observation;
+3. `trainer.ppo_epochs` passes over the batch in `trainer.mini_batches` shuffled mini-batches: clipped
+   surrogate + `control.value_coef` × value loss − `algorithm.entropy_coef` × entropy, the gradient clipped
+   to `trainer.grad_clip`, Adam (eps 1e-5, as both peers).
+Departures, each as in SB3: advantages are whitened per mini-batch (`control.normalize_advantages`); the
+learning rate (and with `control.anneal_clip` the clip range) decays linearly to 0 over the run with
+`trainer.schedule: linear`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
+from hone.algorithms.utils import masked_whiten
+from hone.config import ControlConfig, HoneConfig
+from hone.control.envs import make_eval_env, make_vector_env, observation_stats, set_reward_gamma
+from hone.control.policy import ActorCritic
+from hone.orchestration.lifecycle import new_run_dir, open_run_log
+from hone.tracking import Progress, plot_metrics
+from hone.tracking.plot import DEFAULT_PLOT_METRICS
+
+EVAL_SEED = 10_000  # eval episode i is reset with EVAL_SEED + i: the same episodes every eval
+PLOT_METRICS = ["episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl"]
+
+
+@dataclass
+class ControlResult:
+    run_dir: Path
+    steps: int
+    env_steps: int
+    start_eval: dict[str, float]
+    final_eval: dict[str, float]
+
+
+def train_control(cfg: HoneConfig) -> ControlResult:
+    control = cfg.control
+    assert control is not None
+    torch.manual_seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (both peers' advice)
+    run_dir = new_run_dir(cfg.run)
+    envs = make_vector_env(control, cfg.run.seed)
+    try:
+        set_reward_gamma(envs, cfg.algorithm.gamma)
+        policy = ActorCritic(
+            envs.single_observation_space.shape[0],
+            envs.single_action_space,
+            control.hidden_sizes,
+            control.activation,
+        )
+        with open_run_log(cfg, run_dir) as log:
+            return _run(cfg, control, envs, policy, run_dir, log)
+    finally:
+        envs.close()
+
+
+def _run(
+    cfg: HoneConfig, control: ControlConfig, envs: Any, policy: ActorCritic, run_dir: Path, log: Any
+) -> ControlResult:
+    n, t = control.num_envs, control.rollout_steps
+    iterations = max(1, control.env_steps // (n * t))
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
+    low, high = _action_bounds(envs.single_action_space)
+    obs = _tensor(envs.reset(seed=cfg.run.seed)[0])
+    episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
+    start_eval = evaluate(policy, control, envs)
+    log.log(0, start_eval)
+    final_eval = start_eval
+    started, env_steps = time.perf_counter(), 0
+    with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
+        for it in range(iterations):
+            remaining = _schedule(cfg.trainer.schedule, it, iterations)
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.trainer.lr * remaining
+            batch, obs = _collect(policy, envs, obs, t, cfg.algorithm.gamma, low, high, episodes)
+            env_steps += n * t
+            advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
+                token_rewards=batch["rewards"],
+                response_mask=torch.ones_like(batch["rewards"]),
+                values=batch["values"],
+                next_values=batch["next_values"],
+                dones=batch["dones"],
+                terminated=batch["terminated"],
+                gamma=cfg.algorithm.gamma,
+                lam=cfg.algorithm.lam,
+            )
+            clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
+            metrics = _update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
+            metrics |= {
+                "env/steps": float(env_steps),
+                "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
+                "lr": cfg.trainer.lr * remaining,
+            }
+            if episodes:
+                metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
+                metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
+            step = it + 1
+            solved = (
+                control.stop_at_return is not None
+                and len(episodes) == episodes.maxlen
+                and metrics["episode/return"] >= control.stop_at_return
+            )
+            if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+                final_eval = evaluate(policy, control, envs)
+                metrics |= final_eval
+            log.log(step, metrics)
+            progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
+            if solved:
+                iterations = step
+                break
+    _save(policy, envs, run_dir)
+    if cfg.logging.plot:
+        keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
+        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
+    return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
+
+
+def _schedule(kind: str, it: int, iterations: int) -> float:
+    """The learning-rate multiplier at RL step `it`: SB3's `progress_remaining` for linear."""
+    if kind == "linear":
+        return 1.0 - it / iterations
+    if kind == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * it / iterations))
+    return 1.0
+
+
+def _collect(
+    policy: ActorCritic,
+    envs: Any,
+    obs: torch.Tensor,
+    steps: int,
+    gamma: float,
+    low: np.ndarray | None,
+    high: np.ndarray | None,
+    episodes: deque[tuple[float, int]],
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """`steps` steps of every environment: [env, time] tensors of what GAE and the update need."""
+    keys = ("obs", "actions", "log_probs", "values", "rewards", "next_values", "dones", "terminated")
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    with torch.no_grad():
+        for _ in range(steps):
+            dist = policy.dist(obs)
+            action = dist.sample()
+            value = policy.value(obs)
+            env_action = action.numpy()
+            if low is not None:
+                env_action = np.clip(env_action, low, high)
+            next_obs, reward, terminated, truncated, info = envs.step(env_action)
+            next_obs_t = _tensor(next_obs)
+            # V(s_{t+1}): the next observation's, or at an episode end the final one's (SAME_STEP autoreset
+            # puts the next episode's first observation in `next_obs`).
+            next_value = policy.value(next_obs_t)
+            ended = np.logical_or(terminated, truncated)
+            if ended.any():
+                final = np.stack([info["final_obs"][i] for i in np.flatnonzero(ended)])
+                next_value[torch.as_tensor(ended)] = policy.value(_tensor(final))
+            if "episode" in info:
+                done_mask = info["_episode"]
+                stats = info["episode"]
+                for r, length in zip(stats["r"][done_mask], stats["l"][done_mask], strict=True):
+                    episodes.append((float(r), int(length)))
+            for key, value_t in (
+                ("obs", obs),
+                ("actions", action),
+                ("log_probs", dist.log_prob(action)),
+                ("values", value),
+                ("rewards", torch.as_tensor(reward, dtype=torch.float32)),
+                ("next_values", next_value),
+                ("dones", torch.as_tensor(ended)),
+                ("terminated", torch.as_tensor(terminated)),
+            ):
+                out[key].append(value_t)
+            obs = next_obs_t
+    return {k: torch.stack(v, 1) for k, v in out.items()}, obs
+
+
+def _update(
+    cfg: HoneConfig,
+    control: ControlConfig,
+    policy: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    clip: float,
+) -> dict[str, float]:
+    size = advantages.numel()
+    flat = {k: v.reshape(size, *v.shape[2:]) for k, v in batch.items()}
+    adv, ret = advantages.reshape(size), returns.reshape(size)
+    mini = max(1, size // cfg.trainer.mini_batches)
+    loss_fn = POLICY_LOSSES["ppo"]
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(cfg.trainer.ppo_epochs):
+        order = torch.randperm(size)
+        for start in range(0, size - mini + 1, mini):
+            idx = order[start : start + mini]
+            ones = torch.ones(len(idx), 1)
+            dist = policy.dist(flat["obs"][idx])
+            log_probs = dist.log_prob(flat["actions"][idx])
+            mb_adv = adv[idx].unsqueeze(1)
+            if control.normalize_advantages and len(idx) > 1:
+                mb_adv = masked_whiten(mb_adv, ones)
+            policy_loss, _loss_metrics = loss_fn(
+                log_probs=log_probs.unsqueeze(1),
+                old_log_probs=flat["log_probs"][idx].unsqueeze(1),
+                advantages=mb_adv,
+                response_mask=ones,
+                clip_low=clip,
+                clip_high=cfg.algorithm.clip_high if cfg.algorithm.clip_high is not None else clip,
+            )
+            v_loss, _ = value_loss(
+                policy.value(flat["obs"][idx]).unsqueeze(1),
+                flat["values"][idx].unsqueeze(1),
+                ret[idx].unsqueeze(1),
+                ones,
+            )
+            entropy = dist.entropy().mean()
+            loss = policy_loss + control.value_coef * v_loss - cfg.algorithm.entropy_coef * entropy
+            optimizer.zero_grad()
+            loss.backward()
+            if cfg.trainer.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.trainer.grad_clip)
+            optimizer.step()
+            with torch.no_grad():
+                log_ratio = log_probs - flat["log_probs"][idx]
+                step_metrics = {
+                    "loss/policy": float(policy_loss),
+                    "loss/value": float(v_loss),
+                    "entropy": float(entropy),
+                    "approx_kl": float(((log_ratio.exp() - 1) - log_ratio).mean()),  # k3 (Schulman)
+                    "clip_frac": float(((log_ratio.exp() - 1).abs() > clip).float().mean()),
+                }
+            for key, value in step_metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+            count += 1
+    ones = torch.ones_like(ret).unsqueeze(1)
+    metrics = {k: v / max(count, 1) for k, v in sums.items()}
+    metrics["explained_variance"] = explained_variance(flat["values"].unsqueeze(1), ret.unsqueeze(1), ones)
+    metrics["clip_range"] = clip
+    return metrics
+
+
+def evaluate(policy: ActorCritic, control: ControlConfig, train_envs: Any) -> dict[str, float]:
+    """`control.eval_episodes` episodes of the deterministic policy (argmax, or the Gaussian's mean) on
+    fixed seeds, observations normalised with the training statistics as they are now (frozen here)."""
+    stats = observation_stats(train_envs)
+    env = make_eval_env(control)
+    low, high = _action_bounds(env.action_space)
+    returns, lengths = [], []
+    try:
+        for i in range(control.eval_episodes):
+            obs, _ = env.reset(seed=EVAL_SEED + i)
+            total, length, done = 0.0, 0, False
+            while not done:
+                x = _tensor(_normalised(obs, stats, control.clip_obs))
+                with torch.no_grad():
+                    action = policy.act(x.unsqueeze(0), deterministic=True)[0].numpy()
+                if low is not None:
+                    action = np.clip(action, low, high)
+                obs, reward, terminated, truncated, _ = env.step(action if low is not None else int(action))
+                total, length = total + float(reward), length + 1
+                done = bool(terminated or truncated)
+            returns.append(total)
+            lengths.append(length)
+    finally:
+        env.close()
+    return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
+
+
+def _normalised(
+    obs: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None, bound: float
+) -> np.ndarray:
+    if stats is None:
+        return obs
+    mean, var = stats
+    return np.clip((obs - mean) / np.sqrt(var + 1e-8), -bound, bound)
+
+
+def _save(policy: ActorCritic, envs: Any, run_dir: Path) -> None:
+    """The final policy (safetensors) and the observation statistics it was trained with."""
+    out = run_dir / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / "policy.safetensors"))
+    stats = observation_stats(envs)
+    normalisation = None if stats is None else {"mean": stats[0].tolist(), "var": stats[1].tolist()}
+    (out / "normalization.json").write_text(json.dumps(normalisation))
+
+
+def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+    return (None, None) if hasattr(space, "n") else (space.low, space.high)
+
+
+def _tensor(x: Any) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32)
+
+
+def control_summary(result: ControlResult, seconds: float) -> str:
+    before, after = result.start_eval["eval/return"], result.final_eval["eval/return"]
+    return "\n".join(
+        [
+            "",
+            f"run directory   {result.run_dir}",
+            f"RL steps        {result.steps} ({result.env_steps} environment steps)",
+            f"wall time       {seconds:.0f} s",
+            f"eval return before  {before:.1f}",
+            f"eval return after   {after:.1f}   ({after - before:+.1f})",
+        ]
+    )
