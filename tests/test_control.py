@@ -13,6 +13,7 @@ import torch
 from hone.cli import main
 from hone.config import load_config
 from hone.control.envs import make_vector_env
+from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.orchestration.control_loop import _collect
 from hone.tracking import read_metrics
@@ -77,6 +78,35 @@ def test_control_needs_gae_and_no_critic_section() -> None:
         load_config("cartpole-ppo", ["algorithm.advantage=grpo"])
 
 
+def _identity() -> Normalizer:
+    return Normalizer(1, 1, observations=False, rewards=False, gamma=0.99, clip_obs=10, clip_reward=10)
+
+
+def test_running_normalisation_matches_numpy_over_the_whole_stream() -> None:
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=(8, 3)) for _ in range(5)]
+    norm = Normalizer(3, 8, observations=True, rewards=False, gamma=0.99, clip_obs=100, clip_reward=10)
+    for batch in batches:
+        out = norm.observations(batch)
+    everything = np.concatenate(batches)
+    assert norm.obs_rms is not None
+    assert np.allclose(norm.obs_rms.mean, everything.mean(0), atol=1e-6)
+    assert np.allclose(norm.obs_rms.var, everything.var(0), atol=1e-6)
+    assert np.allclose(out, (batches[-1] - everything.mean(0)) / np.sqrt(everything.var(0) + 1e-8), atol=1e-5)
+    frozen = norm.observations(batches[0], update=False)
+    assert np.allclose(norm.obs_rms.mean, everything.mean(0), atol=1e-6) and frozen.shape == (8, 3)
+
+
+def test_reward_scaling_divides_by_the_std_of_the_discounted_return() -> None:
+    norm = Normalizer(1, 1, observations=False, rewards=True, gamma=0.5, clip_obs=10, clip_reward=100)
+    seen = []
+    for reward, done in [(1.0, False), (1.0, False), (1.0, True), (1.0, False)]:
+        out = norm.rewards(np.array([reward]), np.array([done]))
+        seen.append(float(out[0]))
+    returns = np.array([1.0, 1.5, 1.75, 1.0])  # G = 0.5 G + r, reset after the episode end
+    assert seen[-1] == pytest.approx(1.0 / np.sqrt(returns.var() + 1e-8), rel=1e-4)
+
+
 def test_truncation_is_bootstrapped_from_the_final_observation_and_termination_is_not() -> None:
     """Walk (limit 3): always moving right, an episode is truncated at step 3 (position 3 < goal 5);
     SAME_STEP autoreset puts the next episode's first observation (0) in the next obs, and the final
@@ -88,7 +118,7 @@ def test_truncation_is_bootstrapped_from_the_final_observation_and_termination_i
     with torch.no_grad():  # always move right
         policy.actor[-1].bias.copy_(torch.tensor([-50.0, 50.0]))
     obs = torch.as_tensor(envs.reset(seed=0)[0])
-    batch, _ = _collect(policy, envs, obs, 4, 0.99, None, None, deque(maxlen=100))
+    batch, _ = _collect(policy, envs, obs, 4, _identity(), (None, None), deque(maxlen=100))
     envs.close()
     value = lambda x: float(policy.value(torch.tensor([[x]])))  # noqa: E731
     assert batch["dones"][0].tolist() == [False, False, True, False]

@@ -3,15 +3,13 @@
 `SAME_STEP` autoreset: the step that ends an episode returns the *next* episode's first observation, and
 the ended one's last observation in `info["final_obs"]`. gymnasium 1.x's default (`NEXT_STEP`) instead hands
 the step after an episode end a fake transition (reward 0, action ignored), which a naive buffer would train
-on. Episode statistics come from `RecordEpisodeStatistics`; MuJoCo-style observation and reward
-normalisation (CleanRL `ppo_continuous_action.py`) from gymnasium's own vector wrappers.
+on. Episode statistics come from `RecordEpisodeStatistics` (on the raw rewards); MuJoCo-style
+normalisation is the loop's (`hone.control.normalize`).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from hone.config import ControlConfig
 from hone.errors import HoneError
@@ -61,21 +59,13 @@ def make_vector_env(control: ControlConfig, seed: int) -> Any:
     except ImportError as e:
         raise ControlEnvError(f"control.env {control.env!r}: a missing dependency: {e}") from None
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    if control.normalize_obs:
-        envs = gym.wrappers.vector.NormalizeObservation(envs)
-        bound = control.clip_obs
-        envs = gym.wrappers.vector.TransformObservation(envs, lambda o: np.clip(o, -bound, bound))
-    if control.normalize_reward:
-        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=1.0)  # the loop passes its own gamma
-        bound = control.clip_reward
-        envs = gym.wrappers.vector.TransformReward(envs, lambda r: np.clip(r, -bound, bound))
     check_spaces(control, envs.single_observation_space, envs.single_action_space)
     return envs
 
 
 def make_eval_env(control: ControlConfig) -> Any:
-    """One environment for deterministic evaluation (no normalisation wrappers: the policy's caller
-    normalises with the training statistics, frozen)."""
+    """One environment for deterministic evaluation (the caller normalises observations with the training
+    statistics, frozen)."""
     gym = _gym()
     return gym.make(_env_id(control), **control.env_args)
 
@@ -90,20 +80,3 @@ def check_spaces(control: ControlConfig, observation_space: Any, action_space: A
         )
     if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
         raise ControlEnvError(f"control.env {control.env!r}: actions {action_space} are not Discrete or Box")
-
-
-def observation_stats(envs: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    """The running (mean, var) of a NormalizeObservation wrapper in `envs`, or None without one."""
-    while envs is not None:
-        if hasattr(envs, "obs_rms"):
-            return envs.obs_rms.mean.copy(), envs.obs_rms.var.copy()
-        envs = getattr(envs, "env", None)
-    return None
-
-
-def set_reward_gamma(envs: Any, gamma: float) -> None:
-    """The discount NormalizeReward's return estimate uses: the run's `algorithm.gamma`."""
-    while envs is not None:
-        if hasattr(envs, "return_rms") and hasattr(envs, "gamma"):
-            envs.gamma = gamma
-        envs = getattr(envs, "env", None)

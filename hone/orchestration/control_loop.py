@@ -31,7 +31,8 @@ from safetensors.torch import save_file
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
-from hone.control.envs import make_eval_env, make_vector_env, observation_stats, set_reward_gamma
+from hone.control.envs import make_eval_env, make_vector_env
+from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
@@ -59,7 +60,6 @@ def train_control(cfg: HoneConfig) -> ControlResult:
     run_dir = new_run_dir(cfg.run)
     envs = make_vector_env(control, cfg.run.seed)
     try:
-        set_reward_gamma(envs, cfg.algorithm.gamma)
         policy = ActorCritic(
             envs.single_observation_space.shape[0],
             envs.single_action_space,
@@ -79,9 +79,18 @@ def _run(
     iterations = max(1, control.env_steps // (n * t))
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
     low, high = _action_bounds(envs.single_action_space)
-    obs = _tensor(envs.reset(seed=cfg.run.seed)[0])
+    normalizer = Normalizer(
+        envs.single_observation_space.shape[0],
+        n,
+        observations=control.normalize_obs,
+        rewards=control.normalize_reward,
+        gamma=cfg.algorithm.gamma,
+        clip_obs=control.clip_obs,
+        clip_reward=control.clip_reward,
+    )
+    obs = _tensor(normalizer.observations(envs.reset(seed=cfg.run.seed)[0]))
     episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
-    start_eval = evaluate(policy, control, envs)
+    start_eval = evaluate(policy, control, normalizer)
     log.log(0, start_eval)
     final_eval = start_eval
     started, env_steps = time.perf_counter(), 0
@@ -90,7 +99,7 @@ def _run(
             remaining = _schedule(cfg.trainer.schedule, it, iterations)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.trainer.lr * remaining
-            batch, obs = _collect(policy, envs, obs, t, cfg.algorithm.gamma, low, high, episodes)
+            batch, obs = _collect(policy, envs, obs, t, normalizer, (low, high), episodes)
             env_steps += n * t
             advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
                 token_rewards=batch["rewards"],
@@ -119,14 +128,14 @@ def _run(
                 and metrics["episode/return"] >= control.stop_at_return
             )
             if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                final_eval = evaluate(policy, control, envs)
+                final_eval = evaluate(policy, control, normalizer)
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
             if solved:
                 iterations = step
                 break
-    _save(policy, envs, run_dir)
+    _save(policy, normalizer, run_dir)
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
@@ -147,12 +156,13 @@ def _collect(
     envs: Any,
     obs: torch.Tensor,
     steps: int,
-    gamma: float,
-    low: np.ndarray | None,
-    high: np.ndarray | None,
+    normalizer: Normalizer,
+    bounds: tuple[np.ndarray | None, np.ndarray | None],
     episodes: deque[tuple[float, int]],
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """`steps` steps of every environment: [env, time] tensors of what GAE and the update need."""
+    """`steps` steps of every environment: [env, time] tensors of what GAE and the update need
+    (observations and rewards as the policy sees them: normalised when the run normalises)."""
+    low, high = bounds
     keys = ("obs", "actions", "log_probs", "values", "rewards", "next_values", "dones", "terminated")
     out: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
     with torch.no_grad():
@@ -164,14 +174,16 @@ def _collect(
             if low is not None:
                 env_action = np.clip(env_action, low, high)
             next_obs, reward, terminated, truncated, info = envs.step(env_action)
-            next_obs_t = _tensor(next_obs)
+            ended = np.logical_or(terminated, truncated)
+            next_obs_t = _tensor(normalizer.observations(next_obs))
+            reward = normalizer.rewards(reward, ended)
             # V(s_{t+1}): the next observation's, or at an episode end the final one's (SAME_STEP autoreset
             # puts the next episode's first observation in `next_obs`).
             next_value = policy.value(next_obs_t)
-            ended = np.logical_or(terminated, truncated)
             if ended.any():
                 final = np.stack([info["final_obs"][i] for i in np.flatnonzero(ended)])
-                next_value[torch.as_tensor(ended)] = policy.value(_tensor(final))
+                final_t = _tensor(normalizer.observations(final, update=False))
+                next_value[torch.as_tensor(ended)] = policy.value(final_t)
             if "episode" in info:
                 done_mask = info["_episode"]
                 stats = info["episode"]
@@ -259,10 +271,9 @@ def _update(
     return metrics
 
 
-def evaluate(policy: ActorCritic, control: ControlConfig, train_envs: Any) -> dict[str, float]:
+def evaluate(policy: ActorCritic, control: ControlConfig, normalizer: Normalizer) -> dict[str, float]:
     """`control.eval_episodes` episodes of the deterministic policy (argmax, or the Gaussian's mean) on
     fixed seeds, observations normalised with the training statistics as they are now (frozen here)."""
-    stats = observation_stats(train_envs)
     env = make_eval_env(control)
     low, high = _action_bounds(env.action_space)
     returns, lengths = [], []
@@ -271,7 +282,7 @@ def evaluate(policy: ActorCritic, control: ControlConfig, train_envs: Any) -> di
             obs, _ = env.reset(seed=EVAL_SEED + i)
             total, length, done = 0.0, 0, False
             while not done:
-                x = _tensor(_normalised(obs, stats, control.clip_obs))
+                x = _tensor(normalizer.observations(obs[None], update=False)[0])
                 with torch.no_grad():
                     action = policy.act(x.unsqueeze(0), deterministic=True)[0].numpy()
                 if low is not None:
@@ -286,23 +297,12 @@ def evaluate(policy: ActorCritic, control: ControlConfig, train_envs: Any) -> di
     return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
 
 
-def _normalised(
-    obs: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None, bound: float
-) -> np.ndarray:
-    if stats is None:
-        return obs
-    mean, var = stats
-    return np.clip((obs - mean) / np.sqrt(var + 1e-8), -bound, bound)
-
-
-def _save(policy: ActorCritic, envs: Any, run_dir: Path) -> None:
+def _save(policy: ActorCritic, normalizer: Normalizer, run_dir: Path) -> None:
     """The final policy (safetensors) and the observation statistics it was trained with."""
     out = run_dir / "model"
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / "policy.safetensors"))
-    stats = observation_stats(envs)
-    normalisation = None if stats is None else {"mean": stats[0].tolist(), "var": stats[1].tolist()}
-    (out / "normalization.json").write_text(json.dumps(normalisation))
+    (out / "normalization.json").write_text(json.dumps(normalizer.state()))
 
 
 def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
