@@ -1,7 +1,9 @@
 """The algorithm layer: pure tensor functions, registered by name. No I/O, no models.
 
 Shapes: `B` sequences × `T` response positions, right-padded; `response_mask` is 1 on tokens that
-count in the loss.
+count in the loss. Classic control reuses them with `B` environments × `T` rollout steps (`gae` with
+episode boundaries); the off-policy actor-critic pieces (`qlearning`: SAC, TD3) take one row per
+replay transition.
 """
 
 from hone.algorithms.advantages import (
@@ -22,6 +24,17 @@ from hone.algorithms.preference import (
     PreferenceLoss,
     bradley_terry_loss,
     register_preference_loss,
+)
+from hone.algorithms.qlearning import (
+    polyak_update,
+    q_loss,
+    sac_actor_loss,
+    sac_alpha_loss,
+    sac_critic_target,
+    smoothed_target_action,
+    tanh_gaussian_log_prob,
+    td3_actor_loss,
+    td3_target,
 )
 from hone.algorithms.utils import (
     masked_mean,
@@ -53,13 +66,22 @@ __all__ = [
     "masked_sum",
     "masked_whiten",
     "pass_at_k",
+    "polyak_update",
+    "q_loss",
     "register_advantage",
     "register_kl",
     "register_off_policy",
     "register_policy_loss",
     "register_preference_loss",
+    "sac_actor_loss",
+    "sac_alpha_loss",
+    "sac_critic_target",
     "scores_to_token_rewards",
     "sequence_scores",
+    "smoothed_target_action",
+    "tanh_gaussian_log_prob",
+    "td3_actor_loss",
+    "td3_target",
     "turn_sums",
     "value_loss",
 ]

@@ -25,9 +25,21 @@ AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 register_advantage = ADVANTAGE_ESTIMATORS.register
 
-# What the learner computes for every batch; an estimator's other keyword parameters are hyperparameters.
+# What the learner computes for a batch (and what a classic-control rollout adds for `gae`: episode
+# boundaries); an estimator's other keyword parameters are hyperparameters.
 BATCH_INPUTS = frozenset(
-    {"token_rewards", "response_mask", "group_ids", "values", "turn_rewards", "turn_mask", "token_turns"}
+    {
+        "token_rewards",
+        "response_mask",
+        "group_ids",
+        "values",
+        "turn_rewards",
+        "turn_mask",
+        "token_turns",
+        "next_values",
+        "dones",
+        "terminated",
+    }
 )
 
 
@@ -207,6 +219,9 @@ def gae(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     values: torch.Tensor | None = None,
+    next_values: torch.Tensor | None = None,
+    dones: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = False,
@@ -218,9 +233,30 @@ def gae(
     delta_t = r_t + gamma * V_{t+1} - V_t (V after the last valid token is 0),
     A_t = delta_t + gamma * lam * A_{t+1};  returns = A + V (the critic's regression target).
     `whiten=True` whitens the advantages over the batch afterwards (returns keep the raw A).
+
+    Episode boundaries (classic control: rows are environments, columns a rollout segment's steps, i.e.
+    CleanRL's [T, N] transposed). Given any of `next_values`, `dones`, `terminated` (all [B, T]), GAE
+    follows TorchRL's `generalized_advantage_estimate(..., done, terminated)`:
+
+        delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V_t
+        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}
+
+    `next_values` (required then) is V(s_{t+1}) of each step: at a truncation or the segment's last
+    step it is the value of that final / next observation, so a truncated episode bootstraps and only
+    a true terminal (`terminated`) does not. `dones` (the episode ended at t: terminated or truncated)
+    cuts the recursion; a terminated step counts as done even if `dones` misses it, and `terminated`
+    defaults to `dones` when left out (TorchRL's default), `dones` to `terminated`. With neither, no
+    episode ends inside the segment. Masked positions are skipped as in the token path.
     """
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values=[B,T] from a critic")
+    if next_values is not None or dones is not None or terminated is not None:
+        advantages, returns = _gae_with_boundaries(
+            token_rewards, response_mask, values, next_values, dones, terminated, gamma, lam
+        )
+        if whiten:
+            advantages = masked_whiten(advantages, response_mask, eps)
+        return advantages, returns
     mask = response_mask.bool()
     zeros = torch.zeros_like(token_rewards[:, 0])
     next_value, running = zeros, zeros
@@ -233,6 +269,39 @@ def gae(
     returns = torch.where(mask, advantages + values, torch.zeros_like(values))
     if whiten:
         advantages = masked_whiten(advantages, response_mask, eps)
+    return advantages, returns
+
+
+def _gae_with_boundaries(
+    rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor | None,
+    dones: torch.Tensor | None,
+    terminated: torch.Tensor | None,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gae` over a rollout segment with episode boundaries (see `gae`); a separate function so that
+    the token path's computation stays exactly what it was."""
+    if next_values is None:
+        raise ValueError(
+            "gae with dones/terminated needs next_values=[B,T] (V of each step's next observation)"
+        )
+    if terminated is None:
+        terminated = dones if dones is not None else torch.zeros_like(values, dtype=torch.bool)
+    ended = terminated.bool() if dones is None else dones.bool() | terminated.bool()
+    bootstrap = (~terminated.bool()).to(values.dtype)
+    carry = gamma * lam * (~ended).to(values.dtype)
+    deltas = rewards + gamma * next_values * bootstrap - values
+    mask = response_mask.bool()
+    zeros = torch.zeros_like(values[:, 0])
+    running = zeros
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        running = torch.where(mask[:, t], deltas[:, t] + carry[:, t] * running, running)
+        advantages[:, t] = torch.where(mask[:, t], running, zeros)
+    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
     return advantages, returns
 
 
