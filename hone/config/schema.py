@@ -825,13 +825,24 @@ class ControlConfig(Section):
     rollout of `rollout_steps` per environment and its update; see docs/how-to/control.md."""
 
     env: str = Field(
-        description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5) or 'pkg.mod:Class' "
-        "(your gymnasium.Env)"
+        description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, highway-fast-v0), "
+        "'pkg.mod:env-id' (import pkg.mod to register it first) or 'pkg.mod:Class' (your gymnasium.Env)"
     )
     env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
     num_envs: int = Field(8, ge=1, description="environments stepped side by side (gymnasium's vector API)")
-    vectorization: Literal["sync", "async"] = Field(
-        "sync", description="sync: one process (cheap envs); async: a process per env (costly physics)"
+    vectorization: Literal["sync", "async", "envpool"] = Field(
+        "sync",
+        description="sync: one process (cheap envs); async: a process per env (costly physics); envpool: "
+        "envpool's C++ ports of its own ids (the envpool extra)",
+    )
+    flatten_obs: bool = Field(
+        False,
+        description="flatten a multi-dimensional Box observation for the MLP (highway-env's Kinematics)",
+    )
+    episode_info_keys: list[str] = Field(
+        default_factory=list,
+        description="info keys of an episode's last step averaged over the last 100 training episodes as "
+        "episode/<key> (highway-env: [crashed] = the collision rate)",
     )
     rollout_steps: int = Field(32, ge=1, description="steps per environment per RL step (SB3: n_steps)")
     env_steps: int = Field(

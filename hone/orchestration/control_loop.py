@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
-from hone.control.envs import ControlEnvError, make_eval_env, make_vector_env
+from hone.control.envs import ControlEnvError, episode_end_infos, make_eval_env, make_vector_env
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
@@ -91,6 +91,7 @@ def _run(
     )
     obs = _tensor(normalizer.observations(envs.reset(seed=cfg.run.seed)[0]))
     episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
+    end_infos: deque[dict[str, float]] = deque(maxlen=100)  # their control.episode_info_keys
     start_eval = evaluate(policy, control, normalizer)
     log.log(0, start_eval)
     final_eval = start_eval
@@ -100,7 +101,9 @@ def _run(
             remaining = _schedule(cfg.trainer.schedule, it, iterations)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.trainer.lr * remaining
-            batch, obs = _collect(policy, envs, obs, t, normalizer, (low, high), episodes)
+            batch, obs = _collect(
+                policy, envs, obs, t, normalizer, (low, high), episodes, (control, end_infos)
+            )
             env_steps += n * t
             advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
                 token_rewards=batch["rewards"],
@@ -122,6 +125,8 @@ def _run(
             if episodes:
                 metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
                 metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
+            for key in control.episode_info_keys if end_infos else ():
+                metrics[f"episode/{key}"] = float(np.mean([values[key] for values in end_infos]))
             step = it + 1
             solved = (
                 control.stop_at_return is not None
@@ -160,9 +165,11 @@ def _collect(
     normalizer: Normalizer,
     bounds: tuple[np.ndarray | None, np.ndarray | None],
     episodes: deque[tuple[float, int]],
+    end_infos: tuple[ControlConfig, deque[dict[str, float]]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """`steps` steps of every environment: [env, time] tensors of what GAE and the update need
-    (observations and rewards as the policy sees them: normalised when the run normalises)."""
+    (observations and rewards as the policy sees them: normalised when the run normalises); each ended
+    episode's (return, length) appended to `episodes`, its `control.episode_info_keys` to `end_infos`."""
     low, high = bounds
     keys = ("obs", "actions", "log_probs", "values", "rewards", "next_values", "dones", "terminated")
     out: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
@@ -190,6 +197,9 @@ def _collect(
                 stats = info["episode"]
                 for r, length in zip(stats["r"][done_mask], stats["l"][done_mask], strict=True):
                     episodes.append((float(r), int(length)))
+            if end_infos is not None:
+                control, ended_values = end_infos
+                ended_values.extend(episode_end_infos(control, info, ended, control.episode_info_keys))
             for key, value_t in (
                 ("obs", obs),
                 ("actions", action),
