@@ -225,3 +225,26 @@ def test_an_info_key_the_env_does_not_give_is_one_line(
     assert main(["train", *_quick(tmp_path, **{"control.episode_info_keys": "[crashd]"})]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "control.episode_info_keys ['crashd']" in err
+
+
+def test_the_highway_recipe_trains_and_reports_its_collision_rate(tmp_path: Path) -> None:
+    """recipes/highway-ppo.yaml on highway-env itself, a few steps: the id registers by Hone's import, the
+    5x5 Kinematics observation is flattened, and episode/crashed comes from the info of episode ends."""
+    pytest.importorskip("highway_env")
+    args = [
+        "highway-ppo",
+        f"run.dir={tmp_path}",
+        "run.name=c",
+        "control.num_envs=2",
+        "control.rollout_steps=16",
+        "control.env_steps=64",
+        "control.eval_episodes=1",
+        "trainer.mini_batches=2",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "logging.plot=[]",
+    ]
+    assert main(["train", *args]) == 0
+    rows = [row for row in read_metrics(tmp_path / "c" / "metrics.jsonl") if row["step"] > 0]
+    crashed = [row["episode/crashed"] for row in rows if "episode/crashed" in row]
+    assert crashed and all(0.0 <= c <= 1.0 for c in crashed) and "eval/return" in rows[-1]
