@@ -3,6 +3,7 @@
 Two numbers per backend, each through Hone's own `make_vector_env` (SAME_STEP autoreset and episode
 statistics included, as a run uses it):
 - env steps/s: random actions (pre-sampled), no policy: what the backend itself costs;
+- for envpool also its own API bare (NEXT_STEP, no statistics), the cost of the adapter on top;
 - PPO steps/s: Hone's whole PPO loop (collect with the policy, GAE, the update epochs), environment steps
   per second of training, from the run's own `env/steps_per_s` (env creation and evals excluded).
 Cases: CartPole-v1 with 8 envs (recipes/cartpole-ppo.yaml: 8 x 32 steps, 20 epochs of one batch of 256)
@@ -24,6 +25,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 BACKENDS = ("sync", "async", "envpool")
 QUIET = ["logging.progress=false", "logging.tensorboard=false", "logging.plot=[]", "run.threads=1"]
@@ -64,6 +67,30 @@ def env_rate(recipe: str, env: str, n: int, backend: str, seconds: float) -> flo
         return steps / (time.perf_counter() - started)
     finally:
         envs.close()
+
+
+def raw_envpool_rate(env: str, n: int, seconds: float) -> float:
+    """envpool's own gymnasium API with random actions, no adapter and no episode statistics: what the
+    SAME_STEP adapter and RecordEpisodeStatistics cost on top (its NEXT_STEP resets are not training data)."""
+    import warnings
+
+    import envpool
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        pool = envpool.make(env, env_type="gymnasium", num_envs=n, seed=0, num_threads=1)
+        pool.action_space.seed(0)
+        actions = [np.stack([pool.action_space.sample() for _ in range(n)]) for _ in range(64)]
+    try:
+        pool.reset()
+        steps, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            for i in range(64):
+                pool.step(actions[i])
+            steps += 64 * n
+        return steps / (time.perf_counter() - started)
+    finally:
+        pool.close()
 
 
 def ppo_rate(recipe: str, env: str, n: int, backend: str, extra: list[str], env_steps: int) -> float:
@@ -141,6 +168,10 @@ def main() -> None:
                 samples.setdefault(f"{env}|{backend}|ppo", []).append(
                     ppo_rate(recipe, env, n, backend, extra, steps)
                 )
+            if "envpool" in backends:
+                samples.setdefault(f"{env}|envpool-raw|env", []).append(
+                    raw_envpool_rate(env, n, args.seconds)
+                )
             if sb3 and env == "CartPole-v1":
                 samples.setdefault(f"{env}|sb3|ppo", []).append(sb3_cartpole_rate(ppo_steps))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
@@ -154,6 +185,11 @@ def main() -> None:
         for backend in backends:
             rate, ppo = median[f"{env}|{backend}|env"], median[f"{env}|{backend}|ppo"]
             print(f"| {env} ({n}) | {backend} | {rate:,.0f} ({rate / base:.2f}x) | {ppo:,.0f} |")
+        if f"{env}|envpool-raw|env" in median:
+            raw = median[f"{env}|envpool-raw|env"]
+            print(
+                f"| {env} ({n}) | envpool bare (NEXT_STEP, no stats) | {raw:,.0f} ({raw / base:.2f}x) | - |"
+            )
         if f"{env}|sb3|ppo" in median:
             print(f"| {env} ({n}) | SB3 2.9 PPO (DummyVecEnv) | - | {median[f'{env}|sb3|ppo']:,.0f} |")
 

@@ -122,8 +122,10 @@ def test_raw_envpool_is_next_step_so_the_adapter_is_needed() -> None:
 
 
 def test_ppo_trains_on_envpool_through_hone_train(tmp_path: Path) -> None:
+    """envpool's pool keys (num_threads) in control.env_args reach envpool, not gymnasium's eval env."""
     pytest.importorskip("envpool")
-    assert main(["train", *_quick(tmp_path, **{"control.vectorization": "envpool"})]) == 0
+    extra = {"control.vectorization": "envpool", "control.env_args": "{num_threads: 2}"}
+    assert main(["train", *_quick(tmp_path, **extra)]) == 0
     rows = [row for row in read_metrics(tmp_path / "c" / "metrics.jsonl") if row["step"] > 0]
     assert rows[-1]["env/steps"] == 512 and rows[-1]["episode/length"] > 0
 

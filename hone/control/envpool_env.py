@@ -22,6 +22,8 @@ from hone.config import ControlConfig
 from hone.control.envs import ControlEnvError
 
 INSTALL = "pip install -e '.[envpool]' in a Hone clone"
+# envpool.make's keys about the pool, not the task: the eval env (gymnasium's) does not take them.
+POOL_KEYS = frozenset({"num_threads", "batch_size", "thread_affinity_offset", "max_num_players"})
 
 
 def _envpool(what: str) -> Any:
@@ -53,8 +55,8 @@ def make_envpool_env(control: ControlConfig, env_id: str, seed: int) -> SameStep
             env_type="gymnasium",
             num_envs=control.num_envs,
             seed=seed,
-            num_threads=1,  # the loop is one process on a shared CPU; more threads only contend
-            **control.env_args,
+            # One worker thread unless env_args says more: the loop steps all envs at once and waits.
+            **{"num_threads": 1, **control.env_args},
         )
         return SameStepEnvpool(pool, flatten=control.flatten_obs)  # (its spaces are made here)
 

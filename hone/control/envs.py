@@ -154,7 +154,12 @@ def make_eval_env(control: ControlConfig) -> Any:
     """One environment for deterministic evaluation (the caller normalises observations with the training
     statistics, frozen)."""
     gym = _gym()
-    env = gym.make(env_id(control), **control.env_args)
+    args = control.env_args
+    if control.vectorization == "envpool":
+        from hone.control.envpool_env import POOL_KEYS
+
+        args = {k: v for k, v in args.items() if k not in POOL_KEYS}
+    env = gym.make(env_id(control), **args)
     return gym.wrappers.FlattenObservation(env) if control.flatten_obs else env
 
 
