@@ -865,6 +865,12 @@ class ControlConfig(Section):
         description="end the run once the mean return of the last 100 training episodes reaches this "
         "(SB3's StopTrainingOnRewardThreshold); null = run all env_steps",
     )
+    multi_agent_critic: Literal["centralized", "independent"] = Field(
+        "centralized",
+        description="with env 'pettingzoo:<module>' (multi-agent, parameters shared by the agents): "
+        "centralized = MAPPO (the critic reads the joint observation and the agent's index); "
+        "independent = IPPO (each agent's critic reads its own observation)",
+    )
 
 
 class HoneConfig(Section):

@@ -36,16 +36,22 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """`dist(obs)` the action distribution, `value(obs)` V(s), `act(obs, deterministic)` an action."""
+    """`dist(obs)` the action distribution, `value(obs)` V(s), `act(obs, deterministic)` an action.
+    `critic_dim`: the critic's input width when it differs from the actor's (`multiagent.SharedActorCritic`)."""
 
     def __init__(
-        self, obs_dim: int, action_space: Any, hidden: list[int], activation: str = "tanh"
+        self,
+        obs_dim: int,
+        action_space: Any,
+        hidden: list[int],
+        activation: str = "tanh",
+        critic_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.discrete = hasattr(action_space, "n")
         action_dim = int(action_space.n) if self.discrete else int(math.prod(action_space.shape))
         self.actor = mlp(obs_dim, action_dim, hidden, activation, out_gain=0.01)
-        self.critic = mlp(obs_dim, 1, hidden, activation, out_gain=1.0)
+        self.critic = mlp(critic_dim or obs_dim, 1, hidden, activation, out_gain=1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(action_dim))
 
     def dist(self, obs: torch.Tensor) -> Distribution:

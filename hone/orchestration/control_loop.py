@@ -32,6 +32,7 @@ from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_varia
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
 from hone.control.envs import make_eval_env, make_vector_env
+from hone.control.multiagent import is_multi_agent
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
@@ -54,6 +55,10 @@ class ControlResult:
 def train_control(cfg: HoneConfig) -> ControlResult:
     control = cfg.control
     assert control is not None
+    if is_multi_agent(control.env):  # pettingzoo:<module>: IPPO / MAPPO on the same pieces
+        from hone.orchestration.control_marl import train_marl
+
+        return train_marl(cfg)
     torch.manual_seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (both peers' advice)
