@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
-from hone.control.envs import make_eval_env, make_vector_env
+from hone.control.envs import ControlEnvError, make_eval_env, make_vector_env
 from hone.control.multiagent import is_multi_agent
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
@@ -39,6 +39,7 @@ from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 
+POLICY_FILE, NORMALIZATION_FILE = "policy.safetensors", "normalization.json"
 EVAL_SEED = 10_000  # eval episode i is reset with EVAL_SEED + i: the same episodes every eval
 PLOT_METRICS = ["episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl"]
 
@@ -306,8 +307,38 @@ def _save(policy: ActorCritic, normalizer: Normalizer, run_dir: Path) -> None:
     """The final policy (safetensors) and the observation statistics it was trained with."""
     out = run_dir / "model"
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / "policy.safetensors"))
-    (out / "normalization.json").write_text(json.dumps(normalizer.state()))
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
+    (out / NORMALIZATION_FILE).write_text(json.dumps(normalizer.state()))
+
+
+def evaluate_saved(cfg: HoneConfig) -> dict[str, float]:
+    """`hone eval` of a control run's policy (`model.path`: its `model/` folder, which `--run` finds):
+    `control.eval_episodes` deterministic episodes with the observation statistics it was trained with."""
+    control = cfg.control
+    assert control is not None
+    folder = Path(cfg.model.path)
+    if not (folder / POLICY_FILE).is_file():
+        raise ControlEnvError(
+            f"model.path {folder}: no {POLICY_FILE} (evaluate a control run: --run runs/<name>)"
+        )
+    env = make_eval_env(control)
+    obs_dim = env.observation_space.shape[0]
+    policy = ActorCritic(obs_dim, env.action_space, control.hidden_sizes, control.activation)
+    env.close()
+    policy.load_state_dict(load_file(str(folder / POLICY_FILE)))
+    normalizer = Normalizer(
+        obs_dim,
+        1,
+        observations=control.normalize_obs,
+        rewards=False,
+        gamma=cfg.algorithm.gamma,
+        clip_obs=control.clip_obs,
+        clip_reward=control.clip_reward,
+    )
+    stats = json.loads((folder / NORMALIZATION_FILE).read_text())
+    if stats is not None and normalizer.obs_rms is not None:
+        normalizer.obs_rms.mean, normalizer.obs_rms.var = np.array(stats["mean"]), np.array(stats["var"])
+    return evaluate(policy, control, normalizer)
 
 
 def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
