@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -32,3 +32,67 @@ class Walk(gym.Env):
 
     def _obs(self) -> np.ndarray:
         return np.array([self.position / 10], dtype=np.float32)
+
+
+# A PettingZoo env for tests/test_control_marl.py (`control.env: pettingzoo:tests.control_envs_for_tests`).
+try:
+    from pettingzoo import ParallelEnv
+except ImportError:  # pettingzoo is in the dev extra; without it only the marl tests skip
+    ParallelEnv = object
+
+
+class Pair(ParallelEnv):  # type: ignore[misc, valid-type]
+    """Two agents, `left` and `right`, each observing [base + its position, its index]; action 1 moves the
+    agent one step (reward 1 for left, 2 for right: the rows' rewards differ), 0 stays (reward 0). `base`
+    is the reset seed, so copies reset with different seeds are told apart. All agents terminate once both
+    positions reach `goal`, and are truncated after `limit` steps. Deterministic: a test can say every
+    value."""
+
+    metadata: ClassVar[dict[str, Any]] = {"name": "pair_v0"}
+
+    def __init__(self, limit: int = 3, goal: int | None = None) -> None:
+        self.possible_agents = ["left", "right"]
+        self.agents: list[str] = []
+        self.limit, self.goal = limit, goal
+        self.base, self.steps = 0, 0
+        self.position = dict.fromkeys(self.possible_agents, 0)
+
+    def observation_space(self, agent: str) -> gym.spaces.Box:
+        return gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def action_space(self, agent: str) -> gym.spaces.Discrete:
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed: int | None = None, options: Any = None) -> tuple[dict, dict]:
+        if seed is not None:
+            self.base = seed
+        self.agents = list(self.possible_agents)
+        self.steps = 0
+        self.position = dict.fromkeys(self.possible_agents, 0)
+        return self._obs(), {agent: {} for agent in self.agents}
+
+    def step(self, actions: dict[str, int]) -> tuple[dict, dict, dict, dict, dict]:
+        self.steps += 1
+        rewards = {}
+        for i, agent in enumerate(self.agents):
+            self.position[agent] += int(actions[agent])
+            rewards[agent] = float(actions[agent]) * (i + 1)
+        terminated = self.goal is not None and all(p >= self.goal for p in self.position.values())
+        truncated = not terminated and self.steps >= self.limit
+        obs = self._obs()
+        terms = dict.fromkeys(self.agents, terminated)
+        truncs = dict.fromkeys(self.agents, truncated)
+        infos: dict[str, dict] = {agent: {} for agent in self.agents}
+        if terminated or truncated:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {
+            agent: np.array([self.base + self.position[agent], i], dtype=np.float32)
+            for i, agent in enumerate(self.possible_agents)
+        }
+
+
+def parallel_env(**kwargs: Any) -> Pair:
+    return Pair(**kwargs)

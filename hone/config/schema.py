@@ -825,10 +825,14 @@ class ControlConfig(Section):
     rollout of `rollout_steps` per environment and its update; see docs/how-to/control.md."""
 
     env: str = Field(
-        description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5) or 'pkg.mod:Class' "
-        "(your gymnasium.Env)"
+        description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5), 'pkg.mod:Class' "
+        "(your gymnasium.Env), or 'pettingzoo:<module>' (multi-agent: a module with a PettingZoo "
+        "parallel_env(), e.g. pettingzoo:mpe2.simple_spread_v3)"
     )
-    env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+    env_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of gymnasium.make (or of the module's parallel_env)",
+    )
     num_envs: int = Field(8, ge=1, description="environments stepped side by side (gymnasium's vector API)")
     vectorization: Literal["sync", "async"] = Field(
         "sync", description="sync: one process (cheap envs); async: a process per env (costly physics)"

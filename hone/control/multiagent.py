@@ -17,6 +17,8 @@ independent critic (IPPO, de Witt et al. 2020) a row is the observation alone. A
 from __future__ import annotations
 
 import importlib
+import pkgutil
+import re
 from typing import Any
 
 import numpy as np
@@ -35,24 +37,49 @@ def is_multi_agent(env: str) -> bool:
 
 
 def _parallel_env(control: ControlConfig) -> Any:
-    """The module's `parallel_env` factory; a missing package or an unknown module is one line."""
+    """The module's `parallel_env` factory. A missing package (pettingzoo, mpe2) or an unknown module is
+    one line, raised before any environment, run directory or model is made."""
+    install = "pip install -e '.[marl]' in a Hone clone"
     try:
-        import pettingzoo  # noqa: F401
+        importlib.import_module("pettingzoo")
     except ImportError:
-        raise ControlEnvError(
-            f"control.env {control.env!r} needs pettingzoo: pip install -e '.[marl]' in a Hone clone"
-        ) from None
+        raise ControlEnvError(f"control.env {control.env!r} needs pettingzoo: {install}") from None
     name = control.env.removeprefix(PETTINGZOO)
+    package = name.partition(".")[0]
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as e:
+        if e.name != package:  # the package is there; one of its own imports is not
+            raise ControlEnvError(f"control.env {control.env!r}: cannot import {package!r}: {e}") from None
+        if package == "mpe2":
+            raise ControlEnvError(f"control.env {control.env!r} needs mpe2: {install}") from None
+        raise ControlEnvError(f"control.env {control.env!r}: no module {package!r}") from None
     try:
         module = importlib.import_module(name)
-    except Exception as e:  # ModuleNotFoundError (mpe2 not installed, a misspelt env), or the module's own
+    except ModuleNotFoundError as e:
+        if e.name == name:  # the package is there, this env is not: name the ones it has
+            raise ControlEnvError(
+                f"control.env {control.env!r}: no module {name!r}{_siblings(name)}"
+            ) from None
+        raise ControlEnvError(f"control.env {control.env!r}: cannot import {name!r}: {e}") from None
+    except Exception as e:  # the module's own import failed
         raise ControlEnvError(
-            f"control.env {control.env!r}: cannot import {name!r}: {type(e).__name__}: {e} "
-            "(MPE: pip install -e '.[marl]', then pettingzoo:mpe2.simple_spread_v3)"
+            f"control.env {control.env!r}: cannot import {name!r}: {type(e).__name__}: {e}"
         ) from None
     if not callable(getattr(module, "parallel_env", None)):
         raise ControlEnvError(f"control.env {control.env!r}: {name} has no parallel_env()")
     return module.parallel_env
+
+
+def _siblings(name: str) -> str:
+    """`; <parent> has: a, b, ...`: the versioned environments (`*_vN`) beside a misspelt module."""
+    parent = name.rpartition(".")[0]
+    try:
+        path = importlib.import_module(parent).__path__
+    except (ImportError, AttributeError, ValueError):
+        return ""
+    envs = sorted(m.name for m in pkgutil.iter_modules(path) if re.search(r"_v\d+$", m.name))
+    return f"; {parent} has: {', '.join(envs)}" if envs else ""
 
 
 class ParallelBatch:
@@ -110,7 +137,10 @@ class ParallelBatch:
         reward, terminated, truncated = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
         next_obs, final_obs = [], []
         for e, env in enumerate(self.envs):
-            act = {agent: int(x) if self._discrete else x for agent, x in zip(self.agents, actions[e], strict=True)}
+            act = {
+                agent: int(x) if self._discrete else x
+                for agent, x in zip(self.agents, actions[e], strict=True)
+            }
             obs, rew, term, trunc, _ = env.step(act)
             reward[e] = [rew[agent] for agent in self.agents]
             terminated[e] = [term[agent] for agent in self.agents]
@@ -120,7 +150,9 @@ class ParallelBatch:
             final = self._stack(obs)
             done = terminated[e] | truncated[e]
             if (done.any() and not done.all()) or (not done.any() and env.agents != self.agents):
-                raise ControlEnvError("multi-agent control: agents that leave mid-episode are not supported yet")
+                raise ControlEnvError(
+                    "multi-agent control: agents that leave mid-episode are not supported yet"
+                )
             final_obs.append(final)
             next_obs.append(self._stack(env.reset()[0]) if done.all() else final)
         ended = terminated | truncated
@@ -134,7 +166,8 @@ class ParallelBatch:
             }
             info["_episode"] = first.reshape(-1)
             self._returns[ended.all(1)], self._lengths[ended.all(1)] = 0.0, 0
-        return self.rows(np.stack(next_obs)), reward.reshape(-1), terminated.reshape(-1), truncated.reshape(-1), info
+        rows = self.rows(np.stack(next_obs))
+        return rows, reward.reshape(-1), terminated.reshape(-1), truncated.reshape(-1), info
 
     def close(self) -> None:
         for env in self.envs:

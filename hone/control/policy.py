@@ -37,7 +37,8 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 class ActorCritic(nn.Module):
     """`dist(obs)` the action distribution, `value(obs)` V(s), `act(obs, deterministic)` an action.
-    `critic_dim`: the critic's input width when it differs from the actor's (`multiagent.SharedActorCritic`)."""
+    `critic_dim`: the critic's input width when it differs from the actor's
+    (`multiagent.SharedActorCritic`)."""
 
     def __init__(
         self,

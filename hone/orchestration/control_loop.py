@@ -316,19 +316,36 @@ def evaluate_saved(cfg: HoneConfig) -> dict[str, float]:
     `control.eval_episodes` deterministic episodes with the observation statistics it was trained with."""
     control = cfg.control
     assert control is not None
+    folder = saved_policy_folder(cfg)
+    if is_multi_agent(control.env):
+        from hone.orchestration.control_marl import evaluate_saved_marl
+
+        return evaluate_saved_marl(cfg, folder)
+    env = make_eval_env(control)
+    obs_dim = env.observation_space.shape[0]
+    policy = ActorCritic(obs_dim, env.action_space, control.hidden_sizes, control.activation)
+    env.close()
+    normalizer = load_saved(cfg, folder, policy, obs_dim, rows=1)
+    return evaluate(policy, control, normalizer)
+
+
+def saved_policy_folder(cfg: HoneConfig) -> Path:
     folder = Path(cfg.model.path)
     if not (folder / POLICY_FILE).is_file():
         raise ControlEnvError(
             f"model.path {folder}: no {POLICY_FILE} (evaluate a control run: --run runs/<name>)"
         )
-    env = make_eval_env(control)
-    obs_dim = env.observation_space.shape[0]
-    policy = ActorCritic(obs_dim, env.action_space, control.hidden_sizes, control.activation)
-    env.close()
+    return folder
+
+
+def load_saved(cfg: HoneConfig, folder: Path, policy: ActorCritic, obs_dim: int, rows: int) -> Normalizer:
+    """The saved weights into `policy`, and a normaliser holding the saved observation statistics."""
+    control = cfg.control
+    assert control is not None
     policy.load_state_dict(load_file(str(folder / POLICY_FILE)))
     normalizer = Normalizer(
         obs_dim,
-        1,
+        rows,
         observations=control.normalize_obs,
         rewards=False,
         gamma=cfg.algorithm.gamma,
@@ -338,7 +355,7 @@ def evaluate_saved(cfg: HoneConfig) -> dict[str, float]:
     stats = json.loads((folder / NORMALIZATION_FILE).read_text())
     if stats is not None and normalizer.obs_rms is not None:
         normalizer.obs_rms.mean, normalizer.obs_rms.var = np.array(stats["mean"]), np.array(stats["var"])
-    return evaluate(policy, control, normalizer)
+    return normalizer
 
 
 def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:

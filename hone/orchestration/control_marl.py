@@ -38,6 +38,7 @@ from hone.orchestration.control_loop import (
     _schedule,
     _tensor,
     _update,
+    load_saved,
 )
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
@@ -67,7 +68,12 @@ def train_marl(cfg: HoneConfig) -> ControlResult:
 
 
 def _run(
-    cfg: HoneConfig, control: ControlConfig, envs: ParallelBatch, policy: SharedActorCritic, run_dir: Path, log: Any
+    cfg: HoneConfig,
+    control: ControlConfig,
+    envs: ParallelBatch,
+    policy: SharedActorCritic,
+    run_dir: Path,
+    log: Any,
 ) -> ControlResult:
     n, t = control.num_envs, control.rollout_steps
     iterations = max(1, control.env_steps // (n * t))
@@ -136,6 +142,20 @@ def _run(
     return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
 
 
+def evaluate_saved_marl(cfg: HoneConfig, folder: Path) -> dict[str, float]:
+    """`hone eval` of a multi-agent run: its shared policy, played by every agent (`control.eval_episodes`
+    deterministic episodes, team return)."""
+    control = cfg.control
+    assert control is not None
+    env = make_batch(control, 1)
+    env.close()
+    policy = SharedActorCritic(
+        env.obs_dim, env.critic_dim, env.single_action_space, control.hidden_sizes, control.activation
+    )
+    normalizer = load_saved(cfg, folder, policy, env.obs_dim + env.critic_dim, rows=env.num_rows)
+    return evaluate(policy, control, normalizer)
+
+
 def evaluate(
     policy: SharedActorCritic | None, control: ControlConfig, normalizer: Normalizer | None = None
 ) -> dict[str, float]:
@@ -151,11 +171,11 @@ def evaluate(
             obs, _ = env.reset(seed=EVAL_SEED + i)
             total, length, done = 0.0, 0, False
             while not done:
+                action: np.ndarray
                 if policy is None:
-                    space = env.single_action_space
                     action = (
-                        rng.integers(space.n, size=env.num_rows)
-                        if low is None
+                        rng.integers(env.single_action_space.n, size=env.num_rows)
+                        if low is None or high is None
                         else rng.uniform(low, high, size=(env.num_rows, *low.shape))
                     )
                 else:
