@@ -105,6 +105,11 @@ def test_an_observation_space_no_policy_takes_is_one_line(
     assert "\n" not in str(err.value) and "control.env 'CartPole-v1'" in str(err.value)
 
 
+def test_atari_preprocessing_of_a_non_ale_env_is_one_line() -> None:
+    with pytest.raises(ControlEnvError, match=r"control.atari: true needs an ale-py environment"):
+        make_vector_env(_control("control.atari=true"), seed=0)
+
+
 def test_ppo_learns_the_image_task_through_hone_train(tmp_path: Path) -> None:
     """Bright: the side of a bright block says which action pays. Only a policy that reads the image with
     the CNN gets the deterministic eval return of 1 on the 20 fixed eval episodes (a blind one, ~0.5)."""

@@ -63,10 +63,12 @@ def _atari(control: ControlConfig, env_id: str) -> tuple[dict[str, Any], int] | 
     and the frames `AtariPreprocessing` skips. It skips 4 with a max-pool, so the ALE skips none
     (`frameskip=1` unless the recipe sets it; a recipe's frameskip > 1 leaves the skipping to the ALE)."""
     spec = _gym().registry.get(env_id)
-    on = control.atari
-    if on is None:
-        on = spec is not None and str(spec.entry_point).startswith("ale_py")
-    if not on:
+    ale = spec is not None and str(spec.entry_point).startswith("ale_py")
+    if control.atari and not ale:
+        raise ControlEnvError(
+            f"control.atari: true needs an ale-py environment; control.env {control.env!r} is not"
+        )
+    if not (ale if control.atari is None else control.atari):
         return None
     from hone.control.atari import FRAME_SKIP
 
