@@ -34,6 +34,38 @@ class Walk(gym.Env):
         return np.array([self.position / 10], dtype=np.float32)
 
 
+class Bright(gym.Env):
+    """Image observations for the CNN: uint8 (2, 36, 36), black but for a bright 4×4 block in channel 1.
+    The block in the left half rewards action 0, in the right half action 1 (reward 1, else 0); one step
+    per episode. Renders rgb_array frames (the block in white) for the video tests."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 10}
+    SIZE = 36
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, (2, self.SIZE, self.SIZE), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.render_mode = render_mode
+        self.row = self.col = 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.row, self.col = (int(x) for x in self.np_random.integers(0, self.SIZE - 4, size=2))
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        right = self.col + 2 >= self.SIZE // 2
+        return self._obs(), float(int(action) == int(right)), True, False, {}
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros((2, self.SIZE, self.SIZE), np.uint8)
+        obs[1, self.row : self.row + 4, self.col : self.col + 4] = 255
+        return obs
+
+    def render(self) -> np.ndarray:
+        return np.repeat(self._obs()[1][:, :, None], 3, axis=2)
+
+
 # A PettingZoo env for tests/test_control_marl.py (`control.env: pettingzoo:tests.control_envs_for_tests`).
 try:
     from pettingzoo import ParallelEnv

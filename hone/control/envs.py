@@ -34,6 +34,8 @@ def _env_id(control: ControlConfig) -> Any:
     """A gymnasium id as is; `pkg.mod:Class` registered under a private id so `make_vec` can build it."""
     gym = _gym()
     if ":" not in control.env:
+        if control.env not in gym.registry:
+            _register_ale(control)
         return control.env
     cls = load_object(control.env, what=f"control.env {control.env!r}")
     env_id = f"hone-user/{control.env.replace(':', '.').replace('.', '-')}-v0"
@@ -42,41 +44,134 @@ def _env_id(control: ControlConfig) -> Any:
     return env_id
 
 
+def _register_ale(control: ControlConfig) -> None:
+    """ale-py's ids (ALE/Pong-v5, PongNoFrameskip-v4) exist once ale-py registers them."""
+    try:
+        import ale_py
+    except ImportError:
+        if control.env.startswith("ALE/") or control.atari:
+            raise ControlEnvError(
+                f"control.env {control.env!r} needs ale-py (and opencv for the preprocessing): "
+                "pip install -e '.[atari]' in a Hone clone"
+            ) from None
+        return
+    _gym().register_envs(ale_py)
+
+
+def _atari(control: ControlConfig, env_id: str) -> tuple[dict[str, Any], int] | None:
+    """With Atari preprocessing (`control.atari`, or an ale-py id when null): the env's keyword arguments
+    and the frames `AtariPreprocessing` skips. It skips 4 with a max-pool, so the ALE skips none
+    (`frameskip=1` unless the recipe sets it; a recipe's frameskip > 1 leaves the skipping to the ALE)."""
+    spec = _gym().registry.get(env_id)
+    ale = spec is not None and str(spec.entry_point).startswith("ale_py")
+    if control.atari and not ale:
+        raise ControlEnvError(
+            f"control.atari: true needs an ale-py environment; control.env {control.env!r} is not"
+        )
+    if not (ale if control.atari is None else control.atari):
+        return None
+    from hone.control.atari import FRAME_SKIP
+
+    args = {"frameskip": 1, **control.env_args}
+    return args, FRAME_SKIP if args["frameskip"] == 1 else 1
+
+
 def make_vector_env(control: ControlConfig, seed: int) -> Any:
     """`control.num_envs` environments of `control.env`, reset with `seed` (env i gets seed + i)."""
     gym = _gym()
     env_id = _env_id(control)
+    atari = _atari(control, env_id)
+    env_args, wrappers = control.env_args, None
+    if atari is not None:
+        from hone.control import atari as atari_wrappers
+
+        env_args, wrappers = atari[0], atari_wrappers.wrappers(atari[1], training=True)
     try:
         envs = gym.make_vec(
             env_id,
             num_envs=control.num_envs,
             vectorization_mode=control.vectorization,
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            **control.env_args,
+            wrappers=wrappers,
+            **env_args,
         )
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         raise ControlEnvError(f"control.env {control.env!r}: {type(e).__name__}: {e}") from None
     except ImportError as e:
         raise ControlEnvError(f"control.env {control.env!r}: a missing dependency: {e}") from None
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    if atari is not None:  # whole-game statistics, recorded under the life and reward wrappers
+        envs = atari_wrappers.GameEpisodes(envs)
+    else:
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     check_spaces(control, envs.single_observation_space, envs.single_action_space)
     return envs
 
 
-def make_eval_env(control: ControlConfig) -> Any:
+def make_eval_env(control: ControlConfig, render: bool = False) -> Any:
     """One environment for deterministic evaluation (the caller normalises observations with the training
-    statistics, frozen)."""
+    statistics, frozen); `render`: with `render_mode="rgb_array"` for `logging.video`. Atari: whole games,
+    raw scores, the training preprocessing otherwise."""
     gym = _gym()
-    return gym.make(_env_id(control), **control.env_args)
+    env_id = _env_id(control)
+    atari = _atari(control, env_id)
+    env_args = control.env_args if atari is None else atari[0]
+    if render:
+        env_args = {**env_args, "render_mode": "rgb_array"}
+    env = gym.make(env_id, **env_args)
+    if atari is not None:
+        from hone.control import atari as atari_wrappers
+
+        skip = atari[1] * int(env_args["frameskip"]) if isinstance(env_args["frameskip"], int) else atari[1]
+        for wrap in atari_wrappers.wrappers(atari[1], training=False):
+            env = wrap(env)
+        # One rendered frame per action: the video plays in real time at the ALE's 60 Hz / frames skipped.
+        env.metadata = {**env.metadata, "render_fps": atari_wrappers.ALE_HZ / skip}
+    return env
 
 
 def check_spaces(control: ControlConfig, observation_space: Any, action_space: Any) -> None:
-    """The spaces an MLP actor-critic takes: a flat Box of observations; Discrete or Box actions."""
+    """The spaces the actor-critic takes: a flat Box (the MLP) or a uint8 channels-first image Box (the
+    CNN, `control.encoder`); Discrete or Box actions."""
+    from hone.control.encoders import CNN_MIN_SIZE, encoder_kind, is_image
+
     spaces = _gym().spaces
-    if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
+    where = f"control.env {control.env!r}"
+    kind = encoder_kind(control, observation_space)
+    box = isinstance(observation_space, spaces.Box)
+    if kind == "mlp" and (not box or len(observation_space.shape) != 1):
+        hint = "use control.encoder: cnn" if is_image(observation_space) else _image_hint(observation_space)
         raise ControlEnvError(
-            f"control.env {control.env!r}: observations {observation_space} are not a flat Box; the MLP "
-            "policy takes vectors (images and dict observations are not supported yet)"
+            f"{where}: observations {observation_space} are not a flat Box, which the MLP policy takes "
+            f"({hint})"
         )
+    if kind == "cnn":
+        if not box or not is_image(observation_space):
+            raise ControlEnvError(
+                f"{where}: control.encoder cnn takes uint8 images (channels, height, width); observations "
+                f"{observation_space} are not ({_image_hint(observation_space)})"
+            )
+        channels, height, width = observation_space.shape
+        if channels > min(height, width):
+            raise ControlEnvError(
+                f"{where}: observations of shape {observation_space.shape} look channels-last; the CNN takes "
+                "(channels, height, width) (Atari ids: control.atari: true)"
+            )
+        if min(height, width) < CNN_MIN_SIZE:
+            raise ControlEnvError(
+                f"{where}: images {height}x{width} are smaller than the Nature CNN's "
+                f"{CNN_MIN_SIZE}x{CNN_MIN_SIZE}"
+            )
+        if control.normalize_obs:
+            raise ControlEnvError(
+                f"{where}: control.normalize_obs is for vectors; the CNN scales pixels by 1/255 "
+                "(set it false)"
+            )
     if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
-        raise ControlEnvError(f"control.env {control.env!r}: actions {action_space} are not Discrete or Box")
+        raise ControlEnvError(f"{where}: actions {action_space} are not Discrete or Box")
+
+
+def _image_hint(space: Any) -> str:
+    shape = getattr(space, "shape", None)
+    if shape is not None and len(shape) == 3:
+        return "images must be uint8; channels-last RGB needs control.atari for ALE ids"
+    return "dict, tuple and discrete observations are not supported"

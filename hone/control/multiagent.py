@@ -191,5 +191,9 @@ class SharedActorCritic(ActorCritic):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return super().value(obs[..., self.obs_dim :] if self.centralized else obs[..., : self.obs_dim])
 
+    def dist_value(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        # No shared torso here: the heads read different columns of the row.
+        return self.dist(obs), self.value(obs)
+
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return super().act(obs[..., : self.obs_dim], deterministic)

@@ -15,6 +15,7 @@ the joint observation and the agent's index) or `independent` (IPPO: the agent's
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -44,6 +45,8 @@ from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 
+logger = logging.getLogger(__name__)
+
 
 def make_batch(control: ControlConfig, num_envs: int) -> ParallelBatch:
     return ParallelBatch(control, num_envs, centralized=control.multi_agent_critic == "centralized")
@@ -53,6 +56,10 @@ def train_marl(cfg: HoneConfig) -> ControlResult:
     control = cfg.control
     assert control is not None
     envs = make_batch(control, control.num_envs)  # a missing package or an unknown env: before anything
+    if cfg.logging.video:
+        logger.warning(
+            "logging.video: not recorded for a multi-agent run yet (PettingZoo envs); training goes on"
+        )
     try:
         torch.manual_seed(cfg.run.seed)
         np.random.seed(cfg.run.seed)
