@@ -149,7 +149,7 @@ def test_a_missing_envpool_is_one_line_with_its_install(
     ("env", "module", "install"),
     [
         ("HalfCheetah-v5", "mujoco", 'pip install "gymnasium[mujoco]==1.4.*"'),
-        ("ALE/Pong-v5", "ale_py", "pip install ale-py"),
+        ("ALE/Pong-v5", "ale_py", "pip install -e '.[atari]'"),
         ("highway-fast-v0", "highway_env", "pip install -e '.[highway]'"),
         ("my_driving_envs:road-v0", "my_driving_envs", "ModuleNotFoundError"),
     ],
@@ -164,7 +164,8 @@ def test_a_missing_env_package_is_one_line_before_anything_runs(
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # as if not installed, even where it is
     err = _one_line_error(tmp_path, capsys, **{"control.env": env})
-    assert f"control.env '{env}' needs {module}" in err and install in err
+    needs = "ale-py" if module == "ale_py" else module
+    assert f"control.env '{env}' needs {needs}" in err and install in err
 
 
 def test_module_colon_id_imports_the_registering_module(

@@ -777,6 +777,15 @@ class LoggingConfig(Section):
         "first this many rollouts of the step's batch as sampled (prompt order, before any filter); 0 = off",
     )
     samples_every: int = Field(1, ge=1, description="log samples every this many RL steps")
+    video: bool = Field(
+        False,
+        description="control runs: record the deterministic eval episodes as runs/<name>/videos/"
+        "step-<N>-episode-<i>.mp4 (the env's rgb_array rendering; the video extra); a warning and no video "
+        "where rendering or the writer is missing",
+    )
+    video_episodes: int = Field(
+        1, ge=1, description="with video: record the first this many episodes of each eval"
+    )
 
 
 class SamplerRoleConfig(Section):
@@ -826,9 +835,14 @@ class ControlConfig(Section):
 
     env: str = Field(
         description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, highway-fast-v0), "
-        "'pkg.mod:env-id' (import pkg.mod to register it first) or 'pkg.mod:Class' (your gymnasium.Env)"
+        "'pkg.mod:env-id' (import pkg.mod to register it first), 'pkg.mod:Class' (your gymnasium.Env), or "
+        "'pettingzoo:<module>' (multi-agent: a module with a PettingZoo parallel_env(), e.g. "
+        "pettingzoo:mpe2.simple_spread_v3)"
     )
-    env_args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+    env_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of gymnasium.make (or of the module's parallel_env)",
+    )
     num_envs: int = Field(8, ge=1, description="environments stepped side by side (gymnasium's vector API)")
     vectorization: Literal["sync", "async", "envpool"] = Field(
         "sync",
@@ -851,12 +865,29 @@ class ControlConfig(Section):
         description="total environment steps; RL steps = env_steps / (num_envs × rollout_steps)",
     )
     hidden_sizes: list[int] = Field([64, 64], description="the actor's and the critic's MLP hidden layers")
+    encoder: Literal["auto", "mlp", "cnn"] = Field(
+        "auto",
+        description="what reads the observations: mlp (flat vectors), cnn (the Nature-DQN CNN shared by "
+        "actor and critic, for uint8 channels-first images), auto = cnn for uint8 (C, H, W) observations",
+    )
+    atari: bool | None = Field(
+        None,
+        description="Atari preprocessing (no-op reset, 4-frame skip with max-pool, 84x84 gray, 4 stacked "
+        "frames, an episode per life, FIRE at reset, sign-clipped rewards in training); null = on for ale-py "
+        "ids (ALE/Breakout-v5, BreakoutNoFrameskip-v4)",
+    )
     activation: Literal["tanh", "relu"] = Field("tanh", description="the MLPs' activation")
     value_coef: float = Field(
         1.0,
         ge=0,
         description="weight of the critic's loss, Hone's 0.5·MSE (1.0 = SB3's vf_coef 0.5 on the MSE; "
         "CleanRL's vf_coef 0.5 = 0.5 here)",
+    )
+    clip_value: float | None = Field(
+        None,
+        gt=0,
+        description="PPO2's value clipping: V within ±this of the rollout's value (CleanRL's clip_vloss, "
+        "e.g. 0.1 for Atari); null = the plain squared error (SB3's default)",
     )
     normalize_advantages: bool = Field(
         True, description="whiten the advantages of each mini-batch (SB3, CleanRL)"
@@ -875,6 +906,12 @@ class ControlConfig(Section):
         None,
         description="end the run once the mean return of the last 100 training episodes reaches this "
         "(SB3's StopTrainingOnRewardThreshold); null = run all env_steps",
+    )
+    multi_agent_critic: Literal["centralized", "independent"] = Field(
+        "centralized",
+        description="with env 'pettingzoo:<module>' (multi-agent, parameters shared by the agents): "
+        "centralized = MAPPO (the critic reads the joint observation and the agent's index); "
+        "independent = IPPO (each agent's critic reads its own observation)",
     )
 
 

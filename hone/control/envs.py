@@ -8,7 +8,7 @@ normalisation is the loop's (`hone.control.normalize`). `control.vectorization: 
 C++ ports behind the same contract (`hone.control.envpool_env`).
 
 gymnasium 1.x loads no plugins: ids of other packages exist only once their package is imported. Hone
-imports the package of a known family itself (highway-env's ids, `ALE/...`), or the module a user names in
+imports the package of a known family itself (highway-env's ids, ale-py's), or the module a user names in
 `pkg.mod:env-id` (gymnasium's own spelling), and a missing one is one line with its install command.
 """
 
@@ -43,7 +43,6 @@ def _gym() -> Any:
 # The package that registers (or runs) an id family, and how to install it.
 _INSTALL = {
     "highway_env": "pip install -e '.[highway]' in a Hone clone",
-    "ale_py": "pip install ale-py",
     "mujoco": 'pip install "gymnasium[mujoco]==1.4.*"',
 }
 # highway-env 1.x's ids (its __init__ registers them): name without the version.
@@ -77,8 +76,6 @@ def _needs(gym: Any, env_id: str) -> str | None:
         namespace, name, _version = gym.envs.registration.parse_env_id(env_id)
     except gym.error.Error:
         return None  # not an id gymnasium can parse: make_vec says so in its own words
-    if namespace == "ALE":
-        return "ale_py"
     if namespace is None and name in _HIGHWAY:
         return "highway_env"
     spec = gym.registry.get(env_id)
@@ -111,10 +108,45 @@ def env_id(control: ControlConfig) -> str:
         return private
     if sep:
         _import(module, control)
-    needed = _needs(gym, name if sep else control.env)
+    env = name if sep else control.env
+    if env.startswith("ALE/") or env not in gym.registry:
+        _register_ale(control)
+    needed = _needs(gym, env)
     if needed is not None:
         _import(needed, control)
-    return name if sep else control.env
+    return env
+
+
+def _register_ale(control: ControlConfig) -> None:
+    """ale-py's ids (ALE/Pong-v5, PongNoFrameskip-v4) exist once ale-py registers them."""
+    try:
+        import ale_py
+    except ImportError:
+        if control.env.startswith("ALE/") or control.atari:
+            raise ControlEnvError(
+                f"control.env {control.env!r} needs ale-py (and opencv for the preprocessing): "
+                "pip install -e '.[atari]' in a Hone clone"
+            ) from None
+        return
+    _gym().register_envs(ale_py)
+
+
+def _atari(control: ControlConfig, env_id: str) -> tuple[dict[str, Any], int] | None:
+    """With Atari preprocessing (`control.atari`, or an ale-py id when null): the env's keyword arguments
+    and the frames `AtariPreprocessing` skips. It skips 4 with a max-pool, so the ALE skips none
+    (`frameskip=1` unless the recipe sets it; a recipe's frameskip > 1 leaves the skipping to the ALE)."""
+    spec = _gym().registry.get(env_id)
+    ale = spec is not None and str(spec.entry_point).startswith("ale_py")
+    if control.atari and not ale:
+        raise ControlEnvError(
+            f"control.atari: true needs an ale-py environment; control.env {control.env!r} is not"
+        )
+    if not (ale if control.atari is None else control.atari):
+        return None
+    from hone.control.atari import FRAME_SKIP
+
+    args = {"frameskip": 1, **control.env_args}
+    return args, FRAME_SKIP if args["frameskip"] == 1 else 1
 
 
 def make_vector_env(control: ControlConfig, seed: int) -> Any:
@@ -130,50 +162,118 @@ def make_vector_env(control: ControlConfig, seed: int) -> Any:
                 f"control.env {control.env!r}: envpool trains it, but gymnasium has no env of that id to "
                 "evaluate on"
             )
-        envs = make_envpool_env(control, env, seed)
-    else:
-        try:
-            envs = gym.make_vec(
-                env,
-                num_envs=control.num_envs,
-                vectorization_mode=control.vectorization,
-                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-                wrappers=[gym.wrappers.FlattenObservation] if control.flatten_obs else None,
-                **control.env_args,
+        if _atari(control, env) is not None:
+            raise ControlEnvError(
+                f"control.env {control.env!r}: Atari preprocessing is gymnasium's (control.vectorization: "
+                "sync or async); envpool's Atari ids are not supported"
             )
-        except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
-            raise ControlEnvError(f"control.env {control.env!r}: {type(e).__name__}: {e}") from None
-        except ImportError as e:
-            raise ControlEnvError(f"control.env {control.env!r}: a missing dependency: {e}") from None
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+        return _checked(
+            control, gym.wrappers.vector.RecordEpisodeStatistics(make_envpool_env(control, env, seed))
+        )
+    atari = _atari(control, env)
+    env_args, wrappers = control.env_args, None
+    if atari is not None:
+        from hone.control import atari as atari_wrappers
+
+        env_args, wrappers = atari[0], atari_wrappers.wrappers(atari[1], training=True)
+    elif control.flatten_obs:
+        wrappers = [gym.wrappers.FlattenObservation]
+    try:
+        envs = gym.make_vec(
+            env,
+            num_envs=control.num_envs,
+            vectorization_mode=control.vectorization,
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            wrappers=wrappers,
+            **env_args,
+        )
+    except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
+        raise ControlEnvError(f"control.env {control.env!r}: {type(e).__name__}: {e}") from None
+    except ImportError as e:
+        raise ControlEnvError(f"control.env {control.env!r}: a missing dependency: {e}") from None
+    if atari is not None:  # whole-game statistics, recorded under the life and reward wrappers
+        return _checked(control, atari_wrappers.GameEpisodes(envs))
+    return _checked(control, gym.wrappers.vector.RecordEpisodeStatistics(envs))
+
+
+def _checked(control: ControlConfig, envs: Any) -> Any:
     check_spaces(control, envs.single_observation_space, envs.single_action_space)
     return envs
 
 
-def make_eval_env(control: ControlConfig) -> Any:
+def make_eval_env(control: ControlConfig, render: bool = False) -> Any:
     """One environment for deterministic evaluation (the caller normalises observations with the training
-    statistics, frozen)."""
+    statistics, frozen); `render`: with `render_mode="rgb_array"` for `logging.video`. Atari: whole games,
+    raw scores, the training preprocessing otherwise."""
     gym = _gym()
-    args = control.env_args
-    if control.vectorization == "envpool":
+    env = env_id(control)
+    atari = _atari(control, env)
+    env_args = control.env_args if atari is None else atari[0]
+    if control.vectorization == "envpool":  # envpool.make's pool keys are not the task's
         from hone.control.envpool_env import POOL_KEYS
 
-        args = {k: v for k, v in args.items() if k not in POOL_KEYS}
-    env = gym.make(env_id(control), **args)
-    return gym.wrappers.FlattenObservation(env) if control.flatten_obs else env
+        env_args = {k: v for k, v in env_args.items() if k not in POOL_KEYS}
+    if render:
+        env_args = {**env_args, "render_mode": "rgb_array"}
+    made = gym.make(env, **env_args)
+    if atari is None:
+        return gym.wrappers.FlattenObservation(made) if control.flatten_obs else made
+    from hone.control import atari as atari_wrappers
+
+    skip = atari[1] * int(env_args["frameskip"]) if isinstance(env_args["frameskip"], int) else atari[1]
+    for wrap in atari_wrappers.wrappers(atari[1], training=False):
+        made = wrap(made)
+    # One rendered frame per action: the video plays in real time at the ALE's 60 Hz / frames skipped.
+    made.metadata = {**made.metadata, "render_fps": atari_wrappers.ALE_HZ / skip}
+    return made
 
 
 def check_spaces(control: ControlConfig, observation_space: Any, action_space: Any) -> None:
-    """The spaces an MLP actor-critic takes: a flat Box of observations; Discrete or Box actions."""
+    """The spaces the actor-critic takes: a flat Box (the MLP) or a uint8 channels-first image Box (the
+    CNN, `control.encoder`); Discrete or Box actions."""
+    from hone.control.encoders import CNN_MIN_SIZE, encoder_kind, is_image
+
     spaces = _gym().spaces
-    if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
+    where = f"control.env {control.env!r}"
+    kind = encoder_kind(control, observation_space)
+    box = isinstance(observation_space, spaces.Box)
+    if kind == "mlp" and (not box or len(observation_space.shape) != 1):
+        hint = "use control.encoder: cnn" if is_image(observation_space) else _image_hint(observation_space)
         raise ControlEnvError(
-            f"control.env {control.env!r}: observations {observation_space} are not a flat Box; the MLP "
-            "policy takes vectors (control.flatten_obs: true flattens a small array such as highway-env's; "
-            "images and dict observations are not supported yet)"
+            f"{where}: observations {observation_space} are not a flat Box, which the MLP policy takes "
+            f"({hint})"
         )
+    if kind == "cnn":
+        if not box or not is_image(observation_space):
+            raise ControlEnvError(
+                f"{where}: control.encoder cnn takes uint8 images (channels, height, width); observations "
+                f"{observation_space} are not ({_image_hint(observation_space)})"
+            )
+        channels, height, width = observation_space.shape
+        if channels > min(height, width):
+            raise ControlEnvError(
+                f"{where}: observations of shape {observation_space.shape} look channels-last; the CNN takes "
+                "(channels, height, width) (Atari ids: control.atari: true)"
+            )
+        if min(height, width) < CNN_MIN_SIZE:
+            raise ControlEnvError(
+                f"{where}: images {height}x{width} are smaller than the Nature CNN's "
+                f"{CNN_MIN_SIZE}x{CNN_MIN_SIZE}"
+            )
+        if control.normalize_obs:
+            raise ControlEnvError(
+                f"{where}: control.normalize_obs is for vectors; the CNN scales pixels by 1/255 "
+                "(set it false)"
+            )
     if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
-        raise ControlEnvError(f"control.env {control.env!r}: actions {action_space} are not Discrete or Box")
+        raise ControlEnvError(f"{where}: actions {action_space} are not Discrete or Box")
+
+
+def _image_hint(space: Any) -> str:
+    shape = getattr(space, "shape", None)
+    if shape is not None and len(shape) == 3:
+        return "images must be uint8; channels-last RGB needs control.atari for ALE ids"
+    return "dict, tuple and discrete observations are not supported"
 
 
 def episode_end_infos(

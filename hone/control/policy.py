@@ -36,29 +36,50 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """`dist(obs)` the action distribution, `value(obs)` V(s), `act(obs, deterministic)` an action."""
+    """`dist(obs)` the action distribution, `value(obs)` V(s), `act(obs, deterministic)` an action.
+    `critic_dim`: the critic's input width when it differs from the actor's
+    (`multiagent.SharedActorCritic`)."""
 
     def __init__(
-        self, obs_dim: int, action_space: Any, hidden: list[int], activation: str = "tanh"
+        self,
+        obs_dim: int,
+        action_space: Any,
+        hidden: list[int],
+        activation: str = "tanh",
+        critic_dim: int | None = None,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        # A shared torso both heads read (the CNN for images, `hone.control.encoders`); `obs_dim` is then
+        # its output size. None: the heads read the observations (the MLP case, state dict unchanged).
+        self.encoder = encoder
         self.discrete = hasattr(action_space, "n")
         action_dim = int(action_space.n) if self.discrete else int(math.prod(action_space.shape))
         self.actor = mlp(obs_dim, action_dim, hidden, activation, out_gain=0.01)
-        self.critic = mlp(obs_dim, 1, hidden, activation, out_gain=1.0)
+        self.critic = mlp(critic_dim or obs_dim, 1, hidden, activation, out_gain=1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.zeros(action_dim))
 
-    def dist(self, obs: torch.Tensor) -> Distribution:
-        out = self.actor(obs)
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.encoder is None else self.encoder(obs)
+
+    def _dist(self, out: torch.Tensor) -> Distribution:
         if self.log_std is None:
             return Categorical(logits=out)
         return Independent(Normal(out, self.log_std.exp().expand_as(out)), 1)
 
+    def dist(self, obs: torch.Tensor) -> Distribution:
+        return self._dist(self.actor(self._features(obs)))
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def dist_value(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        """Both heads from one pass of the shared torso (what `dist` then `value` would compute twice)."""
+        features = self._features(obs)
+        return self._dist(self.actor(features)), self.critic(features).squeeze(-1)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if deterministic:
-            out = self.actor(obs)
+            out = self.actor(self._features(obs))
             return out.argmax(-1) if self.discrete else out
         return self.dist(obs).sample()

@@ -31,9 +31,12 @@ from safetensors.torch import load_file, save_file
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
+from hone.control.encoders import make_policy
 from hone.control.envs import ControlEnvError, episode_end_infos, make_eval_env, make_vector_env
+from hone.control.multiagent import is_multi_agent
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
+from hone.control.video import Video
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
@@ -55,18 +58,17 @@ class ControlResult:
 def train_control(cfg: HoneConfig) -> ControlResult:
     control = cfg.control
     assert control is not None
+    if is_multi_agent(control.env):  # pettingzoo:<module>: IPPO / MAPPO on the same pieces
+        from hone.orchestration.control_marl import train_marl
+
+        return train_marl(cfg)
     torch.manual_seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (both peers' advice)
     run_dir = new_run_dir(cfg.run)
     envs = make_vector_env(control, cfg.run.seed)
     try:
-        policy = ActorCritic(
-            envs.single_observation_space.shape[0],
-            envs.single_action_space,
-            control.hidden_sizes,
-            control.activation,
-        )
+        policy = make_policy(control, envs.single_observation_space, envs.single_action_space)
         with open_run_log(cfg, run_dir) as log:
             return _run(cfg, control, envs, policy, run_dir, log)
     finally:
@@ -92,7 +94,8 @@ def _run(
     obs = _tensor(normalizer.observations(envs.reset(seed=cfg.run.seed)[0]))
     episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
     end_infos: deque[dict[str, float]] = deque(maxlen=100)  # their control.episode_info_keys
-    start_eval = evaluate(policy, control, normalizer)
+    video = Video(run_dir / "videos", cfg.logging.video_episodes) if cfg.logging.video else None
+    start_eval = evaluate(policy, control, normalizer, video, step=0)
     log.log(0, start_eval)
     final_eval = start_eval
     started, env_steps = time.perf_counter(), 0
@@ -134,7 +137,7 @@ def _run(
                 and metrics["episode/return"] >= control.stop_at_return
             )
             if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                final_eval = evaluate(policy, control, normalizer)
+                final_eval = evaluate(policy, control, normalizer, video, step)
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
@@ -175,9 +178,8 @@ def _collect(
     out: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
     with torch.no_grad():
         for _ in range(steps):
-            dist = policy.dist(obs)
+            dist, value = policy.dist_value(obs)
             action = dist.sample()
-            value = policy.value(obs)
             env_action = action.numpy()
             if low is not None:
                 env_action = np.clip(env_action, low, high)
@@ -237,7 +239,7 @@ def _update(
         for start in range(0, size - mini + 1, mini):
             idx = order[start : start + mini]
             ones = torch.ones(len(idx), 1)
-            dist = policy.dist(flat["obs"][idx])
+            dist, new_values = policy.dist_value(flat["obs"][idx])
             log_probs = dist.log_prob(flat["actions"][idx])
             mb_adv = adv[idx].unsqueeze(1)
             if control.normalize_advantages and len(idx) > 1:
@@ -251,10 +253,11 @@ def _update(
                 clip_high=cfg.algorithm.clip_high if cfg.algorithm.clip_high is not None else clip,
             )
             v_loss, _ = value_loss(
-                policy.value(flat["obs"][idx]).unsqueeze(1),
+                new_values.unsqueeze(1),
                 flat["values"][idx].unsqueeze(1),
                 ret[idx].unsqueeze(1),
                 ones,
+                clip=control.clip_value,
             )
             entropy = dist.entropy().mean()
             loss = policy_loss + control.value_coef * v_loss - cfg.algorithm.entropy_coef * entropy
@@ -282,15 +285,25 @@ def _update(
     return metrics
 
 
-def evaluate(policy: ActorCritic, control: ControlConfig, normalizer: Normalizer) -> dict[str, float]:
+def evaluate(
+    policy: ActorCritic,
+    control: ControlConfig,
+    normalizer: Normalizer,
+    video: Video | None = None,
+    step: int = 0,
+) -> dict[str, float]:
     """`control.eval_episodes` episodes of the deterministic policy (argmax, or the Gaussian's mean) on
-    fixed seeds, observations normalised with the training statistics as they are now (frozen here)."""
-    env = make_eval_env(control)
+    fixed seeds, observations normalised with the training statistics as they are now (frozen here);
+    with `video` (`logging.video`) the first episodes recorded as videos/step-<step>-episode-<i>.mp4."""
+    env = video.open_env(lambda render: make_eval_env(control, render)) if video else make_eval_env(control)
     low, high = _action_bounds(env.action_space)
     returns, lengths = [], []
     try:
         for i in range(control.eval_episodes):
             obs, _ = env.reset(seed=EVAL_SEED + i)
+            recording = video.episode(env, step, i) if video else None
+            if recording:
+                recording.frame()
             total, length, done = 0.0, 0, False
             while not done:
                 x = _tensor(normalizer.observations(obs[None], update=False)[0])
@@ -301,6 +314,10 @@ def evaluate(policy: ActorCritic, control: ControlConfig, normalizer: Normalizer
                 obs, reward, terminated, truncated, _ = env.step(action if low is not None else int(action))
                 total, length = total + float(reward), length + 1
                 done = bool(terminated or truncated)
+                if recording:
+                    recording.frame()
+            if recording:
+                recording.close()
             returns.append(total)
             lengths.append(length)
     finally:
@@ -321,19 +338,36 @@ def evaluate_saved(cfg: HoneConfig) -> dict[str, float]:
     `control.eval_episodes` deterministic episodes with the observation statistics it was trained with."""
     control = cfg.control
     assert control is not None
+    folder = saved_policy_folder(cfg)
+    if is_multi_agent(control.env):
+        from hone.orchestration.control_marl import evaluate_saved_marl
+
+        return evaluate_saved_marl(cfg, folder)
+    env = make_eval_env(control)
+    obs_dim = env.observation_space.shape[0]
+    policy = make_policy(control, env.observation_space, env.action_space)
+    env.close()
+    normalizer = load_saved(cfg, folder, policy, obs_dim, rows=1)
+    return evaluate(policy, control, normalizer)
+
+
+def saved_policy_folder(cfg: HoneConfig) -> Path:
     folder = Path(cfg.model.path)
     if not (folder / POLICY_FILE).is_file():
         raise ControlEnvError(
             f"model.path {folder}: no {POLICY_FILE} (evaluate a control run: --run runs/<name>)"
         )
-    env = make_eval_env(control)
-    obs_dim = env.observation_space.shape[0]
-    policy = ActorCritic(obs_dim, env.action_space, control.hidden_sizes, control.activation)
-    env.close()
+    return folder
+
+
+def load_saved(cfg: HoneConfig, folder: Path, policy: ActorCritic, obs_dim: int, rows: int) -> Normalizer:
+    """The saved weights into `policy`, and a normaliser holding the saved observation statistics."""
+    control = cfg.control
+    assert control is not None
     policy.load_state_dict(load_file(str(folder / POLICY_FILE)))
     normalizer = Normalizer(
         obs_dim,
-        1,
+        rows,
         observations=control.normalize_obs,
         rewards=False,
         gamma=cfg.algorithm.gamma,
@@ -343,7 +377,7 @@ def evaluate_saved(cfg: HoneConfig) -> dict[str, float]:
     stats = json.loads((folder / NORMALIZATION_FILE).read_text())
     if stats is not None and normalizer.obs_rms is not None:
         normalizer.obs_rms.mean, normalizer.obs_rms.var = np.array(stats["mean"]), np.array(stats["var"])
-    return evaluate(policy, control, normalizer)
+    return normalizer
 
 
 def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
