@@ -20,7 +20,6 @@ import json
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +30,26 @@ from safetensors.torch import save_file
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
-from hone.control.envs import make_eval_env, make_vector_env
+from hone.control.envs import make_vector_env
+from hone.control.evaluate import ControlResult, evaluate
+from hone.control.evaluate import action_bounds as _action_bounds
+from hone.control.evaluate import as_tensor as _tensor
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 
-EVAL_SEED = 10_000  # eval episode i is reset with EVAL_SEED + i: the same episodes every eval
 PLOT_METRICS = ["episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl"]
-
-
-@dataclass
-class ControlResult:
-    run_dir: Path
-    steps: int
-    env_steps: int
-    start_eval: dict[str, float]
-    final_eval: dict[str, float]
 
 
 def train_control(cfg: HoneConfig) -> ControlResult:
     control = cfg.control
     assert control is not None
+    if control.algorithm != "ppo":  # sac, td3: the off-policy loop
+        from hone.orchestration.control_offpolicy import train_offpolicy
+
+        return train_offpolicy(cfg)
     torch.manual_seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (both peers' advice)
@@ -271,46 +267,12 @@ def _update(
     return metrics
 
 
-def evaluate(policy: ActorCritic, control: ControlConfig, normalizer: Normalizer) -> dict[str, float]:
-    """`control.eval_episodes` episodes of the deterministic policy (argmax, or the Gaussian's mean) on
-    fixed seeds, observations normalised with the training statistics as they are now (frozen here)."""
-    env = make_eval_env(control)
-    low, high = _action_bounds(env.action_space)
-    returns, lengths = [], []
-    try:
-        for i in range(control.eval_episodes):
-            obs, _ = env.reset(seed=EVAL_SEED + i)
-            total, length, done = 0.0, 0, False
-            while not done:
-                x = _tensor(normalizer.observations(obs[None], update=False)[0])
-                with torch.no_grad():
-                    action = policy.act(x.unsqueeze(0), deterministic=True)[0].numpy()
-                if low is not None:
-                    action = np.clip(action, low, high)
-                obs, reward, terminated, truncated, _ = env.step(action if low is not None else int(action))
-                total, length = total + float(reward), length + 1
-                done = bool(terminated or truncated)
-            returns.append(total)
-            lengths.append(length)
-    finally:
-        env.close()
-    return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
-
-
 def _save(policy: ActorCritic, normalizer: Normalizer, run_dir: Path) -> None:
     """The final policy (safetensors) and the observation statistics it was trained with."""
     out = run_dir / "model"
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / "policy.safetensors"))
     (out / "normalization.json").write_text(json.dumps(normalizer.state()))
-
-
-def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
-    return (None, None) if hasattr(space, "n") else (space.low, space.high)
-
-
-def _tensor(x: Any) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32)
 
 
 def control_summary(result: ControlResult, seconds: float) -> str:

@@ -1,0 +1,291 @@
+"""SAC and TD3 on a gymnasium environment with a Box action space (`control.algorithm: sac | td3`), on the
+algorithm core's `hone.algorithms.qlearning` (targets, losses, Polyak averaging, the tanh-Gaussian
+log-prob) and the networks of `hone.control.offpolicy`.
+
+SAC: Haarnoja et al. 2018a, "Soft Actor-Critic" (arXiv:1801.01290), in the form of Haarnoja et al. 2018b,
+"Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905): twin Q critics with target copies and
+no separate V network (§6), a tanh-squashed Gaussian actor, the temperature α learned towards an entropy
+target of −|A| (§5). TD3: Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic
+Methods" (arXiv:1802.09477): clipped double-Q, target policy smoothing, the actor and the target networks
+updated every `policy_delay` critic updates, Gaussian exploration noise.
+
+The schedule is SB3's (and CleanRL's): `learning_starts` environment steps of uniformly random actions,
+then after every `train_freq` vector-environment steps `gradient_steps` updates, each on `batch_size`
+transitions drawn uniformly from the replay buffer (`hone.control.replay`). Within a SAC update the order
+is SB3's: α's step, the critics' step, then the actor's step at the action drawn before the critics moved;
+the targets follow every update (SAC) or every `policy_delay`-th (TD3).
+
+Departures, each shared with a peer: one learning rate (`trainer.lr`) for the actor, the critics and α,
+and no gradient clipping (`trainer.grad_clip` is not read), as SB3; the critics' loss is the sum of the two
+MSEs without SAC's ½ (CleanRL; see `q_loss`); noise scales are in [-1, 1] action units (SB3; CleanRL
+scales by the action range to the same effect). The paper's SAC takes one gradient step per environment
+step after 1000 (v1) or 10000 random steps; `learning_starts` and `train_freq` / `gradient_steps` set that.
+
+Logging: one RL step (one row of metrics.jsonl) is `control.rollout_steps` steps of every environment, so
+RL steps = env_steps / (num_envs × rollout_steps); the losses, α and Q are means over that step's updates.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from hone.algorithms.qlearning import (
+    polyak_update,
+    q_loss,
+    sac_actor_loss,
+    sac_alpha_loss,
+    sac_critic_target,
+    smoothed_target_action,
+    td3_actor_loss,
+    td3_target,
+)
+from hone.config import ControlConfig, HoneConfig
+from hone.control.envs import ControlEnvError, make_vector_env
+from hone.control.evaluate import ControlResult, evaluate
+from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor, TwinQ
+from hone.control.replay import ReplayBuffer
+from hone.orchestration.lifecycle import new_run_dir, open_run_log
+from hone.tracking import Progress, plot_metrics
+from hone.tracking.plot import DEFAULT_PLOT_METRICS
+
+PLOT_METRICS = ["episode/return", "eval/return", "loss/q", "loss/actor", "alpha", "q/mean"]
+
+
+def train_offpolicy(cfg: HoneConfig) -> ControlResult:
+    control = cfg.control
+    assert control is not None
+    torch.manual_seed(cfg.run.seed)
+    torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest
+    run_dir = new_run_dir(cfg.run)
+    envs = make_vector_env(control, cfg.run.seed)
+    try:
+        check_action_space(control, envs.single_action_space)
+        learner = OffPolicyLearner(cfg, envs.single_observation_space.shape[0], envs.single_action_space)
+        with open_run_log(cfg, run_dir) as log:
+            return _run(cfg, control, envs, learner, run_dir, log)
+    finally:
+        envs.close()
+
+
+def check_action_space(control: ControlConfig, space: Any) -> None:
+    """SAC's squashing and TD3's tanh need a Box with finite bounds: one line before anything runs."""
+    if hasattr(space, "n") or not hasattr(space, "low"):
+        raise ControlEnvError(
+            f"control.algorithm {control.algorithm} needs a Box action space; {control.env} has {space}: use ppo"
+        )
+    if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ControlEnvError(
+            f"control.algorithm {control.algorithm} needs finite action bounds; {control.env} has {space}"
+        )
+
+
+class OffPolicyLearner:
+    """The networks, optimizers and one gradient update of SAC or TD3 (actions in [-1, 1])."""
+
+    def __init__(self, cfg: HoneConfig, obs_dim: int, action_space: Any) -> None:
+        control = cfg.control
+        assert control is not None
+        self.control, self.gamma, lr = control, cfg.algorithm.gamma, cfg.trainer.lr
+        self.sac = control.algorithm == "sac"
+        hidden, activation = control.hidden_sizes, control.activation
+        self.actor: SquashedGaussianActor | DeterministicActor
+        if self.sac:
+            self.actor = SquashedGaussianActor(obs_dim, action_space, hidden, activation)
+        else:
+            self.actor = DeterministicActor(obs_dim, action_space, hidden, activation)
+        self.action_dim = self.actor.action_dim
+        self.critic = TwinQ(obs_dim, self.action_dim, hidden, activation)
+        self.critic_target = _frozen_copy(self.critic)
+        self.actor_target = None if self.sac else _frozen_copy(self.actor)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr)
+        self.log_alpha = torch.tensor(math.log(control.init_alpha), requires_grad=self.sac and control.autotune)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=lr) if self.log_alpha.requires_grad else None
+        target = control.target_entropy
+        self.target_entropy = float(-self.action_dim if target is None else target)
+        self.updates = 0
+
+    def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Actions in [-1, 1] for a [num_envs, obs_dim] batch: SAC samples its policy; TD3 adds
+        N(0, exploration_noise²) to μ(s) and clips (Fujimoto et al. 2018 Algorithm 1)."""
+        with torch.no_grad():
+            x = torch.as_tensor(obs, dtype=torch.float32)
+            if isinstance(self.actor, SquashedGaussianActor):
+                return self.actor.sample(x)[0].numpy()
+            mu = self.actor(x).numpy()
+        noise = rng.normal(0.0, self.control.exploration_noise, size=mu.shape)
+        return np.clip(mu + noise, -1.0, 1.0).astype(np.float32)
+
+    def critic_targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """y for each transition: r + γ (1 - terminated) (the target critics' min at the next action, minus
+        α log π for SAC); a terminated transition's y is its reward."""
+        next_obs = batch["next_obs"]
+        with torch.no_grad():
+            if self.actor_target is None:
+                next_action, next_log_prob = self.actor.sample(next_obs)  # type: ignore[union-attr]
+                q1, q2 = self.critic_target(next_obs, next_action)
+                return sac_critic_target(
+                    batch["rewards"], batch["terminated"], q1, q2, next_log_prob,
+                    alpha=self.log_alpha.exp(), gamma=self.gamma,
+                )  # fmt: skip
+            next_action = smoothed_target_action(
+                self.actor_target(next_obs),
+                noise_std=self.control.target_noise,
+                noise_clip=self.control.target_noise_clip,
+                low=-1.0,
+                high=1.0,
+            )
+            q1, q2 = self.critic_target(next_obs, next_action)
+            return td3_target(batch["rewards"], batch["terminated"], q1, q2, gamma=self.gamma)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        self.updates += 1
+        return self._sac_update(batch) if self.sac else self._td3_update(batch)
+
+    def _critic_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        target = self.critic_targets(batch)
+        q1, q2 = self.critic(batch["obs"], batch["actions"])
+        loss = q_loss(q1, target) + q_loss(q2, target)
+        self.critic_opt.zero_grad()
+        loss.backward()
+        self.critic_opt.step()
+        return {"loss/q": float(loss), "q/mean": float((q1 + q2).mean()) / 2}
+
+    def _sac_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        assert isinstance(self.actor, SquashedGaussianActor)
+        action, log_prob = self.actor.sample(batch["obs"])
+        metrics = {"entropy": -float(log_prob.mean())}
+        if self.alpha_opt is not None:
+            alpha_loss = sac_alpha_loss(self.log_alpha, log_prob, target_entropy=self.target_entropy)
+            self.alpha_opt.zero_grad()
+            alpha_loss.backward()
+            metrics["loss/alpha"] = float(alpha_loss)
+        alpha = self.log_alpha.detach().exp()  # this update's α: the value before its step (SB3)
+        metrics["alpha"] = float(alpha)
+        metrics |= self._critic_step(batch)  # the target reads log_alpha: step α after it
+        if self.alpha_opt is not None:
+            self.alpha_opt.step()
+        q1, q2 = self.critic(batch["obs"], action)
+        actor_loss = sac_actor_loss(q1, q2, log_prob, alpha=alpha)
+        self.actor_opt.zero_grad()
+        actor_loss.backward()
+        self.actor_opt.step()
+        polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=self.control.tau)
+        return metrics | {"loss/actor": float(actor_loss)}
+
+    def _td3_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        assert self.actor_target is not None
+        metrics = self._critic_step(batch)
+        if self.updates % self.control.policy_delay == 0:
+            actor_loss = td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
+            self.actor_opt.zero_grad()
+            actor_loss.backward()
+            self.actor_opt.step()
+            tau = self.control.tau
+            polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=tau)
+            polyak_update(self.actor_target.parameters(), self.actor.parameters(), tau=tau)
+            metrics["loss/actor"] = float(actor_loss)
+        return metrics
+
+
+def _frozen_copy(net: torch.nn.Module) -> Any:
+    target = copy.deepcopy(net)
+    target.requires_grad_(False)
+    return target
+
+
+def _run(
+    cfg: HoneConfig, control: ControlConfig, envs: Any, learner: OffPolicyLearner, run_dir: Path, log: Any
+) -> ControlResult:
+    n, t = control.num_envs, control.rollout_steps
+    iterations = max(1, control.env_steps // (n * t))
+    buffer = ReplayBuffer(
+        control.buffer_size, envs.single_observation_space.shape[0], learner.action_dim, seed=cfg.run.seed
+    )
+    rng = np.random.default_rng(cfg.run.seed)  # warm-up actions and TD3's exploration noise
+    scale, bias = learner.actor.scale.numpy(), learner.actor.bias.numpy()
+    obs = envs.reset(seed=cfg.run.seed)[0]
+    episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
+    start_eval = evaluate(learner.actor, control)
+    log.log(0, start_eval)
+    final_eval = start_eval
+    started, env_steps, vector_steps = time.perf_counter(), 0, 0
+    with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
+        for it in range(iterations):
+            sums: dict[str, float] = {}
+            counts: dict[str, int] = {}
+            for _ in range(t):
+                if env_steps < control.learning_starts:
+                    action = rng.uniform(-1.0, 1.0, size=(n, learner.action_dim)).astype(np.float32)
+                else:
+                    action = learner.explore(obs, rng)
+                next_obs, reward, terminated, truncated, info = envs.step(action * scale + bias)
+                buffer.add(obs, action, reward, _real_next_obs(next_obs, terminated, truncated, info), terminated)
+                _record_episodes(info, episodes)
+                obs = next_obs
+                env_steps, vector_steps = env_steps + n, vector_steps + 1
+                if env_steps > control.learning_starts and vector_steps % control.train_freq == 0:
+                    for _ in range(control.gradient_steps):
+                        for key, value in learner.update(buffer.sample(control.batch_size)).items():
+                            sums[key] = sums.get(key, 0.0) + value
+                            counts[key] = counts.get(key, 0) + 1
+            metrics = {key: total / counts[key] for key, total in sums.items()}
+            metrics |= {
+                "env/steps": float(env_steps),
+                "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
+            }
+            if episodes:
+                metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
+                metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
+            step = it + 1
+            solved = (
+                control.stop_at_return is not None
+                and len(episodes) == episodes.maxlen
+                and metrics["episode/return"] >= control.stop_at_return
+            )
+            if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+                final_eval = evaluate(learner.actor, control)
+                metrics |= final_eval
+            log.log(step, metrics)
+            progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
+            if solved:
+                iterations = step
+                break
+    out = run_dir / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in learner.actor.state_dict().items()}
+    save_file(state, str(out / "policy.safetensors"))  # the actor, with its action scale and bias
+    if cfg.logging.plot:
+        keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
+        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
+    return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
+
+
+def _real_next_obs(
+    next_obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]
+) -> np.ndarray:
+    """The observation each action led to: at an episode end (SAME_STEP autoreset) the ended episode's
+    final observation from `info["final_obs"]`, not the next episode's first, which `next_obs` holds."""
+    ended = np.logical_or(terminated, truncated)
+    if not ended.any():
+        return next_obs
+    real = np.array(next_obs, copy=True)
+    for i in np.flatnonzero(ended):
+        real[i] = info["final_obs"][i]
+    return real
+
+
+def _record_episodes(info: dict[str, Any], episodes: deque[tuple[float, int]]) -> None:
+    if "episode" in info:
+        stats = info["episode"]
+        for r, length in zip(stats["r"][info["_episode"]], stats["l"][info["_episode"]], strict=True):
+            episodes.append((float(r), int(length)))
