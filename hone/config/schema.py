@@ -906,7 +906,9 @@ class ControlConfig(Section):
         0.5, ge=0, description="td3: the smoothing noise is clipped to ±this (half action ranges)"
     )
     exploration_noise: float = Field(
-        0.1, ge=0, description="td3: Gaussian exploration noise std on the actor's action (half action ranges)"
+        0.1,
+        ge=0,
+        description="td3: Gaussian exploration noise std on the actor's actions (half action ranges)",
     )
 
     @model_validator(mode="after")

@@ -31,6 +31,8 @@ import copy
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,8 @@ def check_action_space(control: ControlConfig, space: Any) -> None:
     """SAC's squashing and TD3's tanh need a Box with finite bounds: one line before anything runs."""
     if hasattr(space, "n") or not hasattr(space, "low"):
         raise ControlEnvError(
-            f"control.algorithm {control.algorithm} needs a Box action space; {control.env} has {space}: use ppo"
+            f"control.algorithm {control.algorithm} needs a Box action space; {control.env} has {space}: "
+            "use ppo"
         )
     if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
         raise ControlEnvError(
@@ -106,9 +109,12 @@ class OffPolicyLearner:
         self.critic = TwinQ(obs_dim, self.action_dim, hidden, activation)
         self.critic_target = _frozen_copy(self.critic)
         self.actor_target = None if self.sac else _frozen_copy(self.actor)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr)
-        self.log_alpha = torch.tensor(math.log(control.init_alpha), requires_grad=self.sac and control.autotune)
+        # foreach: one fused kernel per Adam step, where torch's CPU default loops over the tensors
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, foreach=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr, foreach=True)
+        self.log_alpha = torch.tensor(
+            math.log(control.init_alpha), requires_grad=self.sac and control.autotune
+        )
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=lr) if self.log_alpha.requires_grad else None
         target = control.target_entropy
         self.target_entropy = float(-self.action_dim if target is None else target)
@@ -158,43 +164,56 @@ class OffPolicyLearner:
         self.critic_opt.zero_grad()
         loss.backward()
         self.critic_opt.step()
-        return {"loss/q": float(loss), "q/mean": float((q1 + q2).mean()) / 2}
+        return {"loss/q": loss.item(), "q/mean": (q1 + q2).mean().item() / 2}
 
     def _sac_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         assert isinstance(self.actor, SquashedGaussianActor)
         action, log_prob = self.actor.sample(batch["obs"])
-        metrics = {"entropy": -float(log_prob.mean())}
+        metrics = {"entropy": -float(log_prob.detach().mean())}
         if self.alpha_opt is not None:
             alpha_loss = sac_alpha_loss(self.log_alpha, log_prob, target_entropy=self.target_entropy)
             self.alpha_opt.zero_grad()
             alpha_loss.backward()
-            metrics["loss/alpha"] = float(alpha_loss)
+            metrics["loss/alpha"] = alpha_loss.item()
         alpha = self.log_alpha.detach().exp()  # this update's α: the value before its step (SB3)
         metrics["alpha"] = float(alpha)
         metrics |= self._critic_step(batch)  # the target reads log_alpha: step α after it
         if self.alpha_opt is not None:
             self.alpha_opt.step()
-        q1, q2 = self.critic(batch["obs"], action)
-        actor_loss = sac_actor_loss(q1, q2, log_prob, alpha=alpha)
-        self.actor_opt.zero_grad()
-        actor_loss.backward()
+        with _no_param_grads(self.critic):
+            q1, q2 = self.critic(batch["obs"], action)
+            actor_loss = sac_actor_loss(q1, q2, log_prob, alpha=alpha)
+            self.actor_opt.zero_grad()
+            actor_loss.backward()
         self.actor_opt.step()
         polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=self.control.tau)
-        return metrics | {"loss/actor": float(actor_loss)}
+        return metrics | {"loss/actor": actor_loss.item()}
 
     def _td3_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         assert self.actor_target is not None
         metrics = self._critic_step(batch)
         if self.updates % self.control.policy_delay == 0:
-            actor_loss = td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
-            self.actor_opt.zero_grad()
-            actor_loss.backward()
+            with _no_param_grads(self.critic):
+                actor_loss = td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
+                self.actor_opt.zero_grad()
+                actor_loss.backward()
             self.actor_opt.step()
             tau = self.control.tau
             polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=tau)
             polyak_update(self.actor_target.parameters(), self.actor.parameters(), tau=tau)
-            metrics["loss/actor"] = float(actor_loss)
+            metrics["loss/actor"] = actor_loss.item()
         return metrics
+
+
+@contextmanager
+def _no_param_grads(net: torch.nn.Module) -> Iterator[None]:
+    """The actor's loss differentiates through the critics to the action only: their weights' gradients
+    (which SB3 and CleanRL compute and then discard) are skipped. The same update, less CPU."""
+    net.requires_grad_(False)
+    try:
+        yield
+    finally:
+        net.requires_grad_(True)
 
 
 def _frozen_copy(net: torch.nn.Module) -> Any:
@@ -228,10 +247,7 @@ def _run(
                     action = rng.uniform(-1.0, 1.0, size=(n, learner.action_dim)).astype(np.float32)
                 else:
                     action = learner.explore(obs, rng)
-                next_obs, reward, terminated, truncated, info = envs.step(action * scale + bias)
-                buffer.add(obs, action, reward, _real_next_obs(next_obs, terminated, truncated, info), terminated)
-                _record_episodes(info, episodes)
-                obs = next_obs
+                obs = env_step(envs, obs, action * scale + bias, action, buffer, episodes)
                 env_steps, vector_steps = env_steps + n, vector_steps + 1
                 if env_steps > control.learning_starts and vector_steps % control.train_freq == 0:
                     for _ in range(control.gradient_steps):
@@ -268,6 +284,23 @@ def _run(
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
     return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
+
+
+def env_step(
+    envs: Any,
+    obs: np.ndarray,
+    env_action: np.ndarray,
+    action: np.ndarray,
+    buffer: ReplayBuffer,
+    episodes: deque[tuple[float, int]],
+) -> np.ndarray:
+    """One vector step: its transitions into `buffer` (`action` as the networks see it, in [-1, 1]; the
+    final observation at an episode end; terminated, not truncated), finished episodes into `episodes`.
+    Returns the observation to act on next."""
+    next_obs, reward, terminated, truncated, info = envs.step(env_action)
+    buffer.add(obs, action, reward, _real_next_obs(next_obs, terminated, truncated, info), terminated)
+    _record_episodes(info, episodes)
+    return next_obs
 
 
 def _real_next_obs(
