@@ -229,13 +229,17 @@ def main() -> None:
     cpu = {impl: sum(r["cpu_s"] for r in runs) for impl, runs in rows.items()}
     all_solved = all(r["return100"] >= TARGET for runs in rows.values() for r in runs)
     print(f"\nall seeds solved within {BUDGET:,} steps: {all_solved}")
-    print(f"CPU-seconds, summed over seeds: Hone {cpu['hone']:.1f}, SB3 {cpu['sb3']:.1f}, ratio "
-          f"{cpu['hone'] / cpu['sb3']:.2f}x (target <= 1.0x)")
+    print(
+        f"CPU-seconds, summed over seeds: Hone {cpu['hone']:.1f}, SB3 {cpu['sb3']:.1f}, ratio "
+        f"{cpu['hone'] / cpu['sb3']:.2f}x (target <= 1.0x)"
+    )
     steps = {impl: sum(r["env_steps"] for r in runs) for impl, runs in rows.items()}
     per_k = {impl: 1000 * cpu[impl] / steps[impl] for impl in rows}
-    print(f"where it goes: env steps to 475, Hone {steps['hone']:,} vs SB3 {steps['sb3']:,} "
-          f"({steps['hone'] / steps['sb3']:.2f}x); CPU-s per 1k env steps, Hone {per_k['hone']:.3f} vs SB3 "
-          f"{per_k['sb3']:.3f} ({per_k['hone'] / per_k['sb3']:.2f}x)")
+    print(
+        f"where it goes: env steps to 475, Hone {steps['hone']:,} vs SB3 {steps['sb3']:,} "
+        f"({steps['hone'] / steps['sb3']:.2f}x); CPU-s per 1k env steps, Hone {per_k['hone']:.3f} vs SB3 "
+        f"{per_k['sb3']:.3f} ({per_k['hone'] / per_k['sb3']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

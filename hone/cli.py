@@ -234,6 +234,10 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 
 
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    if cfg.control is not None:  # a control run's policy: episodes, not prompts
+        from hone.control.evaluate import evaluate_saved
+
+        return _print_metrics(evaluate_saved(cfg.control, Path(cfg.model.path)), ns.out)
     from hone.envs import release_envs
     from hone.orchestration.components import close_samplers
     from hone.orchestration.eval_run import eval_records
@@ -250,11 +254,14 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
         records = eval_records(result.rollouts, parts.policy.tokenizer)
         Path(ns.samples).write_text("".join(json.dumps(record) + "\n" for record in records))
     check_rewards_answered(result, parts.reward, "eval")  # every reward raised: one line, not accuracy 0
-    metrics = result.metrics
+    return _print_metrics(result.metrics, ns.out)
+
+
+def _print_metrics(metrics: dict[str, float], out: str | None) -> int:
     for key, value in metrics.items():
         print(f"{key:24s} {value:.4f}")
-    if ns.out:
-        Path(ns.out).write_text(json.dumps(metrics, indent=2))
+    if out:
+        Path(out).write_text(json.dumps(metrics, indent=2))
     return 0
 
 

@@ -128,3 +128,14 @@ def test_truncation_is_bootstrapped_from_the_final_observation_and_termination_i
     assert batch["next_values"][0].tolist() == pytest.approx(expected)
     assert batch["obs"][0, :, 0].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.0])
     assert np.allclose(batch["rewards"][0].numpy(), [1, 1, 1, 1])
+
+
+def test_hone_eval_of_a_control_run_plays_its_saved_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *_quick(tmp_path, **{"control.normalize_obs": "true"})]) == 0
+    trained = read_metrics(tmp_path / "c" / "metrics.jsonl")[-1]["eval/return"]
+    capsys.readouterr()
+    assert main(["eval", "--run", str(tmp_path / "c"), "--out", str(tmp_path / "e.json")]) == 0
+    # The same deterministic policy, the same eval seeds and frozen statistics: the same return.
+    assert json.loads((tmp_path / "e.json").read_text())["eval/return"] == pytest.approx(trained)

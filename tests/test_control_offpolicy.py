@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from pathlib import Path
@@ -54,11 +55,19 @@ def test_pendulum_sac_trains_through_hone_train(tmp_path: Path, capsys: pytest.C
     assert "eval return after" in capsys.readouterr().out
 
 
-def test_td3_trains_through_hone_train(tmp_path: Path) -> None:
-    assert main(["train", *_quick(tmp_path, **{"control.algorithm": "td3"})]) == 0
+@pytest.mark.parametrize("algorithm", ["sac", "td3"])
+def test_hone_eval_of_an_offpolicy_run_plays_its_deterministic_actor(
+    tmp_path: Path, algorithm: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = {"control.algorithm": algorithm, "control.env_steps": 200, "run.eval_every": 0}
+    assert main(["train", *_quick(tmp_path, **settings)]) == 0
     last = read_metrics(tmp_path / "c" / "metrics.jsonl")[-1]
-    assert {"loss/q", "loss/actor", "q/mean", "eval/return"} <= set(last) and "alpha" not in last
-    assert (tmp_path / "c" / "model" / "policy.safetensors").is_file()
+    assert {"loss/q", "loss/actor", "q/mean", "eval/return", "env/steps", "env/steps_per_s"} <= set(last)
+    assert ("alpha" in last) == (algorithm == "sac") and ("entropy" in last) == (algorithm == "sac")
+    capsys.readouterr()
+    assert main(["eval", "--run", str(tmp_path / "c"), "--out", str(tmp_path / "e.json")]) == 0
+    # tanh(μ(s)) (SAC) or μ(s) (TD3) on the same eval seeds: the return the run logged at its end
+    assert json.loads((tmp_path / "e.json").read_text())["eval/return"] == pytest.approx(last["eval/return"])
 
 
 def test_a_discrete_env_with_sac_is_one_line_and_writes_nothing(
@@ -146,7 +155,10 @@ def test_buffer_sampling_is_seeded_and_its_state_round_trips() -> None:
     assert all(torch.equal(got[k], expected[k]) for k in expected)
     assert (c.pos, len(c)) == (a.pos, len(a))
     batch = a.sample(64)
-    assert torch.equal(batch["next_obs"], batch["obs"] + 1) and set(batch["terminated"].tolist()) <= {0.0, 1.0}
+    assert torch.equal(batch["next_obs"], batch["obs"] + 1) and set(batch["terminated"].tolist()) <= {
+        0.0,
+        1.0,
+    }
 
 
 def _constant_critic(learner: OffPolicyLearner, value: float) -> None:

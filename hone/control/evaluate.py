@@ -1,19 +1,30 @@
-"""What every control loop shares: the deterministic evaluation and the run's result (PPO's
-`hone.orchestration.control_loop` and SAC/TD3's `hone.orchestration.control_offpolicy`)."""
+"""What every control loop shares: the deterministic evaluation, the run's result, and the saved policy
+that `hone eval` plays (PPO's `hone.orchestration.control_loop`, SAC/TD3's
+`hone.orchestration.control_offpolicy`).
+
+A control run's `model/` folder (its final one, and each checkpoint's) holds `policy.safetensors` (PPO's
+actor-critic, or SAC's / TD3's actor with its action scale and bias) and `normalization.json` (the
+observation statistics it was trained with, `null` when observations are not normalised)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from hone.config import ControlConfig
-from hone.control.envs import make_eval_env
+from hone.control.envs import ControlEnvError, make_eval_env
 from hone.control.normalize import Normalizer
+from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor
+from hone.control.policy import ActorCritic
 
+AnyPolicy = ActorCritic | SquashedGaussianActor | DeterministicActor
+POLICY_FILE, NORMALIZATION_FILE = "policy.safetensors", "normalization.json"
 EVAL_SEED = 10_000  # eval episode i is reset with EVAL_SEED + i: the same episodes every eval
 
 
@@ -65,3 +76,59 @@ def action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
 
 def as_tensor(x: Any) -> torch.Tensor:
     return torch.as_tensor(np.asarray(x), dtype=torch.float32)
+
+
+def build_policy(control: ControlConfig, obs_dim: int, action_space: Any) -> AnyPolicy:
+    """The network that acts for `control.algorithm`: PPO's actor-critic, SAC's squashed Gaussian actor or
+    TD3's deterministic one (all with `act(obs, deterministic)`)."""
+    hidden, activation = control.hidden_sizes, control.activation
+    if control.algorithm == "sac":
+        return SquashedGaussianActor(obs_dim, action_space, hidden, activation)
+    if control.algorithm == "td3":
+        return DeterministicActor(obs_dim, action_space, hidden, activation)
+    return ActorCritic(obs_dim, action_space, hidden, activation)
+
+
+def save_policy(policy: torch.nn.Module, normalizer: Normalizer | None, folder: Path) -> None:
+    """`folder/policy.safetensors` and `folder/normalization.json` (what `evaluate_saved` reads)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(folder / POLICY_FILE))
+    stats = None if normalizer is None else normalizer.state()
+    (folder / NORMALIZATION_FILE).write_text(json.dumps(stats))
+
+
+def evaluate_saved(control: ControlConfig, folder: Path) -> dict[str, float]:
+    """`hone eval` of a control run's policy in `folder` (its `model/`, which `--run` finds):
+    `control.eval_episodes` deterministic episodes with the observation statistics it was trained with."""
+    if not (folder / POLICY_FILE).is_file():
+        raise ControlEnvError(
+            f"model.path {folder}: no {POLICY_FILE} (evaluate a control run: --run runs/<name>)"
+        )
+    env = make_eval_env(control)
+    obs_dim = env.observation_space.shape[0]
+    policy = build_policy(control, obs_dim, env.action_space)
+    env.close()
+    try:
+        policy.load_state_dict(load_file(str(folder / POLICY_FILE)))
+    except (OSError, RuntimeError, ValueError) as e:  # a damaged file, or another algorithm's network
+        detail = " ".join(str(e).split())[:200]
+        raise ControlEnvError(
+            f"model.path {folder}: {POLICY_FILE} is not a control.algorithm {control.algorithm} policy of "
+            f"this run's shape: {detail}"
+        ) from None
+    normalizer = Normalizer(
+        obs_dim,
+        1,
+        observations=control.normalize_obs,
+        rewards=False,
+        gamma=1.0,  # rewards are not normalised in eval: unread
+        clip_obs=control.clip_obs,
+        clip_reward=control.clip_reward,
+    )
+    stats_file = folder / NORMALIZATION_FILE
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
+    if normalizer.obs_rms is not None:
+        if stats is None:
+            raise ControlEnvError(f"model.path {folder}: no observation statistics in {NORMALIZATION_FILE}")
+        normalizer.obs_rms.mean, normalizer.obs_rms.var = np.array(stats["mean"]), np.array(stats["var"])
+    return evaluate(policy, control, normalizer)

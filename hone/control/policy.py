@@ -38,9 +38,7 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 class ActorCritic(nn.Module):
     """`dist(obs)` the action distribution, `value(obs)` V(s), `act(obs, deterministic)` an action."""
 
-    def __init__(
-        self, obs_dim: int, action_space: Any, hidden: list[int], activation: str = "tanh"
-    ) -> None:
+    def __init__(self, obs_dim: int, action_space: Any, hidden: list[int], activation: str = "tanh") -> None:
         super().__init__()
         self.discrete = hasattr(action_space, "n")
         action_dim = int(action_space.n) if self.discrete else int(math.prod(action_space.shape))

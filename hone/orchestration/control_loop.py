@@ -16,7 +16,6 @@ learning rate (and with `control.anneal_clip` the clip range) decays linearly to
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -25,13 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
 from hone.control.envs import make_vector_env
-from hone.control.evaluate import ControlResult, evaluate
+from hone.control.evaluate import ControlResult, evaluate, save_policy
 from hone.control.evaluate import action_bounds as _action_bounds
 from hone.control.evaluate import as_tensor as _tensor
 from hone.control.normalize import Normalizer
@@ -131,7 +129,7 @@ def _run(
             if solved:
                 iterations = step
                 break
-    _save(policy, normalizer, run_dir)
+    save_policy(policy, normalizer, run_dir / "model")
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
@@ -265,14 +263,6 @@ def _update(
     metrics["explained_variance"] = explained_variance(flat["values"].unsqueeze(1), ret.unsqueeze(1), ones)
     metrics["clip_range"] = clip
     return metrics
-
-
-def _save(policy: ActorCritic, normalizer: Normalizer, run_dir: Path) -> None:
-    """The final policy (safetensors) and the observation statistics it was trained with."""
-    out = run_dir / "model"
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / "policy.safetensors"))
-    (out / "normalization.json").write_text(json.dumps(normalizer.state()))
 
 
 def control_summary(result: ControlResult, seconds: float) -> str:

@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from hone.algorithms.qlearning import (
     polyak_update,
@@ -52,7 +51,7 @@ from hone.algorithms.qlearning import (
 )
 from hone.config import ControlConfig, HoneConfig
 from hone.control.envs import ControlEnvError, make_vector_env
-from hone.control.evaluate import ControlResult, evaluate
+from hone.control.evaluate import ControlResult, evaluate, save_policy
 from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor, TwinQ
 from hone.control.replay import ReplayBuffer
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
@@ -136,13 +135,14 @@ class OffPolicyLearner:
         α log π for SAC); a terminated transition's y is its reward."""
         next_obs = batch["next_obs"]
         with torch.no_grad():
-            if self.actor_target is None:
-                next_action, next_log_prob = self.actor.sample(next_obs)  # type: ignore[union-attr]
+            if isinstance(self.actor, SquashedGaussianActor):
+                next_action, next_log_prob = self.actor.sample(next_obs)
                 q1, q2 = self.critic_target(next_obs, next_action)
                 return sac_critic_target(
                     batch["rewards"], batch["terminated"], q1, q2, next_log_prob,
                     alpha=self.log_alpha.exp(), gamma=self.gamma,
                 )  # fmt: skip
+            assert self.actor_target is not None
             next_action = smoothed_target_action(
                 self.actor_target(next_obs),
                 noise_std=self.control.target_noise,
@@ -276,10 +276,7 @@ def _run(
             if solved:
                 iterations = step
                 break
-    out = run_dir / "model"
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in learner.actor.state_dict().items()}
-    save_file(state, str(out / "policy.safetensors"))  # the actor, with its action scale and bias
+    save_policy(learner.actor, None, run_dir / "model")  # the actor, with its action scale and bias
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)

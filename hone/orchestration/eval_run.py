@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hone")
 
 RUN_CONFIG = "config.yaml"
+POLICY_FILE = "policy.safetensors"  # a control run's saved policy (hone.orchestration.control_loop)
 _STEP_DIR = re.compile(r"^step-(\d+)$")  # as `hone.training.checkpoint` names them
 
 
@@ -94,6 +95,8 @@ def run_model(run_dir: Path, step: int | None) -> Path:
             raise ConfigError(f"--step {step}: {run_dir} has no checkpoint step-{step} (checkpoints: {have})")
         return run_dir / "checkpoints" / f"step-{step}" / "model"
     if (run_dir / "model" / "config.json").is_file():  # a run that saves its final model (dpo)
+        return run_dir / "model"
+    if (run_dir / "model" / POLICY_FILE).is_file():  # a control run's policy network
         return run_dir / "model"
     if steps:
         return run_dir / "checkpoints" / f"step-{steps[-1]}" / "model"
