@@ -113,6 +113,7 @@ def run_hone_sac(seed: int) -> dict[str, float]:
             f"run.dir={tmp}",
             f"run.seed={seed}",
             "run.eval_every=0",
+            "run.save_every=0",  # the final checkpoint only (SB3 writes none)
             "run.threads=1",
             f"control.env_steps={SAC_BUDGET}",
             f"control.eval_episodes={SAC_EVAL_EPISODES}",

@@ -896,8 +896,18 @@ class ControlConfig(Section):
     target_entropy: float | None = Field(
         None, description="sac with autotune: the entropy target; null = −|A| (minus the action dimension)"
     )
-    policy_delay: int = Field(
-        2, ge=1, description="td3: critic updates per actor and target update (Fujimoto et al.'s d)"
+    policy_delay: int | None = Field(
+        None,
+        ge=1,
+        description="sac/td3: critic updates per actor update; null = 2 for td3 (Fujimoto et al.'s d: the "
+        "targets follow the actor), 1 for sac (SB3); sac with d > 1 takes d actor (and α) steps each time "
+        "(CleanRL's policy_frequency)",
+    )
+    q_lr: float | None = Field(
+        None,
+        gt=0,
+        description="sac/td3: the critics' learning rate (and sac's α's, as CleanRL's q_lr); null = "
+        "trainer.lr (SB3: one learning rate); trainer.lr is the actor's",
     )
     target_noise: float = Field(
         0.2, ge=0, description="td3: target policy smoothing std, in half action ranges (actions in [-1, 1])"

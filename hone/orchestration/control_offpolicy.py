@@ -11,12 +11,15 @@ updated every `policy_delay` critic updates, Gaussian exploration noise.
 
 The schedule is SB3's (and CleanRL's): `learning_starts` environment steps of uniformly random actions,
 then after every `train_freq` vector-environment steps `gradient_steps` updates, each on `batch_size`
-transitions drawn uniformly from the replay buffer (`hone.control.replay`). Within a SAC update the order
-is SB3's: α's step, the critics' step, then the actor's step at the action drawn before the critics moved;
-the targets follow every update (SAC) or every `policy_delay`-th (TD3).
+transitions drawn uniformly from the replay buffer (`hone.control.replay`). A SAC update: the critics' step
+(the target at the current α), the targets' Polyak step, then every `policy_delay`-th update (1: every one,
+SB3; CleanRL's policy_frequency 2) `policy_delay` pairs of α's step and the actor's step, the actor's loss
+at α before its step (SB3's order: α and the critics' target both use the value from before this update's
+α step). TD3: the critics' step every update, the actor's and the targets' every `policy_delay`-th.
 
-Departures, each shared with a peer: one learning rate (`trainer.lr`) for the actor, the critics and α,
-and no gradient clipping (`trainer.grad_clip` is not read), as SB3; the critics' loss is the sum of the two
+Departures, each shared with a peer: one learning rate (`trainer.lr`) for the actor, the critics and α
+unless `control.q_lr` sets the critics' and α's (CleanRL), and no gradient clipping (`trainer.grad_clip` is
+not read), as SB3; the critics' loss is the sum of the two
 MSEs without SAC's ½ (CleanRL; see `q_loss`); noise scales are in [-1, 1] action units (SB3; CleanRL
 scales by the action range to the same effect). The paper's SAC takes one gradient step per environment
 step after 1000 (v1) or 10000 random steps; `learning_starts` and `train_freq` / `gradient_steps` set that.
@@ -97,6 +100,7 @@ class OffPolicyLearner:
         control = cfg.control
         assert control is not None
         self.control, self.gamma, lr = control, cfg.algorithm.gamma, cfg.trainer.lr
+        q_lr = control.q_lr if control.q_lr is not None else lr
         self.sac = control.algorithm == "sac"
         hidden, activation = control.hidden_sizes, control.activation
         self.actor: SquashedGaussianActor | DeterministicActor
@@ -110,11 +114,12 @@ class OffPolicyLearner:
         self.actor_target = None if self.sac else _frozen_copy(self.actor)
         # foreach: one fused kernel per Adam step, where torch's CPU default loops over the tensors
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, foreach=True)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr, foreach=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=q_lr, foreach=True)
         self.log_alpha = torch.tensor(
             math.log(control.init_alpha), requires_grad=self.sac and control.autotune
         )
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=lr) if self.log_alpha.requires_grad else None
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=q_lr) if self.log_alpha.requires_grad else None
+        self.policy_delay = control.policy_delay or (1 if self.sac else 2)
         target = control.target_entropy
         self.target_entropy = float(-self.action_dim if target is None else target)
         self.updates = 0
@@ -168,31 +173,32 @@ class OffPolicyLearner:
 
     def _sac_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         assert isinstance(self.actor, SquashedGaussianActor)
-        action, log_prob = self.actor.sample(batch["obs"])
-        metrics = {"entropy": -float(log_prob.detach().mean())}
-        if self.alpha_opt is not None:
-            alpha_loss = sac_alpha_loss(self.log_alpha, log_prob, target_entropy=self.target_entropy)
-            self.alpha_opt.zero_grad()
-            alpha_loss.backward()
-            metrics["loss/alpha"] = alpha_loss.item()
-        alpha = self.log_alpha.detach().exp()  # this update's α: the value before its step (SB3)
-        metrics["alpha"] = float(alpha)
-        metrics |= self._critic_step(batch)  # the target reads log_alpha: step α after it
-        if self.alpha_opt is not None:
-            self.alpha_opt.step()
-        with _no_param_grads(self.critic):
-            q1, q2 = self.critic(batch["obs"], action)
-            actor_loss = sac_actor_loss(q1, q2, log_prob, alpha=alpha)
-            self.actor_opt.zero_grad()
-            actor_loss.backward()
-        self.actor_opt.step()
+        metrics = {"alpha": float(self.log_alpha.detach().exp())}  # the α this update's target uses
+        metrics |= self._critic_step(batch)
         polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=self.control.tau)
-        return metrics | {"loss/actor": actor_loss.item()}
+        if self.updates % self.policy_delay:
+            return metrics
+        for _ in range(self.policy_delay):  # d > 1: as many actor steps as were skipped (CleanRL)
+            action, log_prob = self.actor.sample(batch["obs"])
+            alpha = self.log_alpha.detach().exp()  # the actor's α: the value before α's step (SB3)
+            if self.alpha_opt is not None:
+                alpha_loss = sac_alpha_loss(self.log_alpha, log_prob, target_entropy=self.target_entropy)
+                self.alpha_opt.zero_grad()
+                alpha_loss.backward()
+                self.alpha_opt.step()
+                metrics["loss/alpha"] = alpha_loss.item()
+            with _no_param_grads(self.critic):
+                q1, q2 = self.critic(batch["obs"], action)
+                actor_loss = sac_actor_loss(q1, q2, log_prob, alpha=alpha)
+                self.actor_opt.zero_grad()
+                actor_loss.backward()
+            self.actor_opt.step()
+        return metrics | {"loss/actor": actor_loss.item(), "entropy": -float(log_prob.detach().mean())}
 
     def _td3_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         assert self.actor_target is not None
         metrics = self._critic_step(batch)
-        if self.updates % self.control.policy_delay == 0:
+        if self.updates % self.policy_delay == 0:
             with _no_param_grads(self.critic):
                 actor_loss = td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
                 self.actor_opt.zero_grad()
