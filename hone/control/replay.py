@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,3 +89,15 @@ class ReplayBuffer:
             getattr(self, name)[:size] = state[name]
         self.pos, self.size = int(state["pos"]), size
         self.rng.bit_generator.state = state["rng"]
+
+    def save(self, path: Path) -> None:
+        """The filled rows as one .npz (plain arrays, loadable without pickle) and the rest as JSON in it."""
+        state = self.state_dict()
+        meta = {k: state[k] for k in ("capacity", "pos", "size", "rng")}
+        np.savez(path, meta=np.array(json.dumps(meta)), **{name: state[name] for name in FIELDS})
+
+    def load(self, path: Path) -> None:
+        with np.load(path, allow_pickle=False) as saved:
+            state: dict[str, Any] = json.loads(str(saved["meta"]))
+            state |= {name: saved[name] for name in FIELDS}
+        self.load_state_dict(state)

@@ -34,67 +34,97 @@ from hone.control.evaluate import action_bounds as _action_bounds
 from hone.control.evaluate import as_tensor as _tensor
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
-from hone.orchestration.lifecycle import new_run_dir, open_run_log
+from hone.orchestration.control_checkpoint import (
+    LoopState,
+    checkpoint_parts,
+    open_control_run,
+    reseed_if_lost,
+    restore,
+    save_every,
+)
+from hone.orchestration.lifecycle import open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
+from hone.training.checkpoint import Checkpointer
 
 PLOT_METRICS = ["episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl"]
 
 
-def train_control(cfg: HoneConfig) -> ControlResult:
+def train_control(cfg: HoneConfig, resume: bool = False) -> ControlResult:
+    """Train (or with `resume`, go on from the newest checkpoint of) the control run `cfg`."""
     control = cfg.control
     assert control is not None
     if control.algorithm != "ppo":  # sac, td3: the off-policy loop
         from hone.orchestration.control_offpolicy import train_offpolicy
 
-        return train_offpolicy(cfg)
+        return train_offpolicy(cfg, resume)
     torch.manual_seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (both peers' advice)
-    run_dir = new_run_dir(cfg.run)
+    run_dir, checkpointer, latest = open_control_run(cfg, resume)
     envs = make_vector_env(control, cfg.run.seed)
+    state = LoopState(envs, None)
     try:
-        policy = ActorCritic(
-            envs.single_observation_space.shape[0],
-            envs.single_action_space,
-            control.hidden_sizes,
-            control.activation,
+        obs_dim = envs.single_observation_space.shape[0]
+        policy = ActorCritic(obs_dim, envs.single_action_space, control.hidden_sizes, control.activation)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
+        normalizer = Normalizer(
+            obs_dim,
+            control.num_envs,
+            observations=control.normalize_obs,
+            rewards=control.normalize_reward,
+            gamma=cfg.algorithm.gamma,
+            clip_obs=control.clip_obs,
+            clip_reward=control.clip_reward,
         )
-        with open_run_log(cfg, run_dir) as log:
-            return _run(cfg, control, envs, policy, run_dir, log)
+        parts = checkpoint_parts(state, policy, normalizer, ("optimizer.pt", optimizer))
+        reset = None
+        if latest is not None:
+            restore(checkpointer, latest, parts, state)
+            reset = reseed_if_lost(state, cfg.run.seed)
+            if reset is not None:  # new episodes: their discounted returns start at 0
+                normalizer.returns[:] = 0.0
+        else:
+            reset = envs.reset(seed=cfg.run.seed)[0]
+        if reset is not None:
+            state.obs = _tensor(normalizer.observations(reset))
+        with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
+            return _run(
+                cfg, control, state, policy, (optimizer, normalizer), (run_dir, checkpointer, parts), log
+            )
     finally:
-        envs.close()
+        state.envs.close()
+        if state.envs is not envs:
+            envs.close()
 
 
 def _run(
-    cfg: HoneConfig, control: ControlConfig, envs: Any, policy: ActorCritic, run_dir: Path, log: Any
+    cfg: HoneConfig,
+    control: ControlConfig,
+    state: LoopState,
+    policy: ActorCritic,
+    training: tuple[torch.optim.Optimizer, Normalizer],
+    saving: tuple[Path, Checkpointer, dict[str, Any]],
+    log: Any,
 ) -> ControlResult:
+    optimizer, normalizer = training
+    run_dir, checkpointer, parts = saving
     n, t = control.num_envs, control.rollout_steps
     iterations = max(1, control.env_steps // (n * t))
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
-    low, high = _action_bounds(envs.single_action_space)
-    normalizer = Normalizer(
-        envs.single_observation_space.shape[0],
-        n,
-        observations=control.normalize_obs,
-        rewards=control.normalize_reward,
-        gamma=cfg.algorithm.gamma,
-        clip_obs=control.clip_obs,
-        clip_reward=control.clip_reward,
-    )
-    obs = _tensor(normalizer.observations(envs.reset(seed=cfg.run.seed)[0]))
-    episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
-    start_eval = evaluate(policy, control, normalizer)
-    log.log(0, start_eval)
-    final_eval = start_eval
-    started, env_steps = time.perf_counter(), 0
+    low, high = _action_bounds(state.envs.single_action_space)
+    episodes = state.episodes  # (return, length) of the last 100 training episodes
+    if state.step == 0:
+        state.start_eval = evaluate(policy, control, normalizer)
+        log.log(0, state.start_eval)
+    final_eval = state.start_eval
+    started, steps_before = time.perf_counter(), state.env_steps
     with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
-        for it in range(iterations):
+        for it in range(state.step, iterations):
             remaining = _schedule(cfg.trainer.schedule, it, iterations)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.trainer.lr * remaining
-            batch, obs = _collect(policy, envs, obs, t, normalizer, (low, high), episodes)
-            env_steps += n * t
+            batch, state.obs = _collect(policy, state.envs, state.obs, t, normalizer, (low, high), episodes)
+            state.env_steps += n * t
             advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
                 token_rewards=batch["rewards"],
                 response_mask=torch.ones_like(batch["rewards"]),
@@ -108,14 +138,15 @@ def _run(
             clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
             metrics = _update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
             metrics |= {
-                "env/steps": float(env_steps),
-                "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
+                "env/steps": float(state.env_steps),
+                "env/steps_per_s": (state.env_steps - steps_before)
+                / max(time.perf_counter() - started, 1e-9),
                 "lr": cfg.trainer.lr * remaining,
             }
             if episodes:
                 metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
                 metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
-            step = it + 1
+            state.step = step = it + 1
             solved = (
                 control.stop_at_return is not None
                 and len(episodes) == episodes.maxlen
@@ -126,14 +157,15 @@ def _run(
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
+            if save_every(cfg, step, last=solved or step == iterations):
+                checkpointer.save(step, parts)
             if solved:
-                iterations = step
                 break
     save_policy(policy, normalizer, run_dir / "model")
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
-    return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
+    return ControlResult(run_dir, state.step, state.env_steps, state.start_eval, final_eval)
 
 
 def _schedule(kind: str, it: int, iterations: int) -> float:

@@ -57,27 +57,48 @@ from hone.control.envs import ControlEnvError, make_vector_env
 from hone.control.evaluate import ControlResult, evaluate, save_policy
 from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor, TwinQ
 from hone.control.replay import ReplayBuffer
-from hone.orchestration.lifecycle import new_run_dir, open_run_log
+from hone.orchestration.control_checkpoint import (
+    LoopState,
+    checkpoint_parts,
+    open_control_run,
+    reseed_if_lost,
+    restore,
+    save_every,
+)
+from hone.orchestration.lifecycle import open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
+from hone.training.checkpoint import Checkpointer
 
 PLOT_METRICS = ["episode/return", "eval/return", "loss/q", "loss/actor", "alpha", "q/mean"]
 
 
-def train_offpolicy(cfg: HoneConfig) -> ControlResult:
+def train_offpolicy(cfg: HoneConfig, resume: bool = False) -> ControlResult:
     control = cfg.control
     assert control is not None
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest
-    run_dir = new_run_dir(cfg.run)
+    run_dir, checkpointer, latest = open_control_run(cfg, resume)
     envs = make_vector_env(control, cfg.run.seed)
+    state = LoopState(envs, None, rng=np.random.default_rng(cfg.run.seed))  # warm-up actions, TD3's noise
     try:
         check_action_space(control, envs.single_action_space)
-        learner = OffPolicyLearner(cfg, envs.single_observation_space.shape[0], envs.single_action_space)
-        with open_run_log(cfg, run_dir) as log:
-            return _run(cfg, control, envs, learner, run_dir, log)
+        obs_dim = envs.single_observation_space.shape[0]
+        learner = OffPolicyLearner(cfg, obs_dim, envs.single_action_space)
+        buffer = ReplayBuffer(control.buffer_size, obs_dim, learner.action_dim, seed=cfg.run.seed)
+        parts = checkpoint_parts(state, learner.actor, None, ("learner.pt", learner), buffer)
+        if latest is not None:
+            restore(checkpointer, latest, parts, state)
+            reset = reseed_if_lost(state, cfg.run.seed)
+            state.obs = state.obs if reset is None else reset
+        else:
+            state.obs = envs.reset(seed=cfg.run.seed)[0]
+        with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
+            return _run(cfg, control, state, learner, buffer, (run_dir, checkpointer, parts), log)
     finally:
-        envs.close()
+        state.envs.close()
+        if state.envs is not envs:
+            envs.close()
 
 
 def check_action_space(control: ControlConfig, space: Any) -> None:
@@ -123,6 +144,32 @@ class OffPolicyLearner:
         target = control.target_entropy
         self.target_entropy = float(-self.action_dim if target is None else target)
         self.updates = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every network, target copy and optimizer, log α and the update count (a checkpoint's
+        `learner.pt`)."""
+        state = {name: part.state_dict() for name, part in self._parts().items()}
+        return state | {"log_alpha": self.log_alpha.detach().clone(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, part in self._parts().items():
+            part.load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.updates = int(state["updates"])
+
+    def _parts(self) -> dict[str, Any]:
+        parts: dict[str, Any] = {
+            "actor": self.actor,
+            "critic": self.critic,
+            "critic_target": self.critic_target,
+        }
+        if self.actor_target is not None:
+            parts["actor_target"] = self.actor_target
+        parts |= {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+        if self.alpha_opt is not None:
+            parts["alpha_opt"] = self.alpha_opt
+        return parts
 
     def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Actions in [-1, 1] for a [num_envs, obs_dim] batch: SAC samples its policy; TD3 adds
@@ -229,46 +276,51 @@ def _frozen_copy(net: torch.nn.Module) -> Any:
 
 
 def _run(
-    cfg: HoneConfig, control: ControlConfig, envs: Any, learner: OffPolicyLearner, run_dir: Path, log: Any
+    cfg: HoneConfig,
+    control: ControlConfig,
+    state: LoopState,
+    learner: OffPolicyLearner,
+    buffer: ReplayBuffer,
+    saving: tuple[Path, Checkpointer, dict[str, Any]],
+    log: Any,
 ) -> ControlResult:
+    run_dir, checkpointer, parts = saving
     n, t = control.num_envs, control.rollout_steps
     iterations = max(1, control.env_steps // (n * t))
-    buffer = ReplayBuffer(
-        control.buffer_size, envs.single_observation_space.shape[0], learner.action_dim, seed=cfg.run.seed
-    )
-    rng = np.random.default_rng(cfg.run.seed)  # warm-up actions and TD3's exploration noise
+    assert state.rng is not None
+    rng, episodes = state.rng, state.episodes
     scale, bias = learner.actor.scale.numpy(), learner.actor.bias.numpy()
-    obs = envs.reset(seed=cfg.run.seed)[0]
-    episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
-    start_eval = evaluate(learner.actor, control)
-    log.log(0, start_eval)
-    final_eval = start_eval
-    started, env_steps, vector_steps = time.perf_counter(), 0, 0
+    if state.step == 0:
+        state.start_eval = evaluate(learner.actor, control)
+        log.log(0, state.start_eval)
+    final_eval = state.start_eval
+    started, steps_before = time.perf_counter(), state.env_steps
     with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
-        for it in range(iterations):
+        for it in range(state.step, iterations):
             sums: dict[str, float] = {}
             counts: dict[str, int] = {}
             for _ in range(t):
-                if env_steps < control.learning_starts:
+                if state.env_steps < control.learning_starts:
                     action = rng.uniform(-1.0, 1.0, size=(n, learner.action_dim)).astype(np.float32)
                 else:
-                    action = learner.explore(obs, rng)
-                obs = env_step(envs, obs, action * scale + bias, action, buffer, episodes)
-                env_steps, vector_steps = env_steps + n, vector_steps + 1
-                if env_steps > control.learning_starts and vector_steps % control.train_freq == 0:
+                    action = learner.explore(state.obs, rng)
+                state.obs = env_step(state.envs, state.obs, action * scale + bias, action, buffer, episodes)
+                state.env_steps, state.vector_steps = state.env_steps + n, state.vector_steps + 1
+                if state.env_steps > control.learning_starts and state.vector_steps % control.train_freq == 0:
                     for _ in range(control.gradient_steps):
                         for key, value in learner.update(buffer.sample(control.batch_size)).items():
                             sums[key] = sums.get(key, 0.0) + value
                             counts[key] = counts.get(key, 0) + 1
             metrics = {key: total / counts[key] for key, total in sums.items()}
             metrics |= {
-                "env/steps": float(env_steps),
-                "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
+                "env/steps": float(state.env_steps),
+                "env/steps_per_s": (state.env_steps - steps_before)
+                / max(time.perf_counter() - started, 1e-9),
             }
             if episodes:
                 metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
                 metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
-            step = it + 1
+            state.step = step = it + 1
             solved = (
                 control.stop_at_return is not None
                 and len(episodes) == episodes.maxlen
@@ -279,14 +331,15 @@ def _run(
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
+            if save_every(cfg, step, last=solved or step == iterations):
+                checkpointer.save(step, parts)
             if solved:
-                iterations = step
                 break
     save_policy(learner.actor, None, run_dir / "model")  # the actor, with its action scale and bias
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
-    return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
+    return ControlResult(run_dir, state.step, state.env_steps, state.start_eval, final_eval)
 
 
 def env_step(
