@@ -189,3 +189,36 @@ def test_the_critic_target_does_not_bootstrap_a_terminated_transition(algorithm:
     assert gamma == 0.99
     assert y.tolist() == pytest.approx([1.0 + gamma * 5, 2.0, -3.0 + gamma * 5], abs=1e-5)
     assert not math.isnan(float(y.sum()))
+
+
+def test_halfcheetah_sac_has_cleanrls_two_learning_rates_and_delayed_actor() -> None:
+    """CleanRL's sac_continuous_action: policy lr 3e-4, q lr 1e-3 (also α's), policy_frequency 2 = two actor
+    (and α) steps every second update, the critics and their targets every update."""
+    overrides = [f"control.env={SLIDE}", "control.hidden_sizes=[8]", "control.batch_size=4"]
+    cfg = load_config("halfcheetah-sac", overrides)
+    assert cfg.control is not None
+    control = cfg.control
+    assert (control.env_steps, control.buffer_size, control.learning_starts) == (1_000_000, 1_000_000, 5000)
+    assert (control.batch_size, control.tau, cfg.algorithm.gamma, control.autotune) == (4, 0.005, 0.99, True)
+    envs = make_vector_env(control, seed=0)
+    learner = OffPolicyLearner(cfg, 1, envs.single_action_space)
+    envs.close()
+    assert [g["lr"] for g in learner.actor_opt.param_groups] == [3e-4]
+    assert learner.alpha_opt is not None
+    assert [g["lr"] for g in (*learner.critic_opt.param_groups, *learner.alpha_opt.param_groups)] == [
+        1e-3
+    ] * 2
+    buffer = ReplayBuffer(16, 1, 1, seed=0)
+    x = np.zeros((16, 1), np.float32)
+    buffer.add(x, x, np.ones(16, np.float32), x, np.zeros(16))
+    steps = []
+    for _ in range(4):
+        metrics = learner.update(buffer.sample(4))
+        steps.append([_adam_steps(o) for o in (learner.critic_opt, learner.actor_opt, learner.alpha_opt)])
+        assert ("loss/actor" in metrics) == (learner.updates % 2 == 0)
+    assert steps == [[1, 0, 0], [2, 2, 2], [3, 2, 2], [4, 4, 4]]
+
+
+def _adam_steps(optimizer: torch.optim.Optimizer) -> int:
+    states = list(optimizer.state.values())
+    return int(states[0]["step"]) if states else 0
