@@ -132,3 +132,29 @@ def test_resume_without_a_checkpoint_or_from_a_damaged_one_is_one_line(
     assert main(["train", "--resume", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no checkpoint in" in err
+
+
+def test_an_interrupted_run_says_where_and_resumes_to_the_unbroken_runs_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *_args(tmp_path, "whole", "sac", 4)]) == 0
+    from hone.orchestration import control_offpolicy
+
+    real, calls = control_offpolicy.evaluate, []
+
+    def interrupted(*args: object, **kwargs: object) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) == 4:  # the eval of RL step 3 (after the start eval and steps 1, 2)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(control_offpolicy, "evaluate", interrupted)
+    capsys.readouterr()
+    assert main(["train", *_args(tmp_path, "cut", "sac", 4)]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted at step 2; last checkpoint step 2; resume with" in err
+    monkeypatch.setattr(control_offpolicy, "evaluate", real)
+    assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
+    whole, resumed = _saved(tmp_path / "whole", 4), _saved(tmp_path / "cut", 4)
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    assert _rows(tmp_path / "whole") == _rows(tmp_path / "cut")

@@ -42,7 +42,7 @@ from hone.orchestration.control_checkpoint import (
     restore,
     save_every,
 )
-from hone.orchestration.lifecycle import open_run_log
+from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.checkpoint import Checkpointer
@@ -89,9 +89,12 @@ def train_control(cfg: HoneConfig, resume: bool = False) -> ControlResult:
         if reset is not None:
             state.obs = _tensor(normalizer.observations(reset))
         with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
-            return _run(
-                cfg, control, state, policy, (optimizer, normalizer), (run_dir, checkpointer, parts), log
-            )
+            try:
+                return _run(
+                    cfg, control, state, policy, (optimizer, normalizer), (run_dir, checkpointer, parts), log
+                )
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: one line saying where, and how to resume
+                raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
     finally:
         state.envs.close()
         if state.envs is not envs:

@@ -65,7 +65,7 @@ from hone.orchestration.control_checkpoint import (
     restore,
     save_every,
 )
-from hone.orchestration.lifecycle import open_run_log
+from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.checkpoint import Checkpointer
@@ -94,7 +94,10 @@ def train_offpolicy(cfg: HoneConfig, resume: bool = False) -> ControlResult:
         else:
             state.obs = envs.reset(seed=cfg.run.seed)[0]
         with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
-            return _run(cfg, control, state, learner, buffer, (run_dir, checkpointer, parts), log)
+            try:
+                return _run(cfg, control, state, learner, buffer, (run_dir, checkpointer, parts), log)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: one line saying where, and how to resume
+                raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
     finally:
         state.envs.close()
         if state.envs is not envs:
