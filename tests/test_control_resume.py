@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -154,6 +155,10 @@ def test_an_interrupted_run_says_where_and_resumes_to_the_unbroken_runs_weights(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "interrupted at step 2; last checkpoint step 2; resume with" in err
     monkeypatch.setattr(control_offpolicy, "evaluate", real)
+    # no final model yet: `hone eval --run` plays the newest checkpoint's actor (step 2), as logged there
+    assert main(["eval", "--run", str(tmp_path / "cut"), "--out", str(tmp_path / "e.json")]) == 0
+    logged = [row for row in read_metrics(tmp_path / "cut" / "metrics.jsonl") if row["step"] == 2]
+    assert json.loads((tmp_path / "e.json").read_text())["eval/return"] == logged[0]["eval/return"]
     assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
     whole, resumed = _saved(tmp_path / "whole", 4), _saved(tmp_path / "cut", 4)
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
