@@ -12,12 +12,13 @@ kept) holds:
 - `state.json`: the loop's counters (env steps, the last 100 training episodes, the start eval, its own
   generator) and the normalisation statistics (running means, variances, counts, discounted returns).
 
-So a resumed run takes exactly the steps an unbroken one would (tested: bit-identical weights). Except for
-the environments, where that is impossible: an `async` vector env (its sub-environments live in worker
-processes) or a MuJoCo one (pickling `MjData` drops its physics state) is not saved; at resume it is reset
-with seed `run.seed + 1000 × step` instead, so the episodes in flight end there (their transitions already
-in the buffer stay) and the run goes on as a deterministic function of the checkpoint, not as the unbroken
-one would. `envs.pkl` is a pickle: resume only run directories you trust, as with any model file.
+So a resumed run takes exactly the steps an unbroken one would (tested: bit-identical weights), also on
+MuJoCo (its envs' physics and generators are saved apart: `_restore_physics`). Except where the environments
+cannot be saved: an `async` vector env (its sub-environments live in worker processes), or another
+`EzPickle` env (Box2D: unpickled as a new env) or one that does not pickle. Then at resume they are reset
+with seed `run.seed + 1000 × step`, so the episodes in flight end there (their transitions already in the
+buffer stay) and the run goes on as a deterministic function of the checkpoint, not as the unbroken one
+would. `envs.pkl` is a pickle: resume only run directories you trust, as with any model file.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class _EnvsFolder:
         file = directory / ENVS_FILE
         if not file.is_file():
             return
-        envs, obs = pickle.loads(file.read_bytes())
+        envs, obs, physics = pickle.loads(file.read_bytes())  # the user's own run directory
+        _restore_physics(envs, physics)
         base, fresh = envs.unwrapped, self.state.envs.unwrapped
         base.env_fns = fresh.env_fns  # dropped when pickled (closures); only `SyncVectorEnv` reads them
         self.state.envs.close()
@@ -117,21 +119,45 @@ class _EnvsFolder:
 
 def _pickled(envs: Any, obs: Any) -> bytes | None:
     """The vector env and `obs` as a pickle, or None where it would not restore the env exactly."""
+    from gymnasium.utils import EzPickle
+
     base = envs.unwrapped
     if not hasattr(base, "envs"):  # AsyncVectorEnv: the sub-environments live in worker processes
         return None
+    physics: list[tuple[Any, Any, Any] | None] = []
     for env in base.envs:
-        if type(getattr(env.unwrapped, "data", None)).__module__.startswith("mujoco"):
-            return None  # MjData pickles without its physics state
+        inner = env.unwrapped
+        if _is_mujoco(inner):  # pickled apart: see `_restore_physics`
+            physics.append((inner.model, inner.data, inner.np_random))
+        elif isinstance(inner, EzPickle):  # unpickled as a new env from its constructor: its state is lost
+            return None
+        else:
+            physics.append(None)
     fns = base.env_fns
     base.env_fns = None  # `make_vec`'s closures do not pickle, and are not needed after construction
     try:
-        return pickle.dumps((envs, obs))
+        return pickle.dumps((envs, obs, physics))
     except Exception as e:
         log.info("control checkpoint: the environments are not saved (%s: %s)", type(e).__name__, e)
         return None
     finally:
         base.env_fns = fns
+
+
+def _is_mujoco(env: Any) -> bool:
+    return type(getattr(env, "data", None)).__module__.startswith("mujoco")
+
+
+def _restore_physics(envs: Any, physics: list[tuple[Any, Any, Any] | None]) -> None:
+    """gymnasium's MuJoCo envs are `EzPickle`s: unpickling builds a fresh env from the constructor's
+    arguments, at its initial state. Their state is the `MjModel`, the whole `MjData` (the derived
+    quantities too: Ant's reward reads body positions the last step computed) and the generator that draws
+    each reset's noise; with these put back the env steps on bit-identically (tested: HalfCheetah, Hopper,
+    Walker2d, Ant, Humanoid v5, 3000 steps through resets)."""
+    for env, saved in zip(envs.unwrapped.envs, physics, strict=True):
+        if saved is not None:
+            inner = env.unwrapped
+            inner.model, inner.data, inner._np_random = saved
 
 
 class _ReplayFolder:
