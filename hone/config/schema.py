@@ -823,7 +823,8 @@ class ControlConfig(Section):
     language model), with the same loop pieces: `algorithm` (gamma, lam, clip_low/high, entropy_coef),
     `trainer` (lr, schedule, ppo_epochs, mini_batches, grad_clip), `run`, `logging`. One RL step is one
     rollout of `rollout_steps` per environment and its update (sac/td3: `rollout_steps` steps per environment,
-    updated every `train_freq` of them; `trainer.lr` for every optimizer); see docs/how-to/control.md."""
+    updated every `train_freq` of them; `trainer.lr` the actor's, `q_lr` the critics'); see
+    docs/how-to/control.md."""
 
     env: str = Field(
         description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5) or 'pkg.mod:Class' "
