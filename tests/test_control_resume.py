@@ -79,9 +79,12 @@ def _rows(run: Path) -> list[dict[str, float]]:
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "sac", "td3", "sac-mujoco"])
-def test_k_steps_then_resume_for_k_more_is_bit_identical_to_2k_steps(tmp_path: Path, algorithm: str) -> None:
+def test_k_steps_then_resume_for_k_more_is_bit_identical_to_2k_steps(
+    tmp_path: Path, algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if algorithm == "sac-mujoco":  # Hopper: episodes end (and reset) often; the physics is saved apart
         pytest.importorskip("mujoco")
+        monkeypatch.chdir(tmp_path)  # MuJoCo writes its warnings to MUJOCO_LOG.TXT in the current folder
     k = 2 if algorithm == "ppo" else 3
     assert main(["train", *_args(tmp_path, "whole", algorithm, 2 * k)]) == 0
     assert main(["train", *_args(tmp_path, "half", algorithm, k)]) == 0
