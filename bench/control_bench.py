@@ -13,6 +13,15 @@ most 1.0× SB3's (summed over seeds).
 
     .venv/bin/python bench/control_bench.py                 # 3 seeds each (~3 CPU-minutes in all)
     .venv/bin/python bench/control_bench.py --seeds 0       # one seed each
+
+`--pendulum-sac`: SAC on Pendulum-v1, Hone (`recipes/pendulum-sac.yaml`) against SB3's SAC with the same
+hyperparameters (rl-baselines3-zoo: lr 1e-3, the rest SB3's defaults: buffer 1e6, learning_starts 100,
+batch 256, tau 0.005, gamma 0.99, train_freq 1, gradient_steps 1, automatic α from 1.0, target entropy
+-|A|, 256×256 ReLU MLPs), one env, 20k environment steps, one seed each by default. Reported: the
+deterministic eval return at 20k steps (10 episodes on the same fixed seeds, `EVAL_SEED + i`, for both;
+target ≥ -200) and CPU-seconds per environment step (model building, training and that one eval).
+
+    .venv/bin/python bench/control_bench.py --pendulum-sac              # seed 0 each (~8 CPU-minutes)
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import time
 from pathlib import Path
 
 TARGET, BUDGET = 475.0, 100_000
+SAC_TARGET, SAC_BUDGET, SAC_EVAL_EPISODES = -200.0, 20_000, 10
 
 
 def run_hone(seed: int) -> dict[str, float]:
@@ -94,26 +104,122 @@ def run_sb3(seed: int) -> dict[str, float]:
     return {"env_steps": model.num_timesteps, "cpu_s": cpu, "return100": float(np.mean(returns))}
 
 
+def run_hone_sac(seed: int) -> dict[str, float]:
+    from hone.config import load_config
+    from hone.orchestration.control_loop import train_control
+
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [
+            f"run.dir={tmp}",
+            f"run.seed={seed}",
+            "run.eval_every=0",
+            "run.save_every=0",  # the final checkpoint only (SB3 writes none)
+            "run.threads=1",
+            f"control.env_steps={SAC_BUDGET}",
+            f"control.eval_episodes={SAC_EVAL_EPISODES}",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "logging.plot=[]",
+        ]
+        cfg = load_config("pendulum-sac", overrides)
+        cpu = time.process_time()
+        result = train_control(cfg)  # with an eval before and after training (2 x 10 episodes)
+        cpu = time.process_time() - cpu
+    return {"env_steps": result.env_steps, "cpu_s": cpu, "eval_return": result.final_eval["eval/return"]}
+
+
+def run_sb3_sac(seed: int) -> dict[str, float]:
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from stable_baselines3 import SAC
+
+    from hone.control.evaluate import EVAL_SEED
+
+    torch.set_num_threads(1)
+    cpu = time.process_time()
+    model = SAC(
+        "MlpPolicy",
+        gym.make("Pendulum-v1"),
+        learning_rate=1e-3,
+        buffer_size=1_000_000,
+        learning_starts=100,
+        batch_size=256,
+        tau=0.005,
+        gamma=0.99,
+        train_freq=1,
+        gradient_steps=1,
+        seed=seed,
+        device="cpu",
+    )
+    model.learn(total_timesteps=SAC_BUDGET)
+    env, returns = gym.make("Pendulum-v1"), []
+    for i in range(SAC_EVAL_EPISODES):  # the deterministic policy on Hone's eval seeds
+        obs, _ = env.reset(seed=EVAL_SEED + i)
+        total, done = 0.0, False
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), bool(terminated or truncated)
+        returns.append(total)
+    cpu = time.process_time() - cpu
+    return {"env_steps": model.num_timesteps, "cpu_s": cpu, "eval_return": float(np.mean(returns))}
+
+
+def pendulum_sac(seeds: list[int]) -> None:
+    rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
+    for seed in seeds:
+        for impl in ("hone", "sb3"):
+            row = _subprocess(f"{impl}-sac", seed)
+            rows[impl].append(row)
+            reached = "reached" if row["eval_return"] >= SAC_TARGET else "NOT reached"
+            print(
+                f"{impl:5s} seed {seed}: eval return {row['eval_return']:8.1f} at {row['env_steps']:,} env "
+                f"steps ({reached} {SAC_TARGET:.0f}), {row['cpu_s']:6.1f} CPU-s, "
+                f"{1000 * row['cpu_s'] / row['env_steps']:.2f} CPU-ms per env step",
+                flush=True,
+            )
+    per_step = {
+        impl: sum(r["cpu_s"] for r in runs) / sum(r["env_steps"] for r in runs) for impl, runs in rows.items()
+    }
+    print(
+        f"\nCPU-ms per env step: Hone {1000 * per_step['hone']:.2f}, SB3 {1000 * per_step['sb3']:.2f}, ratio "
+        f"{per_step['hone'] / per_step['sb3']:.2f}x"
+    )
+
+
+def _subprocess(which: str, seed: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", which, "--seed", str(seed)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[1],
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+ONE = {"hone": run_hone, "sb3": run_sb3, "hone-sac": run_hone_sac, "sb3-sac": run_sb3_sac}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--one", choices=["hone", "sb3"], help=argparse.SUPPRESS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (PPO), 0 (SAC)")
+    parser.add_argument("--pendulum-sac", action="store_true", help="SAC on Pendulum-v1 instead of PPO")
+    parser.add_argument("--one", choices=sorted(ONE), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps((run_hone if args.one == "hone" else run_sb3)(args.seed)))
+        print(json.dumps(ONE[args.one](args.seed)))
         return
+    if args.pendulum_sac:
+        pendulum_sac(args.seeds or [0])
+        return
+    args.seeds = args.seeds or [0, 1, 2]
     rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
     for seed in args.seeds:
         for impl in ("hone", "sb3"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", impl, "--seed", str(seed)],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=Path(__file__).parents[1],
-            ).stdout
-            row = json.loads(out.strip().splitlines()[-1])
+            row = _subprocess(impl, seed)
             rows[impl].append(row)
             solved = "solved" if row["return100"] >= TARGET else "NOT solved"
             print(
@@ -124,13 +230,17 @@ def main() -> None:
     cpu = {impl: sum(r["cpu_s"] for r in runs) for impl, runs in rows.items()}
     all_solved = all(r["return100"] >= TARGET for runs in rows.values() for r in runs)
     print(f"\nall seeds solved within {BUDGET:,} steps: {all_solved}")
-    print(f"CPU-seconds, summed over seeds: Hone {cpu['hone']:.1f}, SB3 {cpu['sb3']:.1f}, ratio "
-          f"{cpu['hone'] / cpu['sb3']:.2f}x (target <= 1.0x)")
+    print(
+        f"CPU-seconds, summed over seeds: Hone {cpu['hone']:.1f}, SB3 {cpu['sb3']:.1f}, ratio "
+        f"{cpu['hone'] / cpu['sb3']:.2f}x (target <= 1.0x)"
+    )
     steps = {impl: sum(r["env_steps"] for r in runs) for impl, runs in rows.items()}
     per_k = {impl: 1000 * cpu[impl] / steps[impl] for impl in rows}
-    print(f"where it goes: env steps to 475, Hone {steps['hone']:,} vs SB3 {steps['sb3']:,} "
-          f"({steps['hone'] / steps['sb3']:.2f}x); CPU-s per 1k env steps, Hone {per_k['hone']:.3f} vs SB3 "
-          f"{per_k['sb3']:.3f} ({per_k['hone'] / per_k['sb3']:.2f}x)")
+    print(
+        f"where it goes: env steps to 475, Hone {steps['hone']:,} vs SB3 {steps['sb3']:,} "
+        f"({steps['hone'] / steps['sb3']:.2f}x); CPU-s per 1k env steps, Hone {per_k['hone']:.3f} vs SB3 "
+        f"{per_k['sb3']:.3f} ({per_k['hone'] / per_k['sb3']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
         from hone.orchestration.control_loop import control_summary, train_control
 
         started = time.perf_counter()
-        print(control_summary(train_control(cfg), time.perf_counter() - started))
+        print(control_summary(train_control(cfg, resume=bool(ns.resume)), time.perf_counter() - started))
         return 0
     if ns.dry_run:
         from hone.orchestration.dry_run import dry_run

@@ -831,7 +831,9 @@ class ControlConfig(Section):
     """Classic control and robotics: a policy network trained on a gymnasium environment (instead of a
     language model), with the same loop pieces: `algorithm` (gamma, lam, clip_low/high, entropy_coef),
     `trainer` (lr, schedule, ppo_epochs, mini_batches, grad_clip), `run`, `logging`. One RL step is one
-    rollout of `rollout_steps` per environment and its update; see docs/how-to/control.md."""
+    rollout of `rollout_steps` per environment and its update (sac/td3: `rollout_steps` steps per environment,
+    updated every `train_freq` of them; `trainer.lr` the actor's, `q_lr` the critics'); see
+    docs/how-to/control.md."""
 
     env: str = Field(
         description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, highway-fast-v0), "
@@ -913,6 +915,69 @@ class ControlConfig(Section):
         "centralized = MAPPO (the critic reads the joint observation and the agent's index); "
         "independent = IPPO (each agent's critic reads its own observation)",
     )
+    algorithm: Literal["ppo", "sac", "td3"] = Field(
+        "ppo",
+        description="ppo (on-policy, GAE; Discrete or Box actions) or the off-policy sac / td3 (Box actions, "
+        "a replay buffer, twin Q critics; the keys below up to exploration_noise)",
+    )
+    buffer_size: int = Field(
+        1_000_000, ge=1, description="sac/td3: replay buffer capacity in transitions (oldest overwritten)"
+    )
+    batch_size: int = Field(256, ge=1, description="sac/td3: transitions sampled per gradient step")
+    learning_starts: int = Field(
+        100,
+        ge=0,
+        description="sac/td3: environment steps of uniformly random actions before the first update (SB3)",
+    )
+    train_freq: int = Field(
+        1, ge=1, description="sac/td3: vector-environment steps between updates (SB3's train_freq in steps)"
+    )
+    gradient_steps: int = Field(1, ge=1, description="sac/td3: gradient steps per update")
+    tau: float = Field(
+        0.005, ge=0, le=1, description="sac/td3: Polyak rate of the target networks, θ' ← τθ + (1-τ)θ'"
+    )
+    init_alpha: float = Field(
+        1.0, gt=0, description="sac: the entropy temperature α at the start (SB3's ent_coef 'auto_1.0')"
+    )
+    autotune: bool = Field(
+        True, description="sac: learn α towards target_entropy (Haarnoja et al. 2018b §5); false = α fixed"
+    )
+    target_entropy: float | None = Field(
+        None, description="sac with autotune: the entropy target; null = −|A| (minus the action dimension)"
+    )
+    policy_delay: int | None = Field(
+        None,
+        ge=1,
+        description="sac/td3: critic updates per actor update; null = 2 for td3 (Fujimoto et al.'s d: the "
+        "targets follow the actor), 1 for sac (SB3); sac with d > 1 takes d actor (and α) steps each time "
+        "(CleanRL's policy_frequency)",
+    )
+    q_lr: float | None = Field(
+        None,
+        gt=0,
+        description="sac/td3: the critics' learning rate (and sac's α's, as CleanRL's q_lr); null = "
+        "trainer.lr (SB3: one learning rate); trainer.lr is the actor's",
+    )
+    target_noise: float = Field(
+        0.2, ge=0, description="td3: target policy smoothing std, in half action ranges (actions in [-1, 1])"
+    )
+    target_noise_clip: float = Field(
+        0.5, ge=0, description="td3: the smoothing noise is clipped to ±this (half action ranges)"
+    )
+    exploration_noise: float = Field(
+        0.1,
+        ge=0,
+        description="td3: Gaussian exploration noise std on the actor's actions (half action ranges)",
+    )
+
+    @model_validator(mode="after")
+    def _normalisation_with_ppo(self) -> ControlConfig:
+        if self.algorithm != "ppo" and (self.normalize_obs or self.normalize_reward):
+            raise ValueError(
+                f"control.normalize_obs / normalize_reward: ppo only for now, not control.algorithm "
+                f"{self.algorithm} (its replay buffer would hold observations under changing statistics)"
+            )
+        return self
 
 
 class HoneConfig(Section):
@@ -941,9 +1006,16 @@ class HoneConfig(Section):
         # An estimator that reads the critic's values (GAE: its advantages are the critic's TD errors)
         # needs one, and a critic no estimator reads would only cost a model.
         advantage = self.algorithm.advantage
-        if self.control is not None:  # a control policy is an actor-critic: its value head is the critic
-            if advantage != "gae" or self.critic is not None:
-                raise ValueError("control: needs algorithm.advantage: gae and no critic section")
+        if self.control is not None:  # a control policy brings its own critic (a value head, or twin Qs)
+            # ppo's advantages are GAE; sac and td3 regress Q onto TD targets and read no estimator, so
+            # algorithm.advantage is not read there (any value passes). No critic section for either.
+            if self.critic is not None:
+                raise ValueError("control: needs no critic section (the control policy has its own critics)")
+            if self.control.algorithm == "ppo" and advantage != "gae":
+                raise ValueError(
+                    "control: needs algorithm.advantage: gae with control.algorithm ppo (sac and td3 read no "
+                    "advantage estimator)"
+                )
             return self
         if reads_values(advantage) != (self.critic is not None):
             raise ValueError(

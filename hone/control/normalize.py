@@ -10,6 +10,8 @@ the return reset at each episode end, as both peers do.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 EPS = 1e-8
@@ -20,6 +22,15 @@ class RunningMeanStd:
         self.mean = np.zeros(shape, np.float64)
         self.var = np.ones(shape, np.float64)
         self.count = EPS
+
+    def state_dict(self) -> dict[str, Any]:
+        # float64 -> JSON -> float64 is exact (Python writes the shortest repr that reads back the same)
+        return {"mean": self.mean.tolist(), "var": self.var.tolist(), "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mean = np.array(state["mean"], np.float64).reshape(self.mean.shape)
+        self.var = np.array(state["var"], np.float64).reshape(self.var.shape)
+        self.count = float(state["count"])
 
     def update(self, batch: np.ndarray) -> None:
         b_mean, b_var, b_count = batch.mean(0), batch.var(0), batch.shape[0]
@@ -71,3 +82,20 @@ class Normalizer:
         if self.obs_rms is None:
             return None
         return {"mean": self.obs_rms.mean.tolist(), "var": self.obs_rms.var.tolist(), "clip": self.clip_obs}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs (a checkpoint's state.json): both running statistics and each
+        environment's discounted return in flight."""
+        return {
+            "obs": None if self.obs_rms is None else self.obs_rms.state_dict(),
+            "return": None if self.return_rms is None else self.return_rms.state_dict(),
+            "returns": self.returns.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for rms, key in ((self.obs_rms, "obs"), (self.return_rms, "return")):
+            if (rms is None) != (state[key] is None):
+                raise ValueError(f"normalizer: the checkpoint's {key} statistics do not match this run's")
+            if rms is not None:
+                rms.load_state_dict(state[key])
+        self.returns = np.array(state["returns"], np.float64)

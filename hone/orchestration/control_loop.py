@@ -16,98 +16,130 @@ learning rate (and with `control.anneal_clip` the clip range) decays linearly to
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
 from hone.control.encoders import make_policy
-from hone.control.envs import ControlEnvError, episode_end_infos, make_eval_env, make_vector_env
+from hone.control.envs import episode_end_infos, make_vector_env
+from hone.control.evaluate import ControlResult, evaluate, save_policy
+from hone.control.evaluate import action_bounds as _action_bounds
+from hone.control.evaluate import as_tensor as _tensor
+from hone.control.evaluate import evaluate_saved as _evaluate_saved_single
 from hone.control.multiagent import is_multi_agent
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.control.video import Video
-from hone.orchestration.lifecycle import new_run_dir, open_run_log
+from hone.orchestration.control_checkpoint import (
+    LoopState,
+    checkpoint_parts,
+    open_control_run,
+    reseed_if_lost,
+    restore,
+    save_every,
+)
+from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
+from hone.training.checkpoint import Checkpointer
 
-POLICY_FILE, NORMALIZATION_FILE = "policy.safetensors", "normalization.json"
-EVAL_SEED = 10_000  # eval episode i is reset with EVAL_SEED + i: the same episodes every eval
 PLOT_METRICS = ["episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl"]
 
 
-@dataclass
-class ControlResult:
-    run_dir: Path
-    steps: int
-    env_steps: int
-    start_eval: dict[str, float]
-    final_eval: dict[str, float]
-
-
-def train_control(cfg: HoneConfig) -> ControlResult:
+def train_control(cfg: HoneConfig, resume: bool = False) -> ControlResult:
+    """Train (or with `resume`, go on from the newest checkpoint of) the control run `cfg`."""
     control = cfg.control
     assert control is not None
     if is_multi_agent(control.env):  # pettingzoo:<module>: IPPO / MAPPO on the same pieces
         from hone.orchestration.control_marl import train_marl
 
         return train_marl(cfg)
+    if control.algorithm != "ppo":  # sac, td3: the off-policy loop
+        from hone.orchestration.control_offpolicy import train_offpolicy
+
+        return train_offpolicy(cfg, resume)
     torch.manual_seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (both peers' advice)
-    run_dir = new_run_dir(cfg.run)
+    run_dir, checkpointer, latest = open_control_run(cfg, resume)
     envs = make_vector_env(control, cfg.run.seed)
+    state = LoopState(envs, None)
     try:
+        obs_dim = envs.single_observation_space.shape[0]
         policy = make_policy(control, envs.single_observation_space, envs.single_action_space)
-        with open_run_log(cfg, run_dir) as log:
-            return _run(cfg, control, envs, policy, run_dir, log)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
+        normalizer = Normalizer(
+            obs_dim,
+            control.num_envs,
+            observations=control.normalize_obs,
+            rewards=control.normalize_reward,
+            gamma=cfg.algorithm.gamma,
+            clip_obs=control.clip_obs,
+            clip_reward=control.clip_reward,
+        )
+        parts = checkpoint_parts(state, policy, normalizer, ("optimizer.pt", optimizer))
+        reset = None
+        if latest is not None:
+            restore(checkpointer, latest, parts, state)
+            reset = reseed_if_lost(state, cfg.run.seed)
+            if reset is not None:  # new episodes: their discounted returns start at 0
+                normalizer.returns[:] = 0.0
+        else:
+            reset = envs.reset(seed=cfg.run.seed)[0]
+        if reset is not None:
+            state.obs = _tensor(normalizer.observations(reset))
+        with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
+            try:
+                return _run(
+                    cfg, control, state, policy, (optimizer, normalizer), (run_dir, checkpointer, parts), log
+                )
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: one line saying where, and how to resume
+                raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
     finally:
-        envs.close()
+        state.envs.close()
+        if state.envs is not envs:
+            envs.close()
 
 
 def _run(
-    cfg: HoneConfig, control: ControlConfig, envs: Any, policy: ActorCritic, run_dir: Path, log: Any
+    cfg: HoneConfig,
+    control: ControlConfig,
+    state: LoopState,
+    policy: ActorCritic,
+    training: tuple[torch.optim.Optimizer, Normalizer],
+    saving: tuple[Path, Checkpointer, dict[str, Any]],
+    log: Any,
 ) -> ControlResult:
+    optimizer, normalizer = training
+    run_dir, checkpointer, parts = saving
     n, t = control.num_envs, control.rollout_steps
     iterations = max(1, control.env_steps // (n * t))
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr, eps=1e-5)
-    low, high = _action_bounds(envs.single_action_space)
-    normalizer = Normalizer(
-        envs.single_observation_space.shape[0],
-        n,
-        observations=control.normalize_obs,
-        rewards=control.normalize_reward,
-        gamma=cfg.algorithm.gamma,
-        clip_obs=control.clip_obs,
-        clip_reward=control.clip_reward,
-    )
-    obs = _tensor(normalizer.observations(envs.reset(seed=cfg.run.seed)[0]))
-    episodes: deque[tuple[float, int]] = deque(maxlen=100)  # (return, length) of the last training episodes
-    end_infos: deque[dict[str, float]] = deque(maxlen=100)  # their control.episode_info_keys
+    low, high = _action_bounds(state.envs.single_action_space)
+    episodes = state.episodes  # (return, length) of the last 100 training episodes
+    end_infos: deque[dict[str, float]] = deque(maxlen=100)  # their control.episode_info_keys (not resumed)
     video = Video(run_dir / "videos", cfg.logging.video_episodes) if cfg.logging.video else None
-    start_eval = evaluate(policy, control, normalizer, video, step=0)
-    log.log(0, start_eval)
-    final_eval = start_eval
-    started, env_steps = time.perf_counter(), 0
+    if state.step == 0:
+        state.start_eval = evaluate(policy, control, normalizer, video, step=0)
+        log.log(0, state.start_eval)
+    final_eval = state.start_eval
+    started, steps_before = time.perf_counter(), state.env_steps
     with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
-        for it in range(iterations):
+        for it in range(state.step, iterations):
             remaining = _schedule(cfg.trainer.schedule, it, iterations)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.trainer.lr * remaining
-            batch, obs = _collect(
-                policy, envs, obs, t, normalizer, (low, high), episodes, (control, end_infos)
+            batch, state.obs = _collect(
+                policy, state.envs, state.obs, t, normalizer, (low, high), episodes, (control, end_infos)
             )
-            env_steps += n * t
+            state.env_steps += n * t
             advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
                 token_rewards=batch["rewards"],
                 response_mask=torch.ones_like(batch["rewards"]),
@@ -121,8 +153,9 @@ def _run(
             clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
             metrics = _update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
             metrics |= {
-                "env/steps": float(env_steps),
-                "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
+                "env/steps": float(state.env_steps),
+                "env/steps_per_s": (state.env_steps - steps_before)
+                / max(time.perf_counter() - started, 1e-9),
                 "lr": cfg.trainer.lr * remaining,
             }
             if episodes:
@@ -130,7 +163,7 @@ def _run(
                 metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
             for key in control.episode_info_keys if end_infos else ():
                 metrics[f"episode/{key}"] = float(np.mean([values[key] for values in end_infos]))
-            step = it + 1
+            state.step = step = it + 1
             solved = (
                 control.stop_at_return is not None
                 and len(episodes) == episodes.maxlen
@@ -141,14 +174,15 @@ def _run(
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
+            if save_every(cfg, step, last=solved or step == iterations):
+                checkpointer.save(step, parts)
             if solved:
-                iterations = step
                 break
-    _save(policy, normalizer, run_dir)
+    save_policy(policy, normalizer, run_dir / "model")
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
-    return ControlResult(run_dir, iterations, env_steps, start_eval, final_eval)
+    return ControlResult(run_dir, state.step, state.env_steps, state.start_eval, final_eval)
 
 
 def _schedule(kind: str, it: int, iterations: int) -> float:
@@ -285,107 +319,15 @@ def _update(
     return metrics
 
 
-def evaluate(
-    policy: ActorCritic,
-    control: ControlConfig,
-    normalizer: Normalizer,
-    video: Video | None = None,
-    step: int = 0,
-) -> dict[str, float]:
-    """`control.eval_episodes` episodes of the deterministic policy (argmax, or the Gaussian's mean) on
-    fixed seeds, observations normalised with the training statistics as they are now (frozen here);
-    with `video` (`logging.video`) the first episodes recorded as videos/step-<step>-episode-<i>.mp4."""
-    env = video.open_env(lambda render: make_eval_env(control, render)) if video else make_eval_env(control)
-    low, high = _action_bounds(env.action_space)
-    returns, lengths = [], []
-    try:
-        for i in range(control.eval_episodes):
-            obs, _ = env.reset(seed=EVAL_SEED + i)
-            recording = video.episode(env, step, i) if video else None
-            if recording:
-                recording.frame()
-            total, length, done = 0.0, 0, False
-            while not done:
-                x = _tensor(normalizer.observations(obs[None], update=False)[0])
-                with torch.no_grad():
-                    action = policy.act(x.unsqueeze(0), deterministic=True)[0].numpy()
-                if low is not None:
-                    action = np.clip(action, low, high)
-                obs, reward, terminated, truncated, _ = env.step(action if low is not None else int(action))
-                total, length = total + float(reward), length + 1
-                done = bool(terminated or truncated)
-                if recording:
-                    recording.frame()
-            if recording:
-                recording.close()
-            returns.append(total)
-            lengths.append(length)
-    finally:
-        env.close()
-    return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
-
-
-def _save(policy: ActorCritic, normalizer: Normalizer, run_dir: Path) -> None:
-    """The final policy (safetensors) and the observation statistics it was trained with."""
-    out = run_dir / "model"
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
-    (out / NORMALIZATION_FILE).write_text(json.dumps(normalizer.state()))
-
-
 def evaluate_saved(cfg: HoneConfig) -> dict[str, float]:
-    """`hone eval` of a control run's policy (`model.path`: its `model/` folder, which `--run` finds):
-    `control.eval_episodes` deterministic episodes with the observation statistics it was trained with."""
+    """`hone eval` of a control run's policy (`model.path`: its `model/` folder, which `--run` finds)."""
     control = cfg.control
     assert control is not None
-    folder = saved_policy_folder(cfg)
     if is_multi_agent(control.env):
         from hone.orchestration.control_marl import evaluate_saved_marl
 
-        return evaluate_saved_marl(cfg, folder)
-    env = make_eval_env(control)
-    obs_dim = env.observation_space.shape[0]
-    policy = make_policy(control, env.observation_space, env.action_space)
-    env.close()
-    normalizer = load_saved(cfg, folder, policy, obs_dim, rows=1)
-    return evaluate(policy, control, normalizer)
-
-
-def saved_policy_folder(cfg: HoneConfig) -> Path:
-    folder = Path(cfg.model.path)
-    if not (folder / POLICY_FILE).is_file():
-        raise ControlEnvError(
-            f"model.path {folder}: no {POLICY_FILE} (evaluate a control run: --run runs/<name>)"
-        )
-    return folder
-
-
-def load_saved(cfg: HoneConfig, folder: Path, policy: ActorCritic, obs_dim: int, rows: int) -> Normalizer:
-    """The saved weights into `policy`, and a normaliser holding the saved observation statistics."""
-    control = cfg.control
-    assert control is not None
-    policy.load_state_dict(load_file(str(folder / POLICY_FILE)))
-    normalizer = Normalizer(
-        obs_dim,
-        rows,
-        observations=control.normalize_obs,
-        rewards=False,
-        gamma=cfg.algorithm.gamma,
-        clip_obs=control.clip_obs,
-        clip_reward=control.clip_reward,
-    )
-    stats = json.loads((folder / NORMALIZATION_FILE).read_text())
-    if stats is not None and normalizer.obs_rms is not None:
-        normalizer.obs_rms.mean, normalizer.obs_rms.var = np.array(stats["mean"]), np.array(stats["var"])
-    return normalizer
-
-
-def _action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
-    return (None, None) if hasattr(space, "n") else (space.low, space.high)
-
-
-def _tensor(x: Any) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(x), dtype=torch.float32)
+        return evaluate_saved_marl(cfg, Path(cfg.model.path))
+    return _evaluate_saved_single(control, Path(cfg.model.path))
 
 
 def control_summary(result: ControlResult, seconds: float) -> str:

@@ -27,20 +27,12 @@ import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS
 from hone.config import ControlConfig, HoneConfig
+from hone.control.evaluate import EVAL_SEED, ControlResult, load_saved, save_policy
+from hone.control.evaluate import action_bounds as _action_bounds
+from hone.control.evaluate import as_tensor as _tensor
 from hone.control.multiagent import ParallelBatch, SharedActorCritic
 from hone.control.normalize import Normalizer
-from hone.orchestration.control_loop import (
-    EVAL_SEED,
-    PLOT_METRICS,
-    ControlResult,
-    _action_bounds,
-    _collect,
-    _save,
-    _schedule,
-    _tensor,
-    _update,
-    load_saved,
-)
+from hone.orchestration.control_loop import PLOT_METRICS, _collect, _schedule, _update
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
@@ -142,7 +134,7 @@ def _run(
             if solved:
                 iterations = step
                 break
-    _save(policy, normalizer, run_dir)
+    save_policy(policy, normalizer, run_dir / "model")
     if cfg.logging.plot:
         keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
         plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
@@ -159,7 +151,7 @@ def evaluate_saved_marl(cfg: HoneConfig, folder: Path) -> dict[str, float]:
     policy = SharedActorCritic(
         env.obs_dim, env.critic_dim, env.single_action_space, control.hidden_sizes, control.activation
     )
-    normalizer = load_saved(cfg, folder, policy, env.obs_dim + env.critic_dim, rows=env.num_rows)
+    normalizer = load_saved(control, folder, policy, env.obs_dim + env.critic_dim, rows=env.num_rows)
     return evaluate(policy, control, normalizer)
 
 
