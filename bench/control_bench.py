@@ -22,6 +22,14 @@ deterministic eval return at 20k steps (10 episodes on the same fixed seeds, `EV
 target ≥ -200) and CPU-seconds per environment step (model building, training and that one eval).
 
     .venv/bin/python bench/control_bench.py --pendulum-sac              # seed 0 each (~8 CPU-minutes)
+
+`--halfcheetah-sac`: SAC on HalfCheetah-v5 for a CPU budget, since 1M steps (CleanRL's 9,635) is ~4.5
+CPU-hours here: both with rl-baselines3-zoo's HalfCheetah SAC setting (SB3's defaults: lr 3e-4 for actor,
+critics and α, one update per step, batch 256, buffer 1e6; 10k random steps; Hone's `halfcheetah-sac` recipe
+with `q_lr` and `policy_delay` set to SB3's), 100k environment steps (~30 CPU-minutes each), eval return
+at the end on the same 10 seeded episodes.
+
+    .venv/bin/python bench/control_bench.py --halfcheetah-sac           # seed 0 each (~1 CPU-hour)
 """
 
 from __future__ import annotations
@@ -35,7 +43,31 @@ import time
 from pathlib import Path
 
 TARGET, BUDGET = 475.0, 100_000
-SAC_TARGET, SAC_BUDGET, SAC_EVAL_EPISODES = -200.0, 20_000, 10
+SAC_EVAL_EPISODES = 10
+# Per task: Hone's recipe and overrides, SB3's SAC arguments (the same setting), the env-step budget.
+SAC_TASKS: dict[str, dict] = {
+    "pendulum": {
+        "recipe": "pendulum-sac",
+        "env": "Pendulum-v1",
+        "steps": 20_000,
+        "target": -200.0,
+        "hone": [],
+        "sb3": {"learning_rate": 1e-3, "learning_starts": 100},
+    },
+    "halfcheetah": {
+        "recipe": "halfcheetah-sac",
+        "env": "HalfCheetah-v5",
+        "steps": 100_000,
+        "target": None,  # no bar: how far each gets on the same budget
+        "hone": [
+            "trainer.lr=3e-4",
+            "control.q_lr=null",
+            "control.policy_delay=1",
+            "control.learning_starts=10000",
+        ],
+        "sb3": {"learning_rate": 3e-4, "learning_starts": 10_000},
+    },
+}
 
 
 def run_hone(seed: int) -> dict[str, float]:
@@ -104,7 +136,7 @@ def run_sb3(seed: int) -> dict[str, float]:
     return {"env_steps": model.num_timesteps, "cpu_s": cpu, "return100": float(np.mean(returns))}
 
 
-def run_hone_sac(seed: int) -> dict[str, float]:
+def run_hone_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
     from hone.config import load_config
     from hone.orchestration.control_loop import train_control
 
@@ -115,20 +147,21 @@ def run_hone_sac(seed: int) -> dict[str, float]:
             "run.eval_every=0",
             "run.save_every=0",  # the final checkpoint only (SB3 writes none)
             "run.threads=1",
-            f"control.env_steps={SAC_BUDGET}",
+            f"control.env_steps={SAC_TASKS[task]['steps']}",
             f"control.eval_episodes={SAC_EVAL_EPISODES}",
+            *SAC_TASKS[task]["hone"],
             "logging.progress=false",
             "logging.tensorboard=false",
             "logging.plot=[]",
         ]
-        cfg = load_config("pendulum-sac", overrides)
+        cfg = load_config(SAC_TASKS[task]["recipe"], overrides)
         cpu = time.process_time()
         result = train_control(cfg)  # with an eval before and after training (2 x 10 episodes)
         cpu = time.process_time() - cpu
     return {"env_steps": result.env_steps, "cpu_s": cpu, "eval_return": result.final_eval["eval/return"]}
 
 
-def run_sb3_sac(seed: int) -> dict[str, float]:
+def run_sb3_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -140,10 +173,8 @@ def run_sb3_sac(seed: int) -> dict[str, float]:
     cpu = time.process_time()
     model = SAC(
         "MlpPolicy",
-        gym.make("Pendulum-v1"),
-        learning_rate=1e-3,
+        gym.make(SAC_TASKS[task]["env"]),
         buffer_size=1_000_000,
-        learning_starts=100,
         batch_size=256,
         tau=0.005,
         gamma=0.99,
@@ -151,9 +182,10 @@ def run_sb3_sac(seed: int) -> dict[str, float]:
         gradient_steps=1,
         seed=seed,
         device="cpu",
+        **SAC_TASKS[task]["sb3"],
     )
-    model.learn(total_timesteps=SAC_BUDGET)
-    env, returns = gym.make("Pendulum-v1"), []
+    model.learn(total_timesteps=SAC_TASKS[task]["steps"])
+    env, returns = gym.make(SAC_TASKS[task]["env"]), []
     for i in range(SAC_EVAL_EPISODES):  # the deterministic policy on Hone's eval seeds
         obs, _ = env.reset(seed=EVAL_SEED + i)
         total, done = 0.0, False
@@ -166,16 +198,18 @@ def run_sb3_sac(seed: int) -> dict[str, float]:
     return {"env_steps": model.num_timesteps, "cpu_s": cpu, "eval_return": float(np.mean(returns))}
 
 
-def pendulum_sac(seeds: list[int]) -> None:
+def sac_bench(seeds: list[int], task: str) -> None:
     rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
     for seed in seeds:
         for impl in ("hone", "sb3"):
-            row = _subprocess(f"{impl}-sac", seed)
+            row = _subprocess(f"{impl}-sac", seed, task)
             rows[impl].append(row)
-            reached = "reached" if row["eval_return"] >= SAC_TARGET else "NOT reached"
+            target = SAC_TASKS[task]["target"]
+            reached = "" if target is None else "reached" if row["eval_return"] >= target else "NOT reached"
+            bar = f" ({reached} {target:.0f})" if target is not None else ""
             print(
                 f"{impl:5s} seed {seed}: eval return {row['eval_return']:8.1f} at {row['env_steps']:,} env "
-                f"steps ({reached} {SAC_TARGET:.0f}), {row['cpu_s']:6.1f} CPU-s, "
+                f"steps{bar}, {row['cpu_s']:6.1f} CPU-s, "
                 f"{1000 * row['cpu_s'] / row['env_steps']:.2f} CPU-ms per env step",
                 flush=True,
             )
@@ -188,9 +222,9 @@ def pendulum_sac(seeds: list[int]) -> None:
     )
 
 
-def _subprocess(which: str, seed: int) -> dict[str, float]:
+def _subprocess(which: str, seed: int, task: str = "pendulum") -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, __file__, "--one", which, "--seed", str(seed)],
+        [sys.executable, __file__, "--one", which, "--seed", str(seed), "--task", task],
         capture_output=True,
         text=True,
         check=True,
@@ -206,14 +240,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (PPO), 0 (SAC)")
     parser.add_argument("--pendulum-sac", action="store_true", help="SAC on Pendulum-v1 instead of PPO")
+    parser.add_argument("--halfcheetah-sac", action="store_true", help="SAC on HalfCheetah-v5, 100k steps")
+    parser.add_argument("--task", choices=sorted(SAC_TASKS), default="pendulum", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=sorted(ONE), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(ONE[args.one](args.seed)))
+        run = ONE[args.one]
+        print(json.dumps(run(args.seed, args.task) if args.one.endswith("-sac") else run(args.seed)))
         return
-    if args.pendulum_sac:
-        pendulum_sac(args.seeds or [0])
+    if args.pendulum_sac or args.halfcheetah_sac:
+        sac_bench(args.seeds or [0], "halfcheetah" if args.halfcheetah_sac else "pendulum")
         return
     args.seeds = args.seeds or [0, 1, 2]
     rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
