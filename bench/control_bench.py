@@ -30,6 +30,11 @@ with `q_lr` and `policy_delay` set to SB3's), 100k environment steps (~30 CPU-mi
 at the end on the same 10 seeded episodes.
 
     .venv/bin/python bench/control_bench.py --halfcheetah-sac           # seed 0 each (~1 CPU-hour)
+
+`--quick`: a CI-sized check that both sides still run and learn (CartPole PPO, seed 0 each; Pendulum SAC
+for 2k steps each, no target): about a CPU-minute.
+
+    .venv/bin/python bench/control_bench.py --quick
 """
 
 from __future__ import annotations
@@ -136,7 +141,7 @@ def run_sb3(seed: int) -> dict[str, float]:
     return {"env_steps": model.num_timesteps, "cpu_s": cpu, "return100": float(np.mean(returns))}
 
 
-def run_hone_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
+def run_hone_sac(seed: int, task: str = "pendulum", steps: int | None = None) -> dict[str, float]:
     from hone.config import load_config
     from hone.orchestration.control_loop import train_control
 
@@ -147,7 +152,7 @@ def run_hone_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
             "run.eval_every=0",
             "run.save_every=0",  # the final checkpoint only (SB3 writes none)
             "run.threads=1",
-            f"control.env_steps={SAC_TASKS[task]['steps']}",
+            f"control.env_steps={steps or SAC_TASKS[task]['steps']}",
             f"control.eval_episodes={SAC_EVAL_EPISODES}",
             *SAC_TASKS[task]["hone"],
             "logging.progress=false",
@@ -161,7 +166,7 @@ def run_hone_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
     return {"env_steps": result.env_steps, "cpu_s": cpu, "eval_return": result.final_eval["eval/return"]}
 
 
-def run_sb3_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
+def run_sb3_sac(seed: int, task: str = "pendulum", steps: int | None = None) -> dict[str, float]:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -184,7 +189,7 @@ def run_sb3_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
         device="cpu",
         **SAC_TASKS[task]["sb3"],
     )
-    model.learn(total_timesteps=SAC_TASKS[task]["steps"])
+    model.learn(total_timesteps=steps or SAC_TASKS[task]["steps"])
     env, returns = gym.make(SAC_TASKS[task]["env"]), []
     for i in range(SAC_EVAL_EPISODES):  # the deterministic policy on Hone's eval seeds
         obs, _ = env.reset(seed=EVAL_SEED + i)
@@ -198,13 +203,13 @@ def run_sb3_sac(seed: int, task: str = "pendulum") -> dict[str, float]:
     return {"env_steps": model.num_timesteps, "cpu_s": cpu, "eval_return": float(np.mean(returns))}
 
 
-def sac_bench(seeds: list[int], task: str) -> None:
+def sac_bench(seeds: list[int], task: str, steps: int | None = None) -> None:
     rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
     for seed in seeds:
         for impl in ("hone", "sb3"):
-            row = _subprocess(f"{impl}-sac", seed, task)
+            row = _subprocess(f"{impl}-sac", seed, task, steps)
             rows[impl].append(row)
-            target = SAC_TASKS[task]["target"]
+            target = None if steps else SAC_TASKS[task]["target"]
             reached = "" if target is None else "reached" if row["eval_return"] >= target else "NOT reached"
             bar = f" ({reached} {target:.0f})" if target is not None else ""
             print(
@@ -222,9 +227,10 @@ def sac_bench(seeds: list[int], task: str) -> None:
     )
 
 
-def _subprocess(which: str, seed: int, task: str = "pendulum") -> dict[str, float]:
+def _subprocess(which: str, seed: int, task: str = "pendulum", steps: int | None = None) -> dict[str, float]:
+    extra = ["--steps", str(steps)] if steps else []
     out = subprocess.run(
-        [sys.executable, __file__, "--one", which, "--seed", str(seed), "--task", task],
+        [sys.executable, __file__, "--one", which, "--seed", str(seed), "--task", task, *extra],
         capture_output=True,
         text=True,
         check=True,
@@ -241,18 +247,21 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (PPO), 0 (SAC)")
     parser.add_argument("--pendulum-sac", action="store_true", help="SAC on Pendulum-v1 instead of PPO")
     parser.add_argument("--halfcheetah-sac", action="store_true", help="SAC on HalfCheetah-v5, 100k steps")
+    parser.add_argument("--quick", action="store_true", help="CI-sized: PPO seed 0, SAC 2k steps, no targets")
     parser.add_argument("--task", choices=sorted(SAC_TASKS), default="pendulum", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=sorted(ONE), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         run = ONE[args.one]
-        print(json.dumps(run(args.seed, args.task) if args.one.endswith("-sac") else run(args.seed)))
+        sac = args.one.endswith("-sac")
+        print(json.dumps(run(args.seed, args.task, args.steps) if sac else run(args.seed)))
         return
     if args.pendulum_sac or args.halfcheetah_sac:
         sac_bench(args.seeds or [0], "halfcheetah" if args.halfcheetah_sac else "pendulum")
         return
-    args.seeds = args.seeds or [0, 1, 2]
+    args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
     for seed in args.seeds:
         for impl in ("hone", "sb3"):
@@ -278,6 +287,9 @@ def main() -> None:
         f"({steps['hone'] / steps['sb3']:.2f}x); CPU-s per 1k env steps, Hone {per_k['hone']:.3f} vs SB3 "
         f"{per_k['sb3']:.3f} ({per_k['hone'] / per_k['sb3']:.2f}x)"
     )
+    if args.quick:
+        print("\nSAC, Pendulum-v1, 2k steps (no target):")
+        sac_bench([0], "pendulum", steps=2_000)
 
 
 if __name__ == "__main__":
