@@ -180,6 +180,11 @@ def test_train_then_hone_eval_of_a_multi_agent_run(
     assert main(["eval", "--run", str(tmp_path / "p"), "--out", str(tmp_path / "e.json")]) == 0
     # the same shared policy, the same eval seeds and frozen statistics: the same team return
     assert json.loads((tmp_path / "e.json").read_text())["eval/return"] == pytest.approx(trained)
+    capsys.readouterr()
+    # --resume of a multi-agent run is refused in one line (not a fresh run in its place)
+    assert main(["train", "--resume", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hone: error: --resume: a multi-agent run") and "Traceback" not in "".join(err)
 
 
 def test_the_random_team_and_a_deterministic_team_return() -> None:

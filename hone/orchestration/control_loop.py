@@ -29,7 +29,7 @@ from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_varia
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
 from hone.control.encoders import make_policy
-from hone.control.envs import episode_end_infos, make_vector_env
+from hone.control.envs import ControlEnvError, episode_end_infos, make_vector_env
 from hone.control.evaluate import ControlResult, evaluate, save_policy
 from hone.control.evaluate import action_bounds as _action_bounds
 from hone.control.evaluate import as_tensor as _tensor
@@ -60,6 +60,12 @@ def train_control(cfg: HoneConfig, resume: bool = False) -> ControlResult:
     assert control is not None
     if is_multi_agent(control.env):  # pettingzoo:<module>: IPPO / MAPPO on the same pieces
         from hone.orchestration.control_marl import train_marl
+
+        if resume:
+            raise ControlEnvError(
+                f"--resume: a multi-agent run (control.env {control.env}) cannot be resumed yet; "
+                "start it again"
+            )
 
         return train_marl(cfg)
     if control.algorithm != "ppo":  # sac, td3: the off-policy loop
