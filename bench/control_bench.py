@@ -31,6 +31,12 @@ at the end on the same 10 seeded episodes.
 
     .venv/bin/python bench/control_bench.py --halfcheetah-sac           # seed 0 each (~1 CPU-hour)
 
+`--hopper-td3`: TD3 on Hopper-v5 the same way, 50k environment steps, rl-baselines3-zoo's Hopper TD3 setting
+(lr 1e-3, 10k random steps, Gaussian exploration noise 0.1, SB3's defaults otherwise) with 256x256 networks
+on both sides.
+
+    .venv/bin/python bench/control_bench.py --hopper-td3
+
 `--quick`: a CI-sized check that both sides still run and learn (CartPole PPO, seed 0 each; Pendulum SAC
 for 2k steps each, no target): about a CPU-minute.
 
@@ -71,6 +77,17 @@ SAC_TASKS: dict[str, dict] = {
             "control.learning_starts=10000",
         ],
         "sb3": {"learning_rate": 3e-4, "learning_starts": 10_000},
+    },
+    # TD3: rl-baselines3-zoo's Hopper setting (SB3's defaults, lr 1e-3, 10k random steps, Gaussian
+    # exploration noise 0.1) with Hone's recipe networks (256x256 on both sides; SB3's default is 400x300).
+    "hopper-td3": {
+        "recipe": "hopper-td3",
+        "env": "Hopper-v5",
+        "steps": 50_000,
+        "target": None,
+        "algo": "td3",
+        "hone": ["trainer.lr=1e-3", "control.learning_starts=10000"],
+        "sb3": {"learning_rate": 1e-3, "learning_starts": 10_000, "policy_kwargs": {"net_arch": [256, 256]}},
     },
 }
 
@@ -170,15 +187,23 @@ def run_sb3_sac(seed: int, task: str = "pendulum", steps: int | None = None) -> 
     import gymnasium as gym
     import numpy as np
     import torch
-    from stable_baselines3 import SAC
+    from stable_baselines3 import SAC, TD3
+    from stable_baselines3.common.noise import NormalActionNoise
 
     from hone.control.evaluate import EVAL_SEED
 
     torch.set_num_threads(1)
     cpu = time.process_time()
-    model = SAC(
+    env = gym.make(SAC_TASKS[task]["env"])
+    if SAC_TASKS[task].get("algo") == "td3":
+        noise = NormalActionNoise(np.zeros(env.action_space.shape), 0.1 * np.ones(env.action_space.shape))
+        extra: dict = {"action_noise": noise}
+        algo = TD3
+    else:
+        extra, algo = {}, SAC
+    model = algo(
         "MlpPolicy",
-        gym.make(SAC_TASKS[task]["env"]),
+        env,
         buffer_size=1_000_000,
         batch_size=256,
         tau=0.005,
@@ -188,6 +213,7 @@ def run_sb3_sac(seed: int, task: str = "pendulum", steps: int | None = None) -> 
         seed=seed,
         device="cpu",
         **SAC_TASKS[task]["sb3"],
+        **extra,
     )
     model.learn(total_timesteps=steps or SAC_TASKS[task]["steps"])
     env, returns = gym.make(SAC_TASKS[task]["env"]), []
@@ -247,6 +273,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (PPO), 0 (SAC)")
     parser.add_argument("--pendulum-sac", action="store_true", help="SAC on Pendulum-v1 instead of PPO")
     parser.add_argument("--halfcheetah-sac", action="store_true", help="SAC on HalfCheetah-v5, 100k steps")
+    parser.add_argument("--hopper-td3", action="store_true", help="TD3 on Hopper-v5, 50k steps")
     parser.add_argument("--quick", action="store_true", help="CI-sized: PPO seed 0, SAC 2k steps, no targets")
     parser.add_argument("--task", choices=sorted(SAC_TASKS), default="pendulum", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
@@ -258,8 +285,9 @@ def main() -> None:
         sac = args.one.endswith("-sac")
         print(json.dumps(run(args.seed, args.task, args.steps) if sac else run(args.seed)))
         return
-    if args.pendulum_sac or args.halfcheetah_sac:
-        sac_bench(args.seeds or [0], "halfcheetah" if args.halfcheetah_sac else "pendulum")
+    if args.pendulum_sac or args.halfcheetah_sac or args.hopper_td3:
+        task = "halfcheetah" if args.halfcheetah_sac else "hopper-td3" if args.hopper_td3 else "pendulum"
+        sac_bench(args.seeds or [0], task)
         return
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     rows: dict[str, list[dict[str, float]]] = {"hone": [], "sb3": []}
