@@ -15,7 +15,7 @@ from hone.config import load_config
 from hone.control.envs import make_vector_env
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
-from hone.orchestration.control_loop import _collect
+from hone.orchestration.control_ppo import collect as _collect
 from hone.tracking import read_metrics
 
 pytest.importorskip("gymnasium")

@@ -21,8 +21,8 @@ from hone.config import ControlConfig, load_config
 from hone.control.envs import ControlEnvError
 from hone.control.multiagent import ParallelBatch, SharedActorCritic
 from hone.control.normalize import Normalizer
-from hone.orchestration.control_loop import _collect
 from hone.orchestration.control_marl import evaluate
+from hone.orchestration.control_ppo import collect as _collect
 from hone.tracking import read_metrics
 
 pytest.importorskip("pettingzoo")

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from hone.config import ControlConfig
-from hone.control.envs import ControlEnvError
+from hone.control.errors import ControlEnvError
 
 INSTALL = "pip install -e '.[envpool]' in a Hone clone"
 # envpool.make's keys about the pool, not the task: the eval env (gymnasium's) does not take them.

@@ -22,12 +22,8 @@ from typing import Any
 import numpy as np
 
 from hone.config import ControlConfig
-from hone.errors import HoneError
+from hone.control.errors import ControlEnvError
 from hone.plugins import load_object
-
-
-class ControlEnvError(HoneError, ValueError):
-    """An environment that cannot be made or trained: one line naming `control.env`."""
 
 
 def _gym() -> Any:

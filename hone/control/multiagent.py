@@ -3,7 +3,7 @@
 `control.env: pettingzoo:<module>` names an importable module with `parallel_env(**control.env_args)`
 (`pettingzoo:mpe2.simple_spread_v3`). `ParallelBatch` steps `control.num_envs` copies in a loop and lays
 their agents out as extra batch rows, env e's agent a on row e·A + a, so the single-agent loop's
-collection (`control_loop._collect`) and update run on it unchanged: it speaks gymnasium's vector API with
+collection (`control_ppo.collect`) and update run on it unchanged: it speaks gymnasium's vector API with
 SAME_STEP autoreset (the step that ends an episode returns the next episode's first observation and the
 ended one's last in `info["final_obs"]`), and reports each ended episode once, on its first agent's row,
 with the team return (the sum over agents) in `info["episode"]`.

@@ -2,9 +2,9 @@
 MAPPO with parameter sharing, on the single-agent loop's pieces and the same algorithm core.
 
 Agents are extra batch rows (`hone.control.multiagent.ParallelBatch`: env e's agent a is row e·A + a), so
-each RL step is the single-agent one over an [env×agent, time] segment: `control_loop._collect` (SAME_STEP
+each RL step is the single-agent one over an [env×agent, time] segment: `control_ppo.collect` (SAME_STEP
 semantics; a truncated episode, MPE's `max_cycles`, bootstrapped with V of its final observation),
-`ADVANTAGE_ESTIMATORS["gae"]` with `next_values/dones/terminated` per agent row, and `control_loop._update`
+`ADVANTAGE_ESTIMATORS["gae"]` with `next_values/dones/terminated` per agent row, and `control_ppo.update`
 (`POLICY_LOSSES["ppo"]`, `value_loss`, entropy). Each agent's advantage is from its own reward and its own
 row's values. `control.multi_agent_critic` picks the critic's input: `centralized` (MAPPO, Yu et al. 2022:
 the joint observation and the agent's index) or `independent` (IPPO: the agent's observation).
@@ -32,7 +32,7 @@ from hone.control.evaluate import action_bounds as _action_bounds
 from hone.control.evaluate import as_tensor as _tensor
 from hone.control.multiagent import ParallelBatch, SharedActorCritic
 from hone.control.normalize import Normalizer
-from hone.orchestration.control_loop import PLOT_METRICS, _collect, _schedule, _update
+from hone.orchestration.control_ppo import PLOT_METRICS, collect, schedule, update
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
@@ -95,10 +95,10 @@ def _run(
     started, env_steps = time.perf_counter(), 0
     with Progress(total=iterations, enabled=cfg.logging.progress, description="marl") as progress:
         for it in range(iterations):
-            remaining = _schedule(cfg.trainer.schedule, it, iterations)
+            remaining = schedule(cfg.trainer.schedule, it, iterations)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.trainer.lr * remaining
-            batch, obs = _collect(policy, envs, obs, t, normalizer, bounds, episodes)
+            batch, obs = collect(policy, envs, obs, t, normalizer, bounds, episodes)
             env_steps += n * t
             advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
                 token_rewards=batch["rewards"],
@@ -111,7 +111,7 @@ def _run(
                 lam=cfg.algorithm.lam,
             )
             clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
-            metrics = _update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
+            metrics = update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
             metrics |= {
                 "env/steps": float(env_steps),
                 "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
