@@ -2,8 +2,8 @@
 
 Shapes: `B` sequences × `T` response positions, right-padded; `response_mask` is 1 on tokens that
 count in the loss. Classic control reuses them with `B` environments × `T` rollout steps (`gae` with
-episode boundaries); the off-policy actor-critic pieces (`qlearning`: SAC, TD3) take one row per
-replay transition.
+episode boundaries); the off-policy actor-critic pieces (`qlearning`: SAC, TD3) and the offline RL
+losses (`offline`: BC, TD3+BC, IQL, AWR, CQL) take one row per transition.
 """
 
 from hone.algorithms.advantages import (
@@ -16,6 +16,15 @@ from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
 from hone.algorithms.kl import KL_ESTIMATORS, register_kl
 from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
 from hone.algorithms.metrics import pass_at_k
+from hone.algorithms.offline import (
+    advantage_weights,
+    bc_loss,
+    cql_penalty,
+    expectile_loss,
+    iql_q_target,
+    td3_bc_actor_loss,
+    weighted_regression_loss,
+)
 from hone.algorithms.offpolicy import OFF_POLICY_CORRECTIONS, Correction, register_off_policy
 from hone.algorithms.preference import (
     DEFAULT_BETA,
@@ -57,11 +66,16 @@ __all__ = [
     "REFERENCE_FREE",
     "Correction",
     "PreferenceLoss",
+    "advantage_weights",
     "aggregate_loss",
+    "bc_loss",
     "bradley_terry_loss",
+    "cql_penalty",
     "discounted_returns",
+    "expectile_loss",
     "explained_variance",
     "group_stats",
+    "iql_q_target",
     "masked_mean",
     "masked_sum",
     "masked_whiten",
@@ -81,7 +95,9 @@ __all__ = [
     "smoothed_target_action",
     "tanh_gaussian_log_prob",
     "td3_actor_loss",
+    "td3_bc_actor_loss",
     "td3_target",
     "turn_sums",
     "value_loss",
+    "weighted_regression_loss",
 ]
