@@ -9,6 +9,8 @@ observation statistics it was trained with, `null` when observations are not nor
 from __future__ import annotations
 
 import json
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -82,6 +84,26 @@ def evaluate(
     finally:
         env.close()
     return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
+
+
+def episode_metrics(episodes: Iterable[tuple[float, int]]) -> dict[str, float]:
+    """`episode/return` and `episode/length`: the means over the last training episodes (none: empty)."""
+    done = list(episodes)
+    if not done:
+        return {}
+    return {
+        "episode/return": float(np.mean([r for r, _ in done])),
+        "episode/length": float(np.mean([length for _, length in done])),
+    }
+
+
+def solved(control: ControlConfig, episodes: deque[tuple[float, int]]) -> bool:
+    """`control.stop_at_return` reached: a full window of training episodes averages at least that."""
+    return (
+        control.stop_at_return is not None
+        and len(episodes) == episodes.maxlen
+        and float(np.mean([r for r, _ in episodes])) >= control.stop_at_return
+    )
 
 
 def action_bounds(space: Any) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS
 from hone.config import ControlConfig, HoneConfig
 from hone.control.encoders import make_policy
 from hone.control.envs import ControlEnvError, make_vector_env
-from hone.control.evaluate import ControlResult, evaluate, save_policy
+from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy, solved
 from hone.control.evaluate import action_bounds as _action_bounds
 from hone.control.evaluate import as_tensor as _tensor
 from hone.control.evaluate import evaluate_saved as _evaluate_saved_single
@@ -45,7 +44,7 @@ from hone.orchestration.control_checkpoint import (
     restore,
     save_every,
 )
-from hone.orchestration.control_ppo import PLOT_METRICS, collect, schedule, update
+from hone.orchestration.control_ppo import PLOT_METRICS, collect, schedule, train_on
 from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
@@ -144,43 +143,26 @@ def _run(
                 policy, state.envs, state.obs, t, normalizer, (low, high), episodes, (control, end_infos)
             )
             state.env_steps += n * t
-            advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
-                token_rewards=batch["rewards"],
-                response_mask=torch.ones_like(batch["rewards"]),
-                values=batch["values"],
-                next_values=batch["next_values"],
-                dones=batch["dones"],
-                terminated=batch["terminated"],
-                gamma=cfg.algorithm.gamma,
-                lam=cfg.algorithm.lam,
-            )
-            clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
-            metrics = update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
+            metrics = train_on(cfg, control, policy, optimizer, batch, remaining)
             metrics |= {
                 "env/steps": float(state.env_steps),
                 "env/steps_per_s": (state.env_steps - steps_before)
                 / max(time.perf_counter() - started, 1e-9),
                 "lr": cfg.trainer.lr * remaining,
             }
-            if episodes:
-                metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
-                metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
+            metrics |= episode_metrics(episodes)
             for key in control.episode_info_keys if end_infos else ():
                 metrics[f"episode/{key}"] = float(np.mean([values[key] for values in end_infos]))
             state.step = step = it + 1
-            solved = (
-                control.stop_at_return is not None
-                and len(episodes) == episodes.maxlen
-                and metrics["episode/return"] >= control.stop_at_return
-            )
-            if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+            reached = solved(control, episodes)
+            if reached or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
                 final_eval = evaluate(policy, control, normalizer, video, step)
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
-            if save_every(cfg, step, last=solved or step == iterations):
+            if save_every(cfg, step, last=reached or step == iterations):
                 checkpointer.save(step, parts)
-            if solved:
+            if reached:
                 break
     save_policy(policy, normalizer, run_dir / "model")
     if cfg.logging.plot:

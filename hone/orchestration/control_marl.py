@@ -25,14 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hone.algorithms import ADVANTAGE_ESTIMATORS
 from hone.config import ControlConfig, HoneConfig
-from hone.control.evaluate import EVAL_SEED, ControlResult, load_saved, save_policy
+from hone.control.evaluate import EVAL_SEED, ControlResult, episode_metrics, load_saved, save_policy, solved
 from hone.control.evaluate import action_bounds as _action_bounds
 from hone.control.evaluate import as_tensor as _tensor
 from hone.control.multiagent import ParallelBatch, SharedActorCritic
 from hone.control.normalize import Normalizer
-from hone.orchestration.control_ppo import PLOT_METRICS, collect, schedule, update
+from hone.orchestration.control_ppo import PLOT_METRICS, collect, schedule, train_on
 from hone.orchestration.lifecycle import new_run_dir, open_run_log
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
@@ -100,38 +99,21 @@ def _run(
                 group["lr"] = cfg.trainer.lr * remaining
             batch, obs = collect(policy, envs, obs, t, normalizer, bounds, episodes)
             env_steps += n * t
-            advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
-                token_rewards=batch["rewards"],
-                response_mask=torch.ones_like(batch["rewards"]),
-                values=batch["values"],
-                next_values=batch["next_values"],
-                dones=batch["dones"],
-                terminated=batch["terminated"],
-                gamma=cfg.algorithm.gamma,
-                lam=cfg.algorithm.lam,
-            )
-            clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
-            metrics = update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
+            metrics = train_on(cfg, control, policy, optimizer, batch, remaining)
             metrics |= {
                 "env/steps": float(env_steps),
                 "env/steps_per_s": env_steps / max(time.perf_counter() - started, 1e-9),
                 "lr": cfg.trainer.lr * remaining,
             }
-            if episodes:
-                metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
-                metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
+            metrics |= episode_metrics(episodes)
             step = it + 1
-            solved = (
-                control.stop_at_return is not None
-                and len(episodes) == episodes.maxlen
-                and metrics["episode/return"] >= control.stop_at_return
-            )
-            if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+            reached = solved(control, episodes)
+            if reached or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
                 final_eval = evaluate(policy, control, normalizer)
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
-            if solved:
+            if reached:
                 iterations = step
                 break
     save_policy(policy, normalizer, run_dir / "model")

@@ -54,7 +54,7 @@ from hone.algorithms.qlearning import (
 )
 from hone.config import ControlConfig, HoneConfig
 from hone.control.envs import ControlEnvError, make_vector_env
-from hone.control.evaluate import ControlResult, evaluate, save_policy
+from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy, solved
 from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor, TwinQ
 from hone.control.replay import ReplayBuffer
 from hone.orchestration.control_checkpoint import (
@@ -320,23 +320,17 @@ def _run(
                 "env/steps_per_s": (state.env_steps - steps_before)
                 / max(time.perf_counter() - started, 1e-9),
             }
-            if episodes:
-                metrics["episode/return"] = float(np.mean([r for r, _ in episodes]))
-                metrics["episode/length"] = float(np.mean([length for _, length in episodes]))
+            metrics |= episode_metrics(episodes)
             state.step = step = it + 1
-            solved = (
-                control.stop_at_return is not None
-                and len(episodes) == episodes.maxlen
-                and metrics["episode/return"] >= control.stop_at_return
-            )
-            if solved or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+            reached = solved(control, episodes)
+            if reached or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
                 final_eval = evaluate(learner.actor, control)
                 metrics |= final_eval
             log.log(step, metrics)
             progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
-            if save_every(cfg, step, last=solved or step == iterations):
+            if save_every(cfg, step, last=reached or step == iterations):
                 checkpointer.save(step, parts)
-            if solved:
+            if reached:
                 break
     save_policy(learner.actor, None, run_dir / "model")  # the actor, with its action scale and bias
     if cfg.logging.plot:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hone.algorithms import POLICY_LOSSES, explained_variance, value_loss
+from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
 from hone.config import ControlConfig, HoneConfig
 from hone.control.envs import episode_end_infos
@@ -156,3 +156,27 @@ def update(
     metrics["explained_variance"] = explained_variance(flat["values"].unsqueeze(1), ret.unsqueeze(1), ones)
     metrics["clip_range"] = clip
     return metrics
+
+
+def train_on(
+    cfg: HoneConfig,
+    control: ControlConfig,
+    policy: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    remaining: float,
+) -> dict[str, float]:
+    """One PPO update on a collected [env, time] batch: GAE with its episode boundaries, then `update` at
+    this step's clip range (annealed with the learning rate under `control.anneal_clip`)."""
+    advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
+        token_rewards=batch["rewards"],
+        response_mask=torch.ones_like(batch["rewards"]),
+        values=batch["values"],
+        next_values=batch["next_values"],
+        dones=batch["dones"],
+        terminated=batch["terminated"],
+        gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam,
+    )
+    clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
+    return update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
