@@ -31,6 +31,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def truncate_step_rows(path: Path, keep_up_to: int) -> None:
+    """Keep only the rows of `path` (a step-keyed JSONL: metrics.jsonl, samples.jsonl) with step <=
+    `keep_up_to`, rewritten atomically (a resumed run's rows after its checkpoint are dropped)."""
+    kept = [row for row in read_metrics(path) if row["step"] <= keep_up_to]
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _json_value(value: Any) -> float | int | None:
     """Plain numbers for strict JSON: tensors/numpy scalars become floats, NaN/inf become null."""
     if isinstance(value, bool | int):
@@ -61,7 +73,7 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         keep_up_to = -1 if resume_step is None else resume_step
         if self.path.exists():
-            self._truncate_after(keep_up_to)
+            truncate_step_rows(self.path, keep_up_to)
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
@@ -78,15 +90,6 @@ class MetricsLogger:
                     "extra; use mode='offline' without network), or turn logging.wandb off."
                 ) from err
             self._wandb = wandb_lib.init(dir=str(self.run_dir), **dict(wandb))
-
-    def _truncate_after(self, keep_up_to: int) -> None:
-        kept = [row for row in read_metrics(self.path) if row["step"] <= keep_up_to]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         values = {key: _json_value(value) for key, value in metrics.items() if key != "step"}

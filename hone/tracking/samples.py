@@ -8,26 +8,19 @@ first drops the records of the steps after N, which it is about to write again.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from hone.tracking.metrics import read_metrics, truncate_step_rows
 
 SAMPLES_FILE = "samples.jsonl"
 
 
 def read_samples(path: str | Path) -> list[dict[str, Any]]:
     """The records of a samples.jsonl; a line cut off by a crash is skipped."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows
+    return read_metrics(path)  # the same step-keyed JSONL
 
 
 class SampleLog:
@@ -37,14 +30,7 @@ class SampleLog:
     def __init__(self, run_dir: str | Path, *, resume_step: int | None = None) -> None:
         self.path = Path(run_dir) / SAMPLES_FILE
         if self.path.exists():
-            keep_up_to = -1 if resume_step is None else resume_step
-            kept = [row for row in read_samples(self.path) if row["step"] <= keep_up_to]
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with tmp.open("w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in kept)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            truncate_step_rows(self.path, -1 if resume_step is None else resume_step)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
 
