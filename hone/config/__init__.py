@@ -5,6 +5,8 @@ line naming the key. Registry names (advantage estimator, policy loss, KL estima
 are checked against what is registered.
 """
 
+from hone.config.base import ConfigError
+from hone.config.control import ControlConfig
 from hone.config.load import (
     DEFAULT_RECIPE,
     RECIPES_DIR,
@@ -17,8 +19,6 @@ from hone.config.load import (
 from hone.config.schema import (
     AlgorithmConfig,
     ClusterConfig,
-    ConfigError,
-    ControlConfig,
     CriticConfig,
     DataConfig,
     DifficultyFilterConfig,

@@ -22,9 +22,10 @@ import yaml
 from pydantic import ValidationError
 
 from hone.config.aliases import PEER_KEYS
+from hone.config.base import ConfigError
 from hone.config.keys import sections, suggest
 from hone.config.presets import apply_preset, explicit_over_preset
-from hone.config.schema import ConfigError, HoneConfig
+from hone.config.schema import HoneConfig
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 DEFAULT_RECIPE = RECIPES_DIR / "default.yaml"

@@ -1,0 +1,164 @@
+"""The `control:` section: classic control and robotics on gymnasium environments (hone/control/,
+hone/orchestration/control_*.py). Its own module: the section has as many keys as PPO, SAC/TD3,
+multi-agent and the environment backends need."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from hone.config.base import Section
+
+
+class ControlConfig(Section):
+    """Classic control and robotics: a policy network trained on a gymnasium environment (instead of a
+    language model), with the same loop pieces: `algorithm` (gamma, lam, clip_low/high, entropy_coef),
+    `trainer` (lr, schedule, ppo_epochs, mini_batches, grad_clip), `run`, `logging`. One RL step is one
+    rollout of `rollout_steps` per environment and its update (sac/td3: `rollout_steps` steps per environment,
+    updated every `train_freq` of them; `trainer.lr` the actor's, `q_lr` the critics'); see
+    docs/how-to/control.md."""
+
+    env: str = Field(
+        description="a registered gymnasium id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, highway-fast-v0), "
+        "'pkg.mod:env-id' (import pkg.mod to register it first), 'pkg.mod:Class' (your gymnasium.Env), or "
+        "'pettingzoo:<module>' (multi-agent: a module with a PettingZoo parallel_env(), e.g. "
+        "pettingzoo:mpe2.simple_spread_v3)"
+    )
+    env_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of gymnasium.make (or of the module's parallel_env)",
+    )
+    num_envs: int = Field(8, ge=1, description="environments stepped side by side (gymnasium's vector API)")
+    vectorization: Literal["sync", "async", "envpool"] = Field(
+        "sync",
+        description="sync: one process (cheap envs); async: a process per env (costly physics); envpool: "
+        "envpool's C++ ports of its own ids (the envpool extra)",
+    )
+    flatten_obs: bool = Field(
+        False,
+        description="flatten a multi-dimensional Box observation for the MLP (highway-env's Kinematics)",
+    )
+    episode_info_keys: list[str] = Field(
+        default_factory=list,
+        description="info keys of an episode's last step averaged over the last 100 training episodes as "
+        "episode/<key> (highway-env: [crashed] = the collision rate)",
+    )
+    rollout_steps: int = Field(32, ge=1, description="steps per environment per RL step (SB3: n_steps)")
+    env_steps: int = Field(
+        100_000,
+        ge=1,
+        description="total environment steps; RL steps = env_steps / (num_envs × rollout_steps)",
+    )
+    hidden_sizes: list[int] = Field([64, 64], description="the actor's and the critic's MLP hidden layers")
+    encoder: Literal["auto", "mlp", "cnn"] = Field(
+        "auto",
+        description="what reads the observations: mlp (flat vectors), cnn (the Nature-DQN CNN shared by "
+        "actor and critic, for uint8 channels-first images), auto = cnn for uint8 (C, H, W) observations",
+    )
+    atari: bool | None = Field(
+        None,
+        description="Atari preprocessing (no-op reset, 4-frame skip with max-pool, 84x84 gray, 4 stacked "
+        "frames, an episode per life, FIRE at reset, sign-clipped rewards in training); null = on for ale-py "
+        "ids (ALE/Breakout-v5, BreakoutNoFrameskip-v4)",
+    )
+    activation: Literal["tanh", "relu"] = Field("tanh", description="the MLPs' activation")
+    value_coef: float = Field(
+        1.0,
+        ge=0,
+        description="weight of the critic's loss, Hone's 0.5·MSE (1.0 = SB3's vf_coef 0.5 on the MSE; "
+        "CleanRL's vf_coef 0.5 = 0.5 here)",
+    )
+    clip_value: float | None = Field(
+        None,
+        gt=0,
+        description="PPO2's value clipping: V within ±this of the rollout's value (CleanRL's clip_vloss, "
+        "e.g. 0.1 for Atari); null = the plain squared error (SB3's default)",
+    )
+    normalize_advantages: bool = Field(
+        True, description="whiten the advantages of each mini-batch (SB3, CleanRL)"
+    )
+    anneal_clip: bool = Field(
+        False, description="decay the clip range with the learning rate (zoo's lin_0.2)"
+    )
+    normalize_obs: bool = Field(
+        False, description="running mean/std observation normalisation (MuJoCo); frozen for eval"
+    )
+    normalize_reward: bool = Field(False, description="scale rewards by a running std of the return (MuJoCo)")
+    clip_obs: float = Field(10.0, gt=0, description="with normalize_obs: clip observations to ±this")
+    clip_reward: float = Field(10.0, gt=0, description="with normalize_reward: clip rewards to ±this")
+    eval_episodes: int = Field(10, ge=1, description="deterministic episodes per eval (fixed seeds)")
+    stop_at_return: float | None = Field(
+        None,
+        description="end the run once the mean return of the last 100 training episodes reaches this "
+        "(SB3's StopTrainingOnRewardThreshold); null = run all env_steps",
+    )
+    multi_agent_critic: Literal["centralized", "independent"] = Field(
+        "centralized",
+        description="with env 'pettingzoo:<module>' (multi-agent, parameters shared by the agents): "
+        "centralized = MAPPO (the critic reads the joint observation and the agent's index); "
+        "independent = IPPO (each agent's critic reads its own observation)",
+    )
+    algorithm: Literal["ppo", "sac", "td3"] = Field(
+        "ppo",
+        description="ppo (on-policy, GAE; Discrete or Box actions) or the off-policy sac / td3 (Box actions, "
+        "a replay buffer, twin Q critics; the keys below up to exploration_noise)",
+    )
+    buffer_size: int = Field(
+        1_000_000, ge=1, description="sac/td3: replay buffer capacity in transitions (oldest overwritten)"
+    )
+    batch_size: int = Field(256, ge=1, description="sac/td3: transitions sampled per gradient step")
+    learning_starts: int = Field(
+        100,
+        ge=0,
+        description="sac/td3: environment steps of uniformly random actions before the first update (SB3)",
+    )
+    train_freq: int = Field(
+        1, ge=1, description="sac/td3: vector-environment steps between updates (SB3's train_freq in steps)"
+    )
+    gradient_steps: int = Field(1, ge=1, description="sac/td3: gradient steps per update")
+    tau: float = Field(
+        0.005, ge=0, le=1, description="sac/td3: Polyak rate of the target networks, θ' ← τθ + (1-τ)θ'"
+    )
+    init_alpha: float = Field(
+        1.0, gt=0, description="sac: the entropy temperature α at the start (SB3's ent_coef 'auto_1.0')"
+    )
+    autotune: bool = Field(
+        True, description="sac: learn α towards target_entropy (Haarnoja et al. 2018b §5); false = α fixed"
+    )
+    target_entropy: float | None = Field(
+        None, description="sac with autotune: the entropy target; null = −|A| (minus the action dimension)"
+    )
+    policy_delay: int | None = Field(
+        None,
+        ge=1,
+        description="sac/td3: critic updates per actor update; null = 2 for td3 (Fujimoto et al.'s d: the "
+        "targets follow the actor), 1 for sac (SB3); sac with d > 1 takes d actor (and α) steps each time "
+        "(CleanRL's policy_frequency)",
+    )
+    q_lr: float | None = Field(
+        None,
+        gt=0,
+        description="sac/td3: the critics' learning rate (and sac's α's, as CleanRL's q_lr); null = "
+        "trainer.lr (SB3: one learning rate); trainer.lr is the actor's",
+    )
+    target_noise: float = Field(
+        0.2, ge=0, description="td3: target policy smoothing std, in half action ranges (actions in [-1, 1])"
+    )
+    target_noise_clip: float = Field(
+        0.5, ge=0, description="td3: the smoothing noise is clipped to ±this (half action ranges)"
+    )
+    exploration_noise: float = Field(
+        0.1,
+        ge=0,
+        description="td3: Gaussian exploration noise std on the actor's actions (half action ranges)",
+    )
+
+    @model_validator(mode="after")
+    def _normalisation_with_ppo(self) -> ControlConfig:
+        if self.algorithm != "ppo" and (self.normalize_obs or self.normalize_reward):
+            raise ValueError(
+                f"control.normalize_obs / normalize_reward: ppo only for now, not control.algorithm "
+                f"{self.algorithm} (its replay buffer would hold observations under changing statistics)"
+            )
+        return self
