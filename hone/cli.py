@@ -7,6 +7,7 @@ hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k
 hone pairs [RECIPE] [overrides]                (preference pairs labelled by the recipe's reward)
 hone dpo [RECIPE] [overrides]                  (no recipe: dpo; DPO on dpo.data, model in runs/<name>/model)
 hone rm [RECIPE] [overrides]                   (no recipe: rm; reward model on rm.data, runs/<name>/model)
+hone collect RECIPE --policy P --episodes N --dataset-id ID --out ROOT   (a Minari dataset, offline RL)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hone.config import ConfigError, HoneConfig, list_recipes, load_config
+from hone.cli_parser import parser as _parser
+from hone.config import ConfigError, HoneConfig, load_config
 from hone.data.errors import HoneDataError
 from hone.data.splits import check_data_files
 from hone.errors import HoneError
@@ -33,81 +35,6 @@ if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
     from hone.orchestration.preference import PreferenceRunResult
     from hone.training.distributed import Ranks
-
-KEYS_HELP = """every key, its type, default and meaning: `hone config [RECIPE] [overrides]` prints the
-resolved recipe with each key described (all keys: docs/reference/config.md).
-Override any key as section.key=value."""
-
-
-class _Version(argparse.Action):
-    """`hone --version`, computed only when asked (it runs git for the commit)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        from hone.version import version_line
-
-        print(version_line())
-        parser.exit()
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hone",
-        description="RL post-training of language models.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"recipes: {', '.join(list_recipes())}\n\n{KEYS_HELP}",
-    )
-    parser.add_argument("--version", nargs=0, action=_Version, help="print Hone's version and commit")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in [
-        ("train", "RL training"),
-        ("sft", "supervised warm-start only"),
-        ("eval", "evaluate"),
-        ("pairs", "preference pairs sampled from the model, labelled by the recipe's reward"),
-        ("dpo", "direct preference optimisation on preference pairs"),
-        ("rm", "train a reward model on preference pairs"),
-        ("config", "print the resolved config as YAML, each key described"),
-    ]:
-        sub = commands.add_parser(
-            name,
-            help=text,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            epilog=f"recipes: {', '.join(list_recipes())}\n\n{KEYS_HELP}",
-        )
-        sub.add_argument(
-            "args", nargs="*", metavar="RECIPE|key=value", help="recipe name/path, then overrides"
-        )
-        if name == "train":
-            sub.add_argument(
-                "--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint"
-            )
-            sub.add_argument(
-                "--dry-run",
-                action="store_true",
-                help="check the recipe, data, reward and tokenizer, print two prompts as the model sees "
-                "them, and exit",
-            )
-        if name == "config":
-            sub.add_argument(
-                "--markdown", action="store_true", help="every key as a Markdown reference (the docs' page)"
-            )
-            sub.add_argument("--schema", action="store_true", help="the recipe's JSON schema (YAML editors)")
-        if name == "eval":
-            sub.add_argument(
-                "--model",
-                help="model to evaluate (dir, hub name, or alias); default model.path. A model inside a "
-                "run directory, without a recipe, is evaluated with that run's config.yaml",
-            )
-            sub.add_argument("--out", help="also write the metrics as JSON to this file")
-            sub.add_argument(
-                "--run",
-                metavar="RUN_DIR",
-                help="evaluate runs/<name> with its own config.yaml: its latest checkpoint (or final model)",
-            )
-            sub.add_argument("--step", type=int, metavar="N", help="with --run: checkpoint step-N's model")
-            sub.add_argument(
-                "--samples", metavar="FILE", help="also write every eval response (and its grade) as JSONL"
-            )
-    return parser
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -181,8 +108,11 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
         from hone.orchestration.control_loop import control_summary, train_control
 
         started = time.perf_counter()
-        print(control_summary(train_control(cfg, resume=bool(ns.resume)), time.perf_counter() - started))
+        init = Path(ns.init) if ns.init else None
+        print(control_summary(train_control(cfg, bool(ns.resume), init), time.perf_counter() - started))
         return 0
+    if ns.init:
+        raise ConfigError("--init: control runs with an offline algorithm only (language models: model.path)")
     if ns.dry_run:
         from hone.orchestration.dry_run import dry_run
 
@@ -237,7 +167,13 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     if cfg.control is not None:  # a control run's policy: episodes, not prompts
         from hone.orchestration.control_loop import evaluate_saved
 
+        if ns.ope:
+            from hone.control.ope import evaluate_offline
+
+            return _print_metrics(evaluate_offline(cfg), ns.out)
         return _print_metrics(evaluate_saved(cfg), ns.out)
+    if ns.ope:
+        raise ConfigError("--ope: evaluates a control run's policy on a dataset (a recipe with control:)")
     from hone.envs import release_envs
     from hone.orchestration.components import close_samplers
     from hone.orchestration.eval_run import eval_records
@@ -255,6 +191,13 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
         Path(ns.samples).write_text("".join(json.dumps(record) + "\n" for record in records))
     check_rewards_answered(result, parts.reward, "eval")  # every reward raised: one line, not accuracy 0
     return _print_metrics(result.metrics, ns.out)
+
+
+def _collect(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    from hone.control.collect import collect
+
+    print(collect(cfg.control, ns, cfg.run.seed))
+    return 0
 
 
 def _print_metrics(metrics: dict[str, float], out: str | None) -> int:
@@ -370,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "sft": _on_ranks(_sft),
         "eval": _eval,
         "pairs": _pairs,
+        "collect": _collect,
         "dpo": _on_ranks(_dpo),
         "rm": _on_ranks(_rm),
     }

@@ -99,10 +99,11 @@ class ControlConfig(Section):
         "centralized = MAPPO (the critic reads the joint observation and the agent's index); "
         "independent = IPPO (each agent's critic reads its own observation)",
     )
-    algorithm: Literal["ppo", "sac", "td3"] = Field(
+    algorithm: Literal["ppo", "sac", "td3", "bc", "td3_bc", "iql", "awr", "cql"] = Field(
         "ppo",
-        description="ppo (on-policy, GAE; Discrete or Box actions) or the off-policy sac / td3 (Box actions, "
-        "a replay buffer, twin Q critics; the keys below up to exploration_noise)",
+        description="ppo (on-policy, GAE; Discrete or Box actions), the off-policy sac / td3 (Box actions, "
+        "a replay buffer, twin Q critics; the keys below up to exploration_noise), or offline from the "
+        "Minari dataset data.source (bc, td3_bc, iql, awr, cql; the keys from offline_updates on)",
     )
     buffer_size: int = Field(
         1_000_000, ge=1, description="sac/td3: replay buffer capacity in transitions (oldest overwritten)"
@@ -154,11 +155,64 @@ class ControlConfig(Section):
         description="td3: Gaussian exploration noise std on the actor's actions (half action ranges)",
     )
 
+    offline_updates: int = Field(
+        100_000,
+        ge=0,
+        description="offline algorithms: gradient updates on the dataset (before any online_steps)",
+    )
+    online_steps: int = Field(
+        0,
+        ge=0,
+        description="offline algorithms: environment steps of online fine-tuning after the offline updates "
+        "(offline-to-online; the replay buffer holds the dataset, then the new steps; one update per step)",
+    )
+    updates_per_step: int = Field(
+        1000,
+        ge=1,
+        description="offline algorithms: gradient updates per RL step (one row of metrics.jsonl) offline",
+    )
+    holdout: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="offline algorithms: share of the dataset's episodes held out (chosen by episode id) for "
+        "the val/ metrics (the policy's BC error, the critics' TD error on unseen episodes)",
+    )
+    dataset_root: str | None = Field(
+        None,
+        description="the folder holding Minari datasets (as MINARI_DATASETS_PATH); null = Minari's own "
+        "(MINARI_DATASETS_PATH, else ~/.minari/datasets)",
+    )
+    expectile: float = Field(
+        0.7, gt=0, lt=1, description="iql: the expectile τ of the value loss (Kostrikov et al. 2021: 0.7)"
+    )
+    inverse_temperature: float = Field(
+        3.0,
+        ge=0,
+        description="iql/awr: β of the policy's weights exp(β·A) (IQL's MuJoCo value 3.0; AWR's 1/β)",
+    )
+    max_weight: float = Field(100.0, gt=0, description="iql/awr: the weights exp(β·A) are clipped to this")
+    bc_alpha: float = Field(2.5, gt=0, description="td3_bc: α of λ = α / mean|Q| (Fujimoto & Gu 2021: 2.5)")
+    cql_alpha: float = Field(
+        5.0, ge=0, description="cql: weight of the conservative penalty in the critics' loss"
+    )
+    cql_samples: int = Field(
+        10, ge=1, description="cql: actions sampled per state for each of uniform, π(s) and π(s')"
+    )
+
     @model_validator(mode="after")
     def _normalisation_with_ppo(self) -> ControlConfig:
-        if self.algorithm != "ppo" and (self.normalize_obs or self.normalize_reward):
+        # offline: the statistics are the dataset's, fixed before the first update (as TD3+BC's and CORL's)
+        if self.algorithm in ("sac", "td3") and (self.normalize_obs or self.normalize_reward):
             raise ValueError(
-                f"control.normalize_obs / normalize_reward: ppo only for now, not control.algorithm "
+                f"control.normalize_obs / normalize_reward: not with control.algorithm "
                 f"{self.algorithm} (its replay buffer would hold observations under changing statistics)"
             )
+        if self.algorithm in OFFLINE_ALGORITHMS and self.normalize_reward:
+            raise ValueError(
+                "control.normalize_reward: not with an offline algorithm (rewards are the data's)"
+            )
         return self
+
+
+OFFLINE_ALGORITHMS = ("bc", "td3_bc", "iql", "awr", "cql")

@@ -40,6 +40,7 @@ PATH_KEYS = (
     ("rm", "eval_data"),
     ("model", "path"),
     ("critic", "path"),
+    ("control", "dataset_root"),
 )
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 # The first line of a run's saved config.yaml: its paths were made absolute when it was written, and any

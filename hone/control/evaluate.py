@@ -23,11 +23,11 @@ from hone.config import ControlConfig
 from hone.control.encoders import make_policy
 from hone.control.envs import ControlEnvError, make_eval_env
 from hone.control.normalize import Normalizer
-from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor
+from hone.control.offpolicy import DeterministicActor, GaussianActor, SquashedGaussianActor
 from hone.control.policy import ActorCritic
 from hone.control.video import Video
 
-AnyPolicy = ActorCritic | SquashedGaussianActor | DeterministicActor
+AnyPolicy = ActorCritic | SquashedGaussianActor | DeterministicActor | GaussianActor
 POLICY_FILE, NORMALIZATION_FILE = "policy.safetensors", "normalization.json"
 EVAL_SEED = 10_000  # eval episode i is reset with EVAL_SEED + i: the same episodes every eval
 
@@ -116,13 +116,16 @@ def as_tensor(x: Any) -> torch.Tensor:
 
 def build_policy(control: ControlConfig, observation_space: Any, action_space: Any) -> AnyPolicy:
     """The network that acts for `control.algorithm`: PPO's actor-critic (an MLP, or on images the CNN),
-    SAC's squashed Gaussian actor or TD3's deterministic one (all with `act(obs, deterministic)`)."""
+    SAC's and CQL's squashed Gaussian actor, TD3's, TD3+BC's and BC's deterministic one, or IQL's and AWR's
+    Gaussian (all with `act(obs, deterministic)`)."""
     hidden, activation = control.hidden_sizes, control.activation
     obs_dim = int(observation_space.shape[0])
-    if control.algorithm == "sac":
+    if control.algorithm in ("sac", "cql"):
         return SquashedGaussianActor(obs_dim, action_space, hidden, activation)
-    if control.algorithm == "td3":
+    if control.algorithm in ("td3", "td3_bc", "bc"):
         return DeterministicActor(obs_dim, action_space, hidden, activation)
+    if control.algorithm in ("iql", "awr"):
+        return GaussianActor(obs_dim, action_space, hidden, activation)
     return make_policy(control, observation_space, action_space)
 
 

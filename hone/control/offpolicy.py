@@ -102,6 +102,34 @@ class DeterministicActor(_BoundedActor):
         return self.to_env(self(obs))
 
 
+class GaussianActor(_BoundedActor):
+    """IQL's and AWR's policy: N(μ(s), σ²) with μ(s) = tanh(MLP(s)) in [-1, 1] and a state-independent
+    log σ (the IQL authors' MuJoCo policy; CORL's `GaussianPolicy`). Not squashed: `log_prob` of a dataset
+    action is a plain Gaussian density, finite for actions on the bounds, where a tanh-squashed density
+    needs atanh(±1). `act(deterministic=True)` is μ(s) in env units; sampled actions are clipped to
+    [-1, 1]."""
+
+    def __init__(self, obs_dim: int, action_space: Any, hidden: list[int], activation: str = "relu") -> None:
+        super().__init__(action_space)
+        self.net = plain_mlp(obs_dim, hidden, activation, self.action_dim)
+        self.log_std = nn.Parameter(torch.zeros(self.action_dim))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs))
+
+    def log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """log π(a|s) summed over action dimensions, [B]; `action` in [-1, 1] units."""
+        std = self.log_std.clamp(-5.0, 2.0).exp()  # CORL's bounds
+        return torch.distributions.Normal(self(obs), std).log_prob(action).sum(-1)
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        std = self.log_std.clamp(-5.0, 2.0).exp()
+        return (self(obs) + std * torch.randn(obs.shape[0], self.action_dim)).clamp(-1.0, 1.0)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return self.to_env(self(obs) if deterministic else self.sample(obs))
+
+
 class TwinQ(nn.Module):
     """Two independent critics Q1, Q2(s, a) on the concatenated [s, a] (clipped double-Q: Fujimoto et al.
     2018 §4.2; SAC: arXiv:1812.05905 §6). `forward` returns both as [B] tensors."""

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from hone.config import ControlConfig, HoneConfig
+from hone.config.control import OFFLINE_ALGORITHMS
 from hone.control.encoders import make_policy
 from hone.control.envs import ControlEnvError, make_vector_env
 from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy, solved
@@ -51,10 +52,25 @@ from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.checkpoint import Checkpointer
 
 
-def train_control(cfg: HoneConfig, resume: bool = False) -> ControlResult:
-    """Train (or with `resume`, go on from the newest checkpoint of) the control run `cfg`."""
+def train_control(cfg: HoneConfig, resume: bool = False, init: Path | None = None) -> ControlResult:
+    """Train (or with `resume`, go on from the newest checkpoint of) the control run `cfg`; `init`: an
+    offline run whose final learner the run starts from (offline-to-online)."""
     control = cfg.control
     assert control is not None
+    if control.algorithm in OFFLINE_ALGORITHMS:  # bc, td3_bc, iql, awr, cql: from a Minari dataset
+        from hone.orchestration.control_offline import train_offline
+
+        if resume:
+            raise ControlEnvError(
+                f"--resume: an offline run (control.algorithm {control.algorithm}) cannot be resumed yet; "
+                "start it again, or go on from its final model with --init"
+            )
+        return train_offline(cfg, init)
+    if init is not None:
+        raise ControlEnvError(
+            f"--init: starts an offline algorithm (bc, td3_bc, iql, awr, cql) from an offline run, not "
+            f"control.algorithm {control.algorithm}"
+        )
     if is_multi_agent(control.env):  # pettingzoo:<module>: IPPO / MAPPO on the same pieces
         from hone.orchestration.control_marl import train_marl
 
@@ -192,5 +208,10 @@ def control_summary(result: ControlResult, seconds: float) -> str:
             f"wall time       {seconds:.0f} s",
             f"eval return before  {before:.1f}",
             f"eval return after   {after:.1f}   ({after - before:+.1f})",
+            *(
+                [f"normalized score    {result.final_eval['eval/normalized_score']:.1f}"]
+                if "eval/normalized_score" in result.final_eval
+                else []
+            ),
         ]
     )

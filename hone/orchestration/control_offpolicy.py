@@ -125,7 +125,7 @@ class OffPolicyLearner:
         assert control is not None
         self.control, self.gamma, lr = control, cfg.algorithm.gamma, cfg.trainer.lr
         q_lr = control.q_lr if control.q_lr is not None else lr
-        self.sac = control.algorithm == "sac"
+        self.sac = control.algorithm in ("sac", "cql")  # CQL: SAC with a conservative critic loss
         hidden, activation = control.hidden_sizes, control.activation
         self.actor: SquashedGaussianActor | DeterministicActor
         if self.sac:
@@ -134,8 +134,8 @@ class OffPolicyLearner:
             self.actor = DeterministicActor(obs_dim, action_space, hidden, activation)
         self.action_dim = self.actor.action_dim
         self.critic = TwinQ(obs_dim, self.action_dim, hidden, activation)
-        self.critic_target = _frozen_copy(self.critic)
-        self.actor_target = None if self.sac else _frozen_copy(self.actor)
+        self.critic_target = frozen_copy(self.critic)
+        self.actor_target = None if self.sac else frozen_copy(self.actor)
         # foreach: one fused kernel per Adam step, where torch's CPU default loops over the tensors
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, foreach=True)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=q_lr, foreach=True)
@@ -216,10 +216,25 @@ class OffPolicyLearner:
         target = self.critic_targets(batch)
         q1, q2 = self.critic(batch["obs"], batch["actions"])
         loss = q_loss(q1, target) + q_loss(q2, target)
+        metrics = {"loss/q": loss.item(), "q/mean": (q1 + q2).mean().item() / 2}
+        penalty = self.critic_penalty(batch, q1, q2)
+        if penalty is not None:
+            loss = loss + penalty
+            metrics["loss/cql"] = penalty.item()
         self.critic_opt.zero_grad()
         loss.backward()
         self.critic_opt.step()
-        return {"loss/q": loss.item(), "q/mean": (q1 + q2).mean().item() / 2}
+        return metrics
+
+    def critic_penalty(
+        self, batch: dict[str, torch.Tensor], q1: torch.Tensor, q2: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A term added to the critics' loss (CQL's conservative penalty); none for SAC and TD3."""
+        return None
+
+    def td3_actor_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """TD3's actor loss, -mean Q1(s, μ(s)) (TD3+BC adds its behaviour-cloning term)."""
+        return td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
 
     def _sac_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         assert isinstance(self.actor, SquashedGaussianActor)
@@ -250,7 +265,7 @@ class OffPolicyLearner:
         metrics = self._critic_step(batch)
         if self.updates % self.policy_delay == 0:
             with _no_param_grads(self.critic):
-                actor_loss = td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
+                actor_loss = self.td3_actor_loss(batch)
                 self.actor_opt.zero_grad()
                 actor_loss.backward()
             self.actor_opt.step()
@@ -272,7 +287,7 @@ def _no_param_grads(net: torch.nn.Module) -> Iterator[None]:
         net.requires_grad_(True)
 
 
-def _frozen_copy(net: torch.nn.Module) -> Any:
+def frozen_copy(net: torch.nn.Module) -> Any:
     target = copy.deepcopy(net)
     target.requires_grad_(False)
     return target
@@ -351,12 +366,12 @@ def env_step(
     final observation at an episode end; terminated, not truncated), finished episodes into `episodes`.
     Returns the observation to act on next."""
     next_obs, reward, terminated, truncated, info = envs.step(env_action)
-    buffer.add(obs, action, reward, _real_next_obs(next_obs, terminated, truncated, info), terminated)
-    _record_episodes(info, episodes)
+    buffer.add(obs, action, reward, real_next_obs(next_obs, terminated, truncated, info), terminated)
+    record_episodes(info, episodes)
     return next_obs
 
 
-def _real_next_obs(
+def real_next_obs(
     next_obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]
 ) -> np.ndarray:
     """The observation each action led to: at an episode end (SAME_STEP autoreset) the ended episode's
@@ -370,7 +385,7 @@ def _real_next_obs(
     return real
 
 
-def _record_episodes(info: dict[str, Any], episodes: deque[tuple[float, int]]) -> None:
+def record_episodes(info: dict[str, Any], episodes: deque[tuple[float, int]]) -> None:
     if "episode" in info:
         stats = info["episode"]
         for r, length in zip(stats["r"][info["_episode"]], stats["l"][info["_episode"]], strict=True):
