@@ -200,6 +200,10 @@ class ControlConfig(Section):
         10, ge=1, description="cql: actions sampled per state for each of uniform, π(s) and π(s')"
     )
 
+    fqe_updates: int = Field(
+        20_000, ge=1, description="hone eval --ope: gradient updates of fitted-Q evaluation on the dataset"
+    )
+
     @model_validator(mode="after")
     def _normalisation_with_ppo(self) -> ControlConfig:
         # offline: the statistics are the dataset's, fixed before the first update (as TD3+BC's and CORL's)

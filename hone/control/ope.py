@@ -133,5 +133,8 @@ def evaluate_offline(cfg: HoneConfig) -> dict[str, float]:
         normalizer.observations(train.next_obs, update=False), train.terminated, train.episodes,
     )  # fmt: skip
     start = normalizer.observations(data.initial_obs, update=False)
-    estimate = fqe(policy, seen, start, gamma=cfg.algorithm.gamma, seed=cfg.run.seed)
+    estimate = fqe(
+        policy, seen, start, gamma=cfg.algorithm.gamma, updates=control.fqe_updates, seed=cfg.run.seed,
+        hidden=tuple(control.hidden_sizes), batch_size=control.batch_size,
+    )  # fmt: skip
     return {"ope/fqe_return": estimate, "ope/transitions": float(len(seen))}
