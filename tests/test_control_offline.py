@@ -344,3 +344,27 @@ def test_cql_pushes_q_down_on_actions_the_data_lacks() -> None:
         q_data = torch.minimum(*learner.critic(obs, torch.full((64, 1), 0.5))).mean()
         q_unseen = torch.minimum(*learner.critic(obs, torch.full((64, 1), -0.9))).mean()
     assert float(q_data - q_unseen) > 1.0 and "loss/cql" in metrics
+
+
+def test_resume_of_an_offline_run_is_bit_identical(tmp_path: Path, root: Path) -> None:
+    from safetensors.torch import load_file
+
+    args = [
+        *_offline(
+            tmp_path, root, "whole", "control.offline_updates=400", "run.save_every=2", "run.keep_last=5"
+        )
+    ]
+    assert main(args) == 0
+    run = tmp_path / "runs" / "whole"
+    whole = load_file(str(run / "model" / "policy.safetensors"))
+    rows = read_metrics(run / "metrics.jsonl")
+    import shutil
+
+    shutil.rmtree(run / "checkpoints" / "step-4")  # as if the run had stopped after step 2's checkpoint
+    shutil.rmtree(run / "model")
+    assert main(["train", "--resume", str(run)]) == 0
+    resumed = load_file(str(run / "model" / "policy.safetensors"))
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    again = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in again] == [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert again[-1]["loss/actor"] == rows[-1]["loss/actor"]

@@ -80,7 +80,7 @@ class LoopState:
             self.rng.bit_generator.state = state["rng"]
 
 
-class _PolicyFolder:
+class PolicyFolder:
     """`model/`: the acting network and the observation statistics (`hone eval`'s files)."""
 
     def __init__(self, policy: Any, normalizer: Normalizer | None) -> None:
@@ -183,7 +183,7 @@ def checkpoint_parts(
 ) -> dict[str, Part]:
     """The checkpoint's parts, in load order (the RNG last: building and loading must not draw after it).
     `trainer` is (file name, a `state_dict` holder): PPO's optimizer or SAC/TD3's learner."""
-    parts: dict[str, Part] = {"model/": _PolicyFolder(policy, normalizer), trainer[0]: trainer[1]}
+    parts: dict[str, Part] = {"model/": PolicyFolder(policy, normalizer), trainer[0]: trainer[1]}
     if buffer is not None:
         parts["replay/"] = _ReplayFolder(buffer)
     parts["envs/"] = _EnvsFolder(state)
@@ -213,16 +213,21 @@ def open_control_run(cfg: HoneConfig, resume: bool) -> tuple[Path, Checkpointer,
     return run_dir, checkpointer, latest
 
 
-def restore(checkpointer: Checkpointer, path: Path, parts: dict[str, Part], state: LoopState) -> None:
+def restore(
+    checkpointer: Checkpointer, path: Path, parts: dict[str, Part], state: LoopState | None = None
+) -> None:
     """Load checkpoint `path` into `parts`; one line when it does not fit this run or is damaged."""
     try:
         checkpointer.load(path, parts)
     except Exception as e:
         detail = " ".join(str(e).split())[:300]
         raise SetupError(f"cannot resume from {path}: {type(e).__name__}: {detail}") from None
-    log.info(
-        "resumed %s at RL step %d (%d environment steps)", path.parent.parent, state.step, state.env_steps
-    )
+    if state is not None:
+        log.info(
+            "resumed %s at RL step %d (%d environment steps)", path.parent.parent, state.step, state.env_steps
+        )
+    else:
+        log.info("resumed %s from %s", path.parent.parent, path.name)
 
 
 def reseed_if_lost(state: LoopState, seed: int) -> np.ndarray | None:

@@ -60,12 +60,7 @@ def train_control(cfg: HoneConfig, resume: bool = False, init: Path | None = Non
     if control.algorithm in OFFLINE_ALGORITHMS:  # bc, td3_bc, iql, awr, cql: from a Minari dataset
         from hone.orchestration.control_offline import train_offline
 
-        if resume:
-            raise ControlEnvError(
-                f"--resume: an offline run (control.algorithm {control.algorithm}) cannot be resumed yet; "
-                "start it again, or go on from its final model with --init"
-            )
-        return train_offline(cfg, init)
+        return train_offline(cfg, init, resume)
     if init is not None:
         raise ControlEnvError(
             f"--init: starts an offline algorithm (bc, td3_bc, iql, awr, cql) from an offline run, not "

@@ -17,13 +17,18 @@ minari:<id>`), then optionally online (offline-to-online): the learners of `offl
    from RUN's final networks and optimizers (`model/learner.pt`), so `control.offline_updates: 0` there
    fine-tunes an offline run.
 
-Not yet: `--resume` of an offline run (a run saves its final model only)."""
+Checkpoints (`run.save_every` RL steps, and at the end of the offline updates) hold the policy, the
+learner, the buffer's sampling generator and the process's generators; the dataset is read again at
+`--resume`, so a resumed run draws the same batches as an unbroken one (tested: bit-identical weights).
+Not yet: checkpoints in the online phase (a run cut short there resumes at the end of its offline
+updates and plays its online phase again)."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +41,23 @@ from hone.control.envs import ControlEnvError, make_eval_env, make_vector_env
 from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy
 from hone.control.normalize import Normalizer
 from hone.control.replay import ReplayBuffer
-from hone.orchestration.control_checkpoint import open_control_run
+from hone.orchestration.control_checkpoint import PolicyFolder, open_control_run, restore, save_every
 from hone.orchestration.control_offpolicy import check_action_space, real_next_obs, record_episodes
 from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.orchestration.offline_learners import Learner, make_learner
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
+from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer, Part
 
 LEARNER_FILE = "learner.pt"
 PLOT_METRICS = ["eval/normalized_score", "eval/return", "loss/actor", "loss/q", "loss/v", "val/action_mse"]
 
 
-def train_offline(cfg: HoneConfig, init: Path | None = None) -> ControlResult:
+def train_offline(cfg: HoneConfig, init: Path | None = None, resume: bool = False) -> ControlResult:
     control = cfg.control
     assert control is not None
+    if resume and init is not None:
+        raise ControlEnvError("--resume goes on from the run's own checkpoint: drop --init")
     if cfg.data.source is None:
         raise ControlEnvError(
             f"control.algorithm {control.algorithm} learns from a dataset: set data.source: minari:<id> "
@@ -79,10 +87,22 @@ def train_offline(cfg: HoneConfig, init: Path | None = None) -> ControlResult:
     train = data.train
     buffer.add(normalizer.observations(train.obs, update=False), train.actions, train.rewards,
                normalizer.observations(train.next_obs, update=False), train.terminated)  # fmt: skip
-    run_dir, _, _ = open_control_run(cfg, resume=False)
-    with open_run_log(cfg, run_dir, resume_step=None) as log:
+    run_dir, checkpointer, latest = open_control_run(cfg, resume)
+    state = _LoopState(rng=np.random.default_rng(cfg.run.seed))
+    parts: dict[str, Part] = {
+        "model/": PolicyFolder(learner.actor, normalizer),
+        LEARNER_FILE: learner,
+        "sampler": _Sampler(buffer),
+        "loop": state,
+        RNG_FILE: RNG,  # last: loading the others must not draw after it
+    }
+    if latest is not None:
+        restore(checkpointer, latest, parts)
+    with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
         try:
-            result = _run(cfg, control, learner, buffer, data, normalizer, run_dir, log)
+            result = _run(
+                cfg, control, learner, buffer, data, normalizer, (run_dir, checkpointer, parts), log
+            )
         except KeyboardInterrupt:
             raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
     save_policy(learner.actor, normalizer, run_dir / "model")
@@ -129,9 +149,11 @@ def _run(
     buffer: ReplayBuffer,
     data: OfflineDataset,
     normalizer: Normalizer,
-    run_dir: Path,
+    saving: tuple[Path, Checkpointer, dict[str, Part]],
     log: Any,
 ) -> ControlResult:
+    run_dir, checkpointer, parts = saving
+    state: _LoopState = parts["loop"]
     offline_steps = math.ceil(control.offline_updates / control.updates_per_step)
     online_steps = math.ceil(control.online_steps / control.rollout_steps)
     total = offline_steps + online_steps
@@ -140,14 +162,14 @@ def _run(
         score = data.normalized_score(metrics["eval/return"])
         return metrics if score is None else metrics | {"eval/normalized_score": score}
 
-    start_eval = final_eval = scored(evaluate(learner.actor, control, normalizer))
-    log.log(0, start_eval)
+    if state.step == 0:
+        state.start_eval = state.final_eval = scored(evaluate(learner.actor, control, normalizer))
+        log.log(0, state.start_eval)
     holdout = None if data.holdout is None else _holdout_batch(data.holdout, normalizer)
-    rng = np.random.default_rng(cfg.run.seed)
     online = _Online(control, cfg.run.seed, normalizer) if online_steps else None
     with Progress(total=total, enabled=cfg.logging.progress, description="offline") as progress:
         try:
-            for step in range(1, total + 1):
+            for step in range(state.step + 1, total + 1):
                 if step <= offline_steps:
                     done = (step - 1) * control.updates_per_step
                     updates = min(control.updates_per_step, control.offline_updates - done)
@@ -157,19 +179,61 @@ def _run(
                     metrics["offline/updates"] = float(done + updates)
                 else:
                     assert online is not None
-                    metrics = online.steps(learner, buffer, rng)
+                    metrics = online.steps(learner, buffer, state.rng)
                 if holdout is not None:
                     metrics["val/action_mse"] = _action_mse(learner.actor, holdout)
                 if step == total or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                    final_eval = scored(evaluate(learner.actor, control, normalizer))
-                    metrics |= final_eval
+                    state.final_eval = scored(evaluate(learner.actor, control, normalizer))
+                    metrics |= state.final_eval
                 log.log(step, metrics)
-                progress.update(step, {"eval/return": final_eval["eval/return"]})
+                state.step = step
+                progress.update(step, {"eval/return": state.final_eval["eval/return"]})
+                if step <= offline_steps and save_every(cfg, step, last=step == offline_steps):
+                    checkpointer.save(step, parts)
         finally:
             if online is not None:
                 online.close()
     env_steps = 0 if online is None else online.env_steps
-    return ControlResult(run_dir, total, env_steps, start_eval, final_eval)
+    return ControlResult(run_dir, total, env_steps, state.start_eval, state.final_eval)
+
+
+@dataclass
+class _LoopState:
+    """The loop's counters, its evals and the exploration generator (a checkpoint's `loop` in state.json)."""
+
+    rng: np.random.Generator
+    step: int = 0
+    start_eval: dict[str, float] = field(default_factory=dict)
+    final_eval: dict[str, float] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "start_eval": self.start_eval, "final_eval": self.final_eval,
+            "rng": self.rng.bit_generator.state,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.start_eval, self.final_eval = dict(state["start_eval"]), dict(state["final_eval"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+class _Sampler:
+    """The buffer's sampling generator: its rows are the dataset's training transitions, read again at
+    `--resume`; a dataset that changed since is refused (its size tells)."""
+
+    def __init__(self, buffer: ReplayBuffer) -> None:
+        self.buffer = buffer
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.buffer.rng.bit_generator.state, "size": self.buffer.size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["size"]) != self.buffer.size:
+            raise ValueError(
+                f"the dataset has {self.buffer.size} training transitions, the run had {state['size']}"
+            )
+        self.buffer.rng.bit_generator.state = state["rng"]
 
 
 class _Online:
