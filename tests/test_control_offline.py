@@ -368,3 +368,10 @@ def test_resume_of_an_offline_run_is_bit_identical(tmp_path: Path, root: Path) -
     again = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in again] == [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert again[-1]["loss/actor"] == rows[-1]["loss/actor"]
+
+
+def test_every_offline_algorithm_of_the_config_has_a_learner() -> None:
+    from hone.config.control import OFFLINE_ALGORITHMS
+    from hone.orchestration.offline_learners import OFFLINE_LEARNERS
+
+    assert set(OFFLINE_LEARNERS) == set(OFFLINE_ALGORITHMS)

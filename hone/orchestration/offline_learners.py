@@ -24,6 +24,7 @@ same update goes on over the dataset and the new transitions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -215,15 +216,19 @@ def gaussian_noise(
 Learner = BCLearner | WeightedRegressionLearner | OffPolicyLearner
 
 
+# control.algorithm → its learner: `(cfg, obs_dim, action_space)` → networks, optimizers and `update`.
+OFFLINE_LEARNERS: dict[str, Callable[[HoneConfig, int, Any], Learner]] = {
+    "bc": BCLearner,
+    "td3_bc": TD3BCLearner,
+    "iql": WeightedRegressionLearner,
+    "awr": WeightedRegressionLearner,
+    "cql": CQLLearner,
+}
+
+
 def make_learner(cfg: HoneConfig, obs_dim: int, action_space: Any) -> Learner:
     control: ControlConfig | None = cfg.control
     assert control is not None
-    if control.algorithm == "bc":
-        return BCLearner(cfg, obs_dim, action_space)
-    if control.algorithm in ("iql", "awr"):
-        return WeightedRegressionLearner(cfg, obs_dim, action_space)
-    if control.algorithm == "td3_bc":
-        return TD3BCLearner(cfg, obs_dim, action_space)
-    if control.algorithm == "cql":
-        return CQLLearner(cfg, obs_dim, action_space)
-    raise ValueError(f"control.algorithm {control.algorithm} is not an offline algorithm")
+    if control.algorithm not in OFFLINE_LEARNERS:
+        raise ValueError(f"control.algorithm {control.algorithm} is not an offline algorithm")
+    return OFFLINE_LEARNERS[control.algorithm](cfg, obs_dim, action_space)
