@@ -124,6 +124,10 @@ def collect(control: ControlConfig | None, options: Any, seed: int) -> str:
     assert control is not None
     if options.episodes < 1:
         raise ControlEnvError(f"--episodes {options.episodes}: record at least one")
+    if options.noise < 0 or not 0 <= options.epsilon <= 1:
+        raise ControlEnvError(
+            f"--noise {options.noise}, --epsilon {options.epsilon}: need noise >= 0 and epsilon in [0, 1]"
+        )
     env = make_eval_env(control)
     try:
         behaviours = [load_behaviour(source, env) for source in options.policy]
