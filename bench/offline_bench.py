@@ -114,10 +114,16 @@ def normalized(value: float, refs: tuple[float, float]) -> float:
     return 100.0 * (value - refs[0]) / (refs[1] - refs[0])
 
 
+def run_name(algorithm: str, updates: int, seed: int) -> str:
+    return f"{algorithm}-{updates // 1000}k-s{seed}"
+
+
 def train_offline(
-    recipe: str, algorithm: str, seed: int, dataset: str, root: Path, runs: Path, *extra: str
+    recipe: str, algorithm: str, seed: int, dataset: str, root: Path, runs: Path, updates: int, *extra: str
 ) -> Path:
-    name = f"{algorithm}-s{seed}"
+    name = run_name(algorithm, updates, seed)
+    if (runs / name / "model").is_dir():  # done by an earlier invocation: its result is kept
+        return runs / name
     hone(
         "train",
         recipe,
@@ -127,6 +133,7 @@ def train_offline(
         f"run.dir={runs}",
         f"data.source=minari:{dataset}",
         f"control.dataset_root={root}",
+        f"control.offline_updates={updates}",
         "logging.plot=[]",
         "logging.progress=false",
         *extra,
@@ -178,9 +185,12 @@ def pendulum(args: argparse.Namespace, work: Path, report: dict) -> None:
         "expert": collect("pendulum-sac", [str(expert)], f"{prefix}/expert-v0", root, args.episodes, refs),
     }
     report["datasets"] = {k: {"return": v, "normalized": normalized(v, refs)} for k, v in behaviour.items()}
-    table(args, "pendulum-iql", f"{prefix}/medium-v0", root, runs, refs, behaviour["medium"], report)
-    online(args, f"{prefix}/medium-v0", root, runs, report)
-    ope(args, expert, sorted(checkpoints), evals, f"{prefix}/medium-v0", root, report)
+    if "table" in args.parts:
+        table(args, "pendulum-iql", f"{prefix}/medium-v0", root, runs, refs, behaviour["medium"], report)
+    if "online" in args.parts:
+        online(args, f"{prefix}/medium-v0", root, runs, report)
+    if "ope" in args.parts:
+        ope(args, expert, sorted(checkpoints), evals, f"{prefix}/medium-v0", root, report)
 
 
 def table(
@@ -193,15 +203,21 @@ def table(
     behaviour: float,
     report: dict,
 ) -> None:
-    jobs = [(a, s) for a in ALGORITHMS for s in args.seeds]
+    jobs = [(a, s) for a in args.algorithms for s in args.seeds]
     started = time.perf_counter()
-    updates = f"control.offline_updates={args.updates}"
     cql = [f"control.cql_samples={args.cql_samples}"]
     with ThreadPoolExecutor(args.jobs) as pool:
         done = list(
             pool.map(
                 lambda job: train_offline(
-                    recipe, job[0], job[1], dataset, root, runs, updates, *(cql if job[0] == "cql" else [])
+                    recipe,
+                    job[0],
+                    job[1],
+                    dataset,
+                    root,
+                    runs,
+                    args.updates,
+                    *(cql if job[0] == "cql" else []),
                 ),
                 jobs,
             )
@@ -214,16 +230,19 @@ def table(
     }
     report["offline"]["behaviour"] = {"mean": normalized(behaviour, refs)}
     print(f"\n{dataset}, {args.updates} updates, seeds {args.seeds} ({time.perf_counter() - started:.0f} s):")
-    print("| behaviour | " + " | ".join(ALGORITHMS) + " |")
-    print("|---|" + "---|" * len(ALGORITHMS))
-    cells = [f"{np.mean(scores[a]):.1f} ± {np.std(scores[a]):.1f}" for a in ALGORITHMS]
+    print("| behaviour | " + " | ".join(args.algorithms) + " |")
+    print("|---|" + "---|" * len(args.algorithms))
+    cells = [f"{np.mean(scores[a]):.1f} ± {np.std(scores[a]):.1f}" for a in args.algorithms]
     print(f"| {normalized(behaviour, refs):.1f} | " + " | ".join(cells) + " |")
 
 
 def online(args: argparse.Namespace, dataset: str, root: Path, runs: Path, report: dict) -> None:
     common = ["control.offline_updates=0", f"control.online_steps={args.online_steps}", "run.eval_every=5"]
     seed = args.seeds[0]
-    pairs = [("online-from-iql", ["--init", str(runs / f"iql-s{seed}")]), ("online-scratch", [])]
+    pairs = [
+        ("online-from-iql", ["--init", str(runs / run_name("iql", args.updates, seed))]),
+        ("online-scratch", []),
+    ]
     curves = {}
     for name, init in pairs:
         hone(
@@ -261,7 +280,9 @@ def ope(
     from hone.config import load_config
     from hone.control.ope import discounted_return, load_policy
 
-    picked = sorted({steps[0], steps[len(steps) // 3], steps[2 * len(steps) // 3], steps[-1]})
+    # 4 checkpoints spread over the range of eval returns (not of steps: SAC's late ones are all alike)
+    low, high = min(evals[s] for s in steps), max(evals[s] for s in steps)
+    picked = sorted({min(steps, key=lambda s: abs(evals[s] - t)) for t in np.linspace(low, high, 4)})
     control = load_config(expert / "config.yaml").control
     assert control is not None
     estimates, truths = [], []
@@ -311,6 +332,14 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=10_000, help="offline gradient updates per run")
     parser.add_argument("--episodes", type=int, default=100, help="episodes per dataset")
     parser.add_argument("--online-steps", type=int, default=10_000)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["table", "online", "ope"],
+        default=["table", "online", "ope"],
+        help="pendulum: which comparisons to run (the datasets and the SAC run are made once and kept)",
+    )
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     parser.add_argument(
         "--cql-samples",
         type=int,
