@@ -10,7 +10,7 @@ minari:<id>`), then optionally online (offline-to-online): the learners of `offl
    `val/action_mse` (the policy's deterministic action against the data's); every `run.eval_every` RL
    steps and at the end, `eval/return` and `eval/normalized_score` (D4RL's, from the dataset's reference
    scores, as Minari's `get_normalized_score`).
-3. `control.online_steps` (offline-to-online; IQL's §5.3 and TD3+BC's fine-tuning): the same learner
+3. `control.online_steps` (offline-to-online, as IQL's §5.3 fine-tunes): the same learner
    acts in the environment (its exploration: IQL/AWR/CQL sample their policy, BC/TD3+BC add Gaussian
    noise), each step's transition joins the buffer that already holds the dataset, and one update per
    environment step (`train_freq`, `gradient_steps`) goes on as offline. `hone train --init RUN` starts
