@@ -123,6 +123,7 @@ def evaluate_offline(cfg: HoneConfig) -> dict[str, float]:
 
     source = cfg.data.source or ""
     dataset_id(source)  # one line when data.source is not minari:<id>
+    torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (as training)
     policy, normalizer, (observation_space, action_space) = load_policy(control, Path(cfg.model.path))
     data = load_offline(
         source, root=control.dataset_root, observation_space=observation_space, action_space=action_space
