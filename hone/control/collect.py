@@ -122,6 +122,7 @@ def collect(control: ControlConfig | None, options: Any, seed: int) -> str:
 
     check_collect(control, options.ref_min_score, options.ref_max_score)
     assert control is not None
+    torch.set_num_threads(1)  # one small forward pass per step: threads only add overhead
     if options.episodes < 1:
         raise ControlEnvError(f"--episodes {options.episodes}: record at least one")
     if options.noise < 0 or not 0 <= options.epsilon <= 1:
