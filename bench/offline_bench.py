@@ -190,7 +190,8 @@ def pendulum(args: argparse.Namespace, work: Path, report: dict) -> None:
     if "online" in args.parts:
         online(args, f"{prefix}/medium-v0", root, runs, report)
     if "ope" in args.parts:
-        ope(args, expert, sorted(checkpoints), evals, f"{prefix}/medium-v0", root, report)
+        sets = [f"{prefix}/medium-v0", f"{prefix}/medium-replay-v0"]
+        ope(args, expert, sorted(checkpoints), evals, sets, root, report)
 
 
 def table(
@@ -273,7 +274,7 @@ def ope(
     expert: Path,
     steps: list[int],
     evals: dict[int, float],
-    dataset: str,
+    datasets: list[str],
     root: Path,
     report: dict,
 ) -> None:
@@ -285,7 +286,20 @@ def ope(
     picked = sorted({min(steps, key=lambda s: abs(evals[s] - t)) for t in np.linspace(low, high, 4)})
     control = load_config(expert / "config.yaml").control
     assert control is not None
-    estimates, truths = [], []
+    truths = []
+    for step in picked:
+        policy, normalizer, _ = load_policy(control, expert / "checkpoints" / f"step-{step}" / "model")
+        truths.append(discounted_return(policy, control, normalizer, gamma=0.99, episodes=10))
+    report["ope"] = {"steps": picked, "true_discounted": truths}
+    for dataset in datasets:  # a narrow dataset (medium) and a broad one (medium-replay)
+        fqe_ranking(expert, picked, evals, truths, dataset, root, report)
+
+
+def fqe_ranking(
+    expert: Path, picked: list[int], evals: dict[int, float], truths: list[float], dataset: str, root: Path,
+    report: dict,
+) -> None:  # fmt: skip
+    estimates = []
     for step in picked:
         out = hone(
             "eval",
@@ -298,11 +312,9 @@ def ope(
             f"control.dataset_root={root}",
         )
         estimates.append(float(next(x for x in out.split("\n") if "ope/fqe_return" in x).split()[-1]))
-        policy, normalizer, _ = load_policy(control, expert / "checkpoints" / f"step-{step}" / "model")
-        truths.append(discounted_return(policy, control, normalizer, gamma=0.99, episodes=10))
     rho = spearman(estimates, truths)
-    report["ope"] = {"steps": picked, "fqe": estimates, "true_discounted": truths, "spearman": rho}
-    print("\nFQE on the medium set vs true discounted return (10 episodes):")
+    report["ope"][dataset] = {"fqe": estimates, "spearman": rho}
+    print(f"\nFQE on {dataset} vs true discounted return (10 episodes):")
     for step, e, t in zip(picked, estimates, truths, strict=True):
         print(f"  SAC step {step:3d} (eval {evals[step]:7.1f}): FQE {e:8.1f}  true {t:8.1f}")
     print(f"  Spearman rank correlation {rho:.2f}")
