@@ -85,7 +85,7 @@ def test_sac_and_td3_read_no_advantage_estimator_but_ppo_needs_gae() -> None:
     assert cfg.control is not None and cfg.control.algorithm == "sac"
     with pytest.raises(ConfigError, match=r"algorithm\.advantage: gae with control\.algorithm ppo"):
         load_config("pendulum-sac", ["control.algorithm=ppo"])
-    with pytest.raises(ConfigError, match="not with control.algorithm sac"):
+    with pytest.raises(ConfigError, match=r"not with control\.algorithm sac"):
         load_config("pendulum-sac", ["control.normalize_obs=true"])
 
 
