@@ -177,6 +177,26 @@ def test_init_goes_on_online_from_the_offline_learner(tmp_path: Path, root: Path
     assert "episode/return" in rows[-1] and "loss/q" in rows[-1]
 
 
+def test_init_keeps_this_runs_learning_rates(tmp_path: Path, root: Path) -> None:
+    """The offline run's optimizer moments, but the fine-tuning run's own `trainer.lr` (a loaded Adam state
+    would otherwise bring back the offline run's)."""
+    import gymnasium as gym
+
+    from hone.config import load_config
+    from hone.orchestration.control_offline import load_learner
+    from hone.orchestration.offline_learners import make_learner
+
+    assert main(_offline(tmp_path, root, "lr-source", "control.algorithm=cql", "control.cql_samples=2")) == 0
+    cfg = load_config("pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]",
+                                       "trainer.lr=1e-5", "control.q_lr=2e-5"])  # fmt: skip
+    assert cfg.control is not None
+    learner = make_learner(cfg, 3, gym.spaces.Box(-2.0, 2.0, (1,)))
+    load_learner(learner, tmp_path / "runs" / "lr-source", cfg.control)
+    assert learner.actor_opt.param_groups[0]["lr"] == 1e-5
+    assert learner.critic_opt.param_groups[0]["lr"] == 2e-5
+    assert learner.actor_opt.state  # the moments did come from the offline run
+
+
 def test_behaviour_cloning_recovers_a_deterministic_policy(tmp_path: Path) -> None:
     """Episodes of a(s) = clip(-0.5 · θ̇) (a deterministic linear policy): BC's held-out action error
     is a small fraction of the data's action variance (a constant policy's error would be all of it)."""

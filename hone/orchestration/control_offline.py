@@ -127,12 +127,16 @@ def dataset_normalizer(control: ControlConfig, train: Transitions, obs_dim: int)
 
 
 def load_learner(learner: Learner, run: Path, control: ControlConfig) -> None:
-    """`--init RUN`: RUN's final networks and optimizers; one line when they are not this learner's."""
+    """`--init RUN`: RUN's final networks and optimizers (their moments), with this run's learning rates
+    (a saved optimizer carries its own, which would silently override `trainer.lr` / `control.q_lr`); one
+    line when they are not this learner's."""
     file = run / "model" / LEARNER_FILE if (run / "model").is_dir() else run / LEARNER_FILE
     if not file.is_file():
         raise ControlEnvError(
             f"--init {run}: no {LEARNER_FILE} there (an offline run's directory, runs/<name>)"
         )
+    optimizers = _optimizers(learner)
+    rates = [[group["lr"] for group in opt.param_groups] for opt in optimizers]
     try:
         learner.load_state_dict(torch.load(file, weights_only=True))
     except (KeyError, RuntimeError, ValueError) as e:
@@ -140,6 +144,14 @@ def load_learner(learner: Learner, run: Path, control: ControlConfig) -> None:
         raise ControlEnvError(
             f"--init {run}: not a control.algorithm {control.algorithm} learner of this shape: {detail}"
         ) from None
+    for opt, lrs in zip(optimizers, rates, strict=True):
+        for group, lr in zip(opt.param_groups, lrs, strict=True):
+            group["lr"] = lr
+
+
+def _optimizers(learner: Learner) -> list[torch.optim.Optimizer]:
+    parts = [*vars(learner).values(), *getattr(learner, "opts", {}).values()]
+    return [part for part in parts if isinstance(part, torch.optim.Optimizer)]
 
 
 def _run(
