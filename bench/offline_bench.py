@@ -285,7 +285,8 @@ def ope(
     report: dict,
 ) -> None:
     from hone.config import load_config
-    from hone.control.ope import discounted_return, load_policy
+    from hone.control.evaluate import load_policy
+    from hone.control.ope import discounted_return
 
     # 4 checkpoints spread over the range of eval returns (not of steps: SAC's late ones are all alike)
     low, high = min(evals[s] for s in steps), max(evals[s] for s in steps)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hone.cli import main
-from hone.control.datasets import Episode, load_offline, write_dataset
+from hone.control.datasets import Episode, _held_out, load_offline, write_dataset
 from hone.control.errors import ControlEnvError
 from hone.control.offpolicy import GaussianActor
 from hone.control.ope import fqe
@@ -104,7 +104,7 @@ def test_transitions_of_whole_episodes_with_actions_in_unit_range(root: Path) ->
     assert len(data.train) == 200 * data.train.episodes
     stored = minari.MinariDataset(str(root / DATASET / "data"))
     episodes = {e.id: e for e in stored.iterate_episodes()}
-    first = episodes[min(i for i in episodes if not _is_held(i, data))]
+    first = episodes[min(i for i in episodes if not _held_out(i, 0.25))]
     np.testing.assert_allclose(data.train.actions[:200, 0], first.actions[:, 0] / 2.0, rtol=1e-6)  # ±2 → ±1
     np.testing.assert_array_equal(
         data.train.next_obs[:199], data.train.obs[1:200]
@@ -120,12 +120,6 @@ def test_transitions_of_whole_episodes_with_actions_in_unit_range(root: Path) ->
         holdout=0.25,
     )
     assert again.holdout is not None and again.holdout.episodes == data.holdout.episodes  # fixed by id
-
-
-def _is_held(episode_id: int, data: object) -> bool:
-    from hone.control.datasets import _held_out
-
-    return _held_out(episode_id, 0.25)
 
 
 def test_iql_trains_saves_and_hone_eval_plays_it(

@@ -258,8 +258,12 @@ def write_dataset(
         for i, e in enumerate(episodes)
     ]
     spec = getattr(env, "spec", None)
-    spaces = {} if spec is not None else {"observation_space": env.observation_space}
-    spaces |= {} if spec is not None else {"action_space": env.action_space}
+    # Without a spec (an env outside gymnasium's registry) Minari needs the spaces themselves.
+    spaces = (
+        {}
+        if spec is not None
+        else {"observation_space": env.observation_space, "action_space": env.action_space}
+    )
     with _root_env(root), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Minari's "author_email is None" advice
         minari.create_dataset_from_buffers(

@@ -140,11 +140,25 @@ def save_policy(policy: torch.nn.Module, normalizer: Normalizer | None, folder: 
 def evaluate_saved(control: ControlConfig, folder: Path, video: Video | None = None) -> dict[str, float]:
     """`hone eval` of a control run's policy in `folder` (its `model/`, which `--run` finds):
     `control.eval_episodes` deterministic episodes with the observation statistics it was trained with."""
-    env = make_eval_env(control)
-    policy = build_policy(control, env.observation_space, env.action_space)
-    env.close()
-    normalizer = load_saved(control, folder, policy, int(env.observation_space.shape[0]), rows=1)
+    policy, normalizer, _ = load_policy(control, folder)
     return evaluate(policy, control, normalizer, video)
+
+
+def load_policy(control: ControlConfig, folder: Path) -> tuple[AnyPolicy, Normalizer, tuple[Any, Any]]:
+    """The saved policy in `folder` (a run's `model/`), its observation statistics (frozen), and the
+    environment's (observation, action) spaces it was built for."""
+    env = make_eval_env(control)
+    spaces = (env.observation_space, env.action_space)
+    env.close()
+    policy = build_policy(control, *spaces)
+    normalizer = load_saved(control, folder, policy, int(spaces[0].shape[0]), rows=1)
+    return policy, normalizer, spaces
+
+
+def unit_action(policy: Any, obs: torch.Tensor) -> torch.Tensor:
+    """A Box policy's deterministic action in the networks' [-1, 1] units (its `act` is in the
+    environment's): what offline metrics and FQE compare with a dataset's rescaled actions."""
+    return (policy.act(obs, deterministic=True) - policy.bias) / policy.scale
 
 
 def load_saved(

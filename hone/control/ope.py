@@ -26,7 +26,7 @@ from hone.algorithms.qlearning import polyak_update, q_loss
 from hone.config import ControlConfig, HoneConfig
 from hone.control.datasets import Transitions, load_offline
 from hone.control.envs import make_eval_env
-from hone.control.evaluate import EVAL_SEED, as_tensor, build_policy, load_saved
+from hone.control.evaluate import EVAL_SEED, as_tensor, load_policy, unit_action
 from hone.control.normalize import Normalizer
 from hone.control.offpolicy import plain_mlp
 
@@ -74,11 +74,6 @@ def fqe(
         return float(q(torch.cat([start, unit_action(policy, start)], -1)).mean())
 
 
-def unit_action(policy: Any, obs: torch.Tensor) -> torch.Tensor:
-    """The policy's deterministic action in [-1, 1] (its `act` is in the environment's units)."""
-    return (policy.act(obs, deterministic=True) - policy.bias) / policy.scale
-
-
 def discounted_return(
     policy: Any, control: ControlConfig, normalizer: Normalizer, *, gamma: float, episodes: int
 ) -> float:
@@ -102,16 +97,6 @@ def discounted_return(
     finally:
         env.close()
     return float(np.mean(totals))
-
-
-def load_policy(control: ControlConfig, folder: Path) -> tuple[Any, Normalizer, Any]:
-    """The saved policy in `folder` (a run's `model/`), its observation statistics, and the env's spaces."""
-    env = make_eval_env(control)
-    spaces = (env.observation_space, env.action_space)
-    env.close()
-    policy = build_policy(control, *spaces)
-    normalizer = load_saved(control, folder, policy, int(spaces[0].shape[0]), rows=1)
-    return policy, normalizer, spaces
 
 
 def evaluate_offline(cfg: HoneConfig) -> dict[str, float]:

@@ -38,11 +38,11 @@ import torch
 from hone.config import ControlConfig, HoneConfig
 from hone.control.datasets import OfflineDataset, Transitions, load_offline
 from hone.control.envs import ControlEnvError, make_eval_env, make_vector_env
-from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy
+from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy, unit_action
 from hone.control.normalize import Normalizer
 from hone.control.replay import ReplayBuffer
 from hone.orchestration.control_checkpoint import PolicyFolder, open_control_run, restore, save_every
-from hone.orchestration.control_offpolicy import check_action_space, real_next_obs, record_episodes
+from hone.orchestration.control_offpolicy import check_action_space, env_step
 from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.orchestration.offline_learners import Learner, make_learner
 from hone.tracking import Progress, plot_metrics
@@ -265,13 +265,11 @@ class _Online:
         scale, bias = learner.actor.scale.numpy(), learner.actor.bias.numpy()
         rows: list[dict[str, float]] = []
         for _ in range(control.rollout_steps):
-            seen = self.normalizer.observations(self.obs, update=False)
+            seen = self.observe(self.obs)
             action = learner.explore(seen, rng)
-            next_obs, reward, terminated, truncated, info = self.envs.step(action * scale + bias)
-            real = real_next_obs(next_obs, terminated, truncated, info)
-            buffer.add(seen, action, reward, self.normalizer.observations(real, update=False), terminated)
-            record_episodes(info, self.episodes)
-            self.obs = next_obs
+            self.obs = env_step(
+                self.envs, seen, action * scale + bias, action, buffer, self.episodes, self.observe
+            )
             self.env_steps, self.vector_steps = self.env_steps + n, self.vector_steps + 1
             if self.vector_steps % control.train_freq == 0:
                 rows += [
@@ -286,6 +284,10 @@ class _Online:
                 "env/steps_per_s": self.env_steps / seconds,
             }
         )
+
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """A raw observation as the networks see it (the dataset's statistics, frozen)."""
+        return self.normalizer.observations(obs, update=False)
 
     def close(self) -> None:
         self.envs.close()
@@ -310,6 +312,4 @@ def _holdout_batch(
 def _action_mse(actor: Any, batch: dict[str, torch.Tensor]) -> float:
     """The deterministic policy's action against the held-out data's, squared error per dimension."""
     with torch.no_grad():
-        unit = actor.to_env(torch.zeros(1, batch["actions"].shape[1]))  # bias: env units → [-1, 1] below
-        action = (actor.act(batch["obs"], deterministic=True) - unit) / actor.scale
-        return float(((action - batch["actions"]) ** 2).mean())
+        return float(((unit_action(actor, batch["obs"]) - batch["actions"]) ** 2).mean())

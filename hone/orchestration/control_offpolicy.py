@@ -34,7 +34,7 @@ import copy
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -177,13 +177,10 @@ class OffPolicyLearner:
     def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Actions in [-1, 1] for a [num_envs, obs_dim] batch: SAC samples its policy; TD3 adds
         N(0, exploration_noise²) to μ(s) and clips (Fujimoto et al. 2018 Algorithm 1)."""
-        with torch.no_grad():
-            x = torch.as_tensor(obs, dtype=torch.float32)
-            if isinstance(self.actor, SquashedGaussianActor):
-                return self.actor.sample(x)[0].numpy()
-            mu = self.actor(x).numpy()
-        noise = rng.normal(0.0, self.control.exploration_noise, size=mu.shape)
-        return np.clip(mu + noise, -1.0, 1.0).astype(np.float32)
+        if isinstance(self.actor, SquashedGaussianActor):
+            with torch.no_grad():
+                return self.actor.sample(torch.as_tensor(obs, dtype=torch.float32))[0].numpy()
+        return gaussian_noise(self.actor, obs, rng, self.control.exploration_noise)
 
     def critic_targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """y for each transition: r + γ (1 - terminated) (the target critics' min at the next action, minus
@@ -276,6 +273,16 @@ class OffPolicyLearner:
         return metrics
 
 
+def gaussian_noise(
+    actor: torch.nn.Module, obs: np.ndarray, rng: np.random.Generator, std: float
+) -> np.ndarray:
+    """A deterministic actor's action plus N(0, std²), clipped to [-1, 1] (TD3's exploration; BC's and
+    TD3+BC's online)."""
+    with torch.no_grad():
+        mu = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+    return np.clip(mu + rng.normal(0.0, std, size=mu.shape), -1.0, 1.0).astype(np.float32)
+
+
 @contextmanager
 def _no_param_grads(net: torch.nn.Module) -> Iterator[None]:
     """The actor's loss differentiates through the critics to the action only: their weights' gradients
@@ -361,12 +368,15 @@ def env_step(
     action: np.ndarray,
     buffer: ReplayBuffer,
     episodes: deque[tuple[float, int]],
+    observe: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> np.ndarray:
     """One vector step: its transitions into `buffer` (`action` as the networks see it, in [-1, 1]; the
     final observation at an episode end; terminated, not truncated), finished episodes into `episodes`.
-    Returns the observation to act on next."""
+    `observe` maps a raw observation to the networks' view (the offline loop's dataset normalisation);
+    `obs` is already in that view. Returns the raw observation to act on next."""
     next_obs, reward, terminated, truncated, info = envs.step(env_action)
-    buffer.add(obs, action, reward, real_next_obs(next_obs, terminated, truncated, info), terminated)
+    real = real_next_obs(next_obs, terminated, truncated, info)
+    buffer.add(obs, action, reward, real if observe is None else observe(real), terminated)
     record_episodes(info, episodes)
     return next_obs
 

@@ -42,7 +42,7 @@ from hone.algorithms.offline import (
 from hone.algorithms.qlearning import polyak_update, q_loss
 from hone.config import ControlConfig, HoneConfig
 from hone.control.offpolicy import DeterministicActor, GaussianActor, SquashedGaussianActor, TwinQ, plain_mlp
-from hone.orchestration.control_offpolicy import OffPolicyLearner, frozen_copy
+from hone.orchestration.control_offpolicy import OffPolicyLearner, frozen_copy, gaussian_noise
 
 
 class TD3BCLearner(OffPolicyLearner):
@@ -202,15 +202,6 @@ class WeightedRegressionLearner:
         for name, part in (self.nets | self.opts).items():
             part.load_state_dict(state[name])
         self.updates = int(state["updates"])
-
-
-def gaussian_noise(
-    actor: torch.nn.Module, obs: np.ndarray, rng: np.random.Generator, std: float
-) -> np.ndarray:
-    """A deterministic actor's action plus N(0, std²), clipped to [-1, 1] (TD3's exploration)."""
-    with torch.no_grad():
-        mu = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-    return np.clip(mu + rng.normal(0.0, std, size=mu.shape), -1.0, 1.0).astype(np.float32)
 
 
 Learner = BCLearner | WeightedRegressionLearner | OffPolicyLearner
