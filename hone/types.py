@@ -134,6 +134,8 @@ class TrainBatch:
     values: torch.Tensor | None = None  # [B, T] the critic's V(s_t) before its update (gae only)
     group_ids: torch.Tensor | None = None  # [B]
     prompt_lens: torch.Tensor | None = None  # [B] long: each row's prompt tokens (the rest is response)
+    # [B] bool: rows sampled with the weights the learner holds now (the log-prob canary compares them)
+    fresh: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -31,7 +31,9 @@ from hone.orchestration.loop import train
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rollout import HFSampler, eos_token_ids
 from hone.rollout.base import GenerationRequest
+from hone.rollout.engines import vllm as vllm_engine
 from hone.rollout.engines.vllm import VLLMSampler
+from hone.rollout.fingerprint import WeightMismatchError
 from hone.training.policy import Policy
 from hone.types import Rollout, SamplingParams
 from tests.helpers import full_forward_logprobs, tiny_overrides
@@ -151,6 +153,32 @@ def test_three_updates_stay_exact_and_never_serve_a_stale_prefix(
         assert [r.token_ids for r in served] != [r.token_ids for r in previous]
         previous = served
     assert sampler.last_load_s < 5
+
+
+def test_every_load_is_verified_and_a_tensor_corrupted_on_the_way_is_caught(
+    engine: tuple[Policy, VLLMSampler, LocalWeightChannel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's fingerprint (by layer: q/k/v fused, linear weights packed for oneDNN) equals the
+    learner's after an honest load, and one flipped bit in one published tensor is named."""
+    policy, sampler, channel = engine
+    version = channel.published + 1
+    _train_step(policy, seed=7)
+    channel.publish(version)  # verified (the channel's default)
+    held = sampler.weights_fingerprint([])
+    assert held.by_layer and "model.layers.1" in held.sums and "model.embed_tokens.weight" in held.sums
+    real_save = vllm_engine.save_file
+    corrupted = "model.layers.1.mlp.down_proj.weight"
+
+    def flip_one_bit(tensors: dict[str, torch.Tensor], path: str) -> None:
+        tensor = tensors[corrupted].clone()
+        tensor.view(torch.int32).view(-1)[7] ^= 1 << 2
+        real_save(tensors | {corrupted: tensor}, path)
+
+    monkeypatch.setattr(vllm_engine, "save_file", flip_one_bit)
+    with pytest.raises(WeightMismatchError, match=r"VLLMSampler sampler .* e\.g\. model\.layers\.1 "):
+        channel.publish(version + 1)
+    monkeypatch.setattr(vllm_engine, "save_file", real_save)
+    channel.publish(version + 2)  # an honest load puts the engine right for the tests after this one
 
 
 def test_stop_strings_and_per_request_budgets_like_the_hf_sampler(

@@ -27,3 +27,14 @@ def check_pass_at_ks(ks: Sequence[int], n: int) -> None:
         raise ValueError(
             f"k={bad}: pass@k needs 1 <= k <= eval.n (samples per problem); got k={list(ks)}, n={n}"
         )
+
+
+def canary_metrics(gap_sum: float, tokens: float, largest: float) -> dict[str, float]:
+    """The log-prob canary's metrics from |log π_sampler - log π_learner| summed over `tokens` response
+    tokens of rows sampled with the learner's own weights (`largest`: the biggest single gap). No
+    tokens (every row stale, or none checked): the mean is 0 and `mismatch/canary_tokens` says so."""
+    return {
+        "mismatch/canary_abs": gap_sum / tokens if tokens else 0.0,
+        "mismatch/canary_max": largest,
+        "mismatch/canary_tokens": tokens,
+    }

@@ -607,6 +607,26 @@ class TrainerConfig(Section):
         gt=0,
         description="the most a published version may wait for the sampler to finish the step it is sampling",
     )
+    verify_weights: bool = Field(
+        True,
+        description="after every weight load the engine reports an exact fingerprint of the weights it holds "
+        "and the version; a difference from what the learner published stops the run (rollout.fingerprint)",
+    )
+    verify_every: int = Field(
+        1,
+        ge=0,
+        description="the log-prob canary's cadence in steps: the sampler's log-probs of the step's rollouts "
+        "sampled at the learner's version against the learner's (free: a pass the update makes); 0 = off",
+    )
+    max_logprob_mismatch: float | None = Field(
+        None,
+        gt=0,
+        description="the canary's budget, mean |log π_sampler - log π_learner| per token; null = by dtype: "
+        "1e-3 when sampler and update both run fp32, 5e-2 when either is bf16",
+    )
+    mismatch_patience: int = Field(
+        3, ge=1, description="canary checks in a row over max_logprob_mismatch that stop the run"
+    )
     producers: int = Field(
         1,
         ge=1,

@@ -21,7 +21,9 @@ from hone.algorithms import (
     turn_sums,
 )
 from hone.algorithms.advantages import hyperparameters
+from hone.algorithms.metrics import canary_metrics
 from hone.config import AlgorithmConfig, TrainerConfig
+from hone.orchestration.canary import LogprobCanary
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
 from hone.training.critic import CriticTrainer
@@ -140,6 +142,7 @@ class Learner:
     version: int = 0
     critic: CriticTrainer | None = None
     ranks: Ranks = ONE_RANK  # N learner ranks: the no-grad passes split over them too
+    canary: LogprobCanary | None = None  # checks the sampler's log-probs against this learner's
     # Each rollout's advantage (the mean over its response tokens) of the latest batch, in its order.
     advantages: list[float] = field(default_factory=list, init=False)
 
@@ -156,6 +159,8 @@ class Learner:
             policy_moves = self.critic is None or step >= self.critic.cfg.warmup_steps
             if policy_moves:
                 metrics |= self.trainer.update(batch, step)
+            if self.canary is not None:  # before the publish: the version the checked rows were sampled at
+                self.canary.check(metrics, step, self.version)
             if self.critic is not None:
                 metrics |= self.critic.update(batch, step)
             if policy_moves:
@@ -177,11 +182,17 @@ class Learner:
         shared = self.trainer_cfg.shared_prompts
         old_logp = seqs.sampler_log_probs
         ranks = self.ranks
+        # Rows sampled with the weights held now: what the log-prob canary can compare (`canary`).
+        fresh = torch.tensor([r.policy_version == self.version for r in rollouts], device=old_logp.device)
+        canary: dict[str, float] = {}
         if self.algorithm.old_log_probs == "recompute":
             # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the
             # first optimizer step, and the ratio measures the update, not the rounding.
             with self.trainer.autocast():
                 old_logp = _log_probs(self.policy, seqs, self.temperature, micro, shared, ranks)
+            gap = (old_logp - seqs.sampler_log_probs).abs() * seqs.response_mask * fresh[:, None]
+            tokens = float((seqs.response_mask * fresh[:, None]).sum())
+            canary = canary_metrics(float(gap.sum()), tokens, float(gap.max()) if gap.numel() else 0.0)
         ref_logp = None
         if self.ref_policy is not None:
             ref_logp = _log_probs(self.ref_policy, seqs, self.temperature, micro, shared, ranks)
@@ -205,6 +216,7 @@ class Learner:
             values=values,
             group_ids=seqs.group_ids,
         )
+        metrics |= canary
         per_token = advantages * seqs.response_mask
         self.advantages = (per_token.sum(1) / seqs.response_mask.sum(1).clamp(min=1)).tolist()
         loss_mask = seqs.response_mask
@@ -222,5 +234,6 @@ class Learner:
             values=values,
             group_ids=seqs.group_ids,
             prompt_lens=seqs.prompt_lens,
+            fresh=fresh.to(seqs.response_mask.dtype),
         )
         return batch, metrics

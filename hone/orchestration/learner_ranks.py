@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from hone.config import HoneConfig
 from hone.models import resolve_model
+from hone.orchestration.canary import build_canary
 from hone.orchestration.components import RunComponents, weight_channel
 from hone.orchestration.learner import Learner
 from hone.orchestration.lifecycle import start_process
@@ -186,8 +187,10 @@ class LeadRanks:
         with self.gathered.held():
             yield
 
-    def learn(self, groups: ScoredGroups, step: int) -> None:
-        self.commands.send("learn", rollouts=groups.rollouts, step=step)
+    def learn(self, groups: ScoredGroups, step: int, version: int) -> None:
+        """Every other rank learns from `groups` as rank 0 does, at rank 0's weight `version` (which rows
+        the log-prob canary compares)."""
+        self.commands.send("learn", rollouts=groups.rollouts, step=step, version=version)
 
     def save(self, step: int) -> None:
         self.commands.send("save", step=step)
@@ -252,11 +255,13 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
         publish=lambda _version: gathered.join(),  # rank 0 publishes what the gather gives it
         critic=models.critic,
         ranks=ranks,
+        canary=build_canary(cfg, f"{cfg.rollout.engine} sampler"),  # raises on every rank at once
     )
     while True:
         kind, payload = commands.receive()
         if kind == "learn":
             step = int(payload["step"])
+            learner.version = int(payload["version"])
             learner.learn(
                 ScoredGroups(step=step, rollouts=payload["rollouts"], metrics={}, new_tokens=0), step
             )

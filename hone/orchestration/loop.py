@@ -26,6 +26,7 @@ from pathlib import Path
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum, build_curriculum
 from hone.envs import release_envs
+from hone.orchestration.canary import build_canary
 from hone.orchestration.components import RunComponents, close_samplers
 from hone.orchestration.evaluate import EvalSettings, run_eval
 from hone.orchestration.learner import Learner
@@ -96,9 +97,9 @@ def learn_step(
     """`rl_step`, with the step's scored groups."""
     t0 = time.perf_counter()
     groups = rollouts.take()
-    if lead is not None:
-        lead.learn(groups, step)
     version = learner.version
+    if lead is not None:
+        lead.learn(groups, step, version)
     learned = learner.learn(groups, step)
     elapsed = time.perf_counter() - t0
     timing = {"time/step_s": elapsed, "throughput/tokens_per_s": groups.new_tokens / max(elapsed, 1e-9)}
@@ -247,6 +248,7 @@ def _train(
         version=begin.version,
         critic=begin.critic,
         ranks=ranks,
+        canary=build_canary(cfg, f"{cfg.rollout.engine} sampler"),
     )
 
     def save(step: int) -> None:

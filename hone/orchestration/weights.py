@@ -10,6 +10,12 @@ between spans it copies at once, and when it is inside one it leaves a snapshot 
 as it starts its next span (the learner goes on training meanwhile; waiting for the sampler's step to end
 cost an asynchronous run a quarter of its wall time). The vLLM and Ray back-ends put their transports (a
 vLLM weight load, the Ray object store) behind the same calls.
+
+Every load is verified (`verify`, `trainer.verify_weights`, on by default): the sampler must then say it
+holds the version published and report a fingerprint of the weights it holds equal to that of the tensors
+published (`rollout.fingerprint`); otherwise `WeightMismatchError` stops the run in the step the load
+happened in (a publish of a synchronous run; the next share of an asynchronous producer, whose error the
+learner raises as it takes that step).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 
 from hone.errors import HoneError
 from hone.rollout import Sampler
+from hone.rollout.fingerprint import verify_load
 
 
 class WeightPublishTimeout(HoneError, RuntimeError):
@@ -79,6 +86,7 @@ class LocalWeightChannel:
         sampler: Sampler,
         *,
         timeout_s: float,
+        verify: bool = True,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -90,6 +98,17 @@ class LocalWeightChannel:
         self._pending: _Snapshot | None = None
         self._pending_lock = threading.Lock()
         self._published = sampler.policy_version
+        self.verify = verify
+        self.verify_s = (
+            0.0  # time spent verifying loads, summed (the overhead `bench/verify_bench.py` reports)
+        )
+
+    def _load(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        self._sampler.load_weights(tensors, version)
+        if self.verify:
+            started = time.perf_counter()
+            verify_load(self._sampler, tensors, version)
+            self.verify_s += time.perf_counter() - started
 
     @property
     def version(self) -> int:
@@ -108,7 +127,7 @@ class LocalWeightChannel:
                 if self._depth == 0:  # between holds (not the lock's owner re-entering its own hold)
                     with self._pending_lock:
                         self._pending = None  # superseded: these weights are newer
-                    self._sampler.load_weights(self._source(), version)
+                    self._load(self._source(), version)
                     return
             finally:
                 self._lock.release()
@@ -137,7 +156,7 @@ class LocalWeightChannel:
                 with self._pending_lock:
                     pending, self._pending = self._pending, None
                 if pending is not None:
-                    self._sampler.load_weights(pending.tensors, pending.version)
+                    self._load(pending.tensors, pending.version)
             self._depth += 1
             try:
                 yield self._sampler.policy_version

@@ -111,6 +111,14 @@ class Ranks:
         if self.world > 1:
             dist.barrier()
 
+    def max_metric(self, value: float) -> float:
+        """The largest of every rank's `value`; unchanged on one rank."""
+        if self.world == 1:
+            return value
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, value)
+        return float(max(gathered))
+
     def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """`sums` summed over the ranks (keys a rank lacks count as 0); unchanged on one rank."""
         if self.world == 1:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from hone.algorithms import KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate_loss
+from hone.algorithms.metrics import canary_metrics
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.training.distributed import Ranks
 from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
@@ -220,6 +221,11 @@ class RLTrainer(Optimizee):
                 gap = torch.where(mask.bool(), log_probs.detach() - batch.old_logp[rows], 0.0)
                 mismatch[0] += float(gap.abs().sum())
                 mismatch[1] += n
+                if batch.fresh is not None:  # the canary: rows the sampler drew with these very weights
+                    fresh = gap.abs() * batch.fresh[rows, None]
+                    mismatch[2] += float(fresh.sum())
+                    mismatch[3] += float((mask * batch.fresh[rows, None]).sum())
+                    mismatch[4] = max(mismatch[4], float(fresh.max()) if fresh.numel() else 0.0)
             yield self.ranks.weigh(loss, padding)
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
@@ -240,7 +246,8 @@ class RLTrainer(Optimizee):
         token_weights, correction_metrics = self._off_policy(batch)
         # Until the first optimizer step the policy is the one that sampled, so in sampler mode the
         # first mini-batch's forward gives the sampler/trainer log-prob mismatch without an extra pass.
-        mismatch = [0.0, 0.0]
+        # [sum |gap|, tokens] over the mini-batch; then the same over its fresh rows, and their largest gap.
+        mismatch = [0.0, 0.0, 0.0, 0.0, 0.0]
         watch_mismatch = self.algo.old_log_probs == "sampler"
 
         def micro_losses(mini: torch.Tensor, k: int, sums: dict[str, float]) -> Iterator[torch.Tensor]:
@@ -252,6 +259,9 @@ class RLTrainer(Optimizee):
         gap = self.ranks.sum_metrics({"sum": mismatch[0], "tokens": mismatch[1]})
         if gap["tokens"]:
             out["mismatch/logprob_abs"] = gap["sum"] / gap["tokens"]
+        if watch_mismatch and batch.fresh is not None:
+            fresh = self.ranks.sum_metrics({"sum": mismatch[2], "tokens": mismatch[3]})
+            out |= canary_metrics(fresh["sum"], fresh["tokens"], self.ranks.max_metric(mismatch[4]))
         if not steps.grad_norms:  # every step skipped: no loss was applied, and no LR
             return out
         out.update(steps.means())

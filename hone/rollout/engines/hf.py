@@ -25,7 +25,7 @@ traffic, 2.2x over 6 turns.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +40,7 @@ from hone.models.compat import cache_kwarg
 from hone.models.tokens import pad_token_id
 from hone.rollout.base import GenerationInterrupted, GenerationRequest, eos_token_ids
 from hone.rollout.engines.prefix_cache import PrefixStore
+from hone.rollout.fingerprint import Fingerprint, fingerprint
 from hone.types import Rollout, SamplingParams
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class HFSampler:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
-        key = (self.policy_version, self._weights_fingerprint()) if self.prefix_cache else None
+        key = (self.policy_version, self._cache_key_weights()) if self.prefix_cache else None
         previous = self._prefixes if key is not None and self._prefixes_for == key else None
         self._prefixes = None  # a stale store is freed before this call's cache is built
         store = PrefixStore() if self.prefix_cache else None
@@ -174,7 +175,13 @@ class HFSampler:
                     dst.copy_(src)
         self.policy_version = version
 
-    def _weights_fingerprint(self) -> tuple[object, ...]:
+    def weights_fingerprint(self, names: Collection[str]) -> Fingerprint:
+        """The fingerprint of the tensors named `names` as this sampler's model holds them (its dtype, its
+        LoRA wrapper's names): what a verified publish compares (`rollout.fingerprint`)."""
+        own = self.model.state_dict()
+        return fingerprint({name: own[name] for name in names if name in own})
+
+    def _cache_key_weights(self) -> tuple[object, ...]:
         """Beside the version, what decides whether the last call's KV caches still hold when the model is
         shared with a trainer: the model, and each parameter's storage, dtype and in-place version counter
         (bumped by autograd-visible writes: a default AdamW step, `copy_`). Writes that bypass the counter

