@@ -3,9 +3,9 @@ the call returns within its timeout plus a margin, and that the host is unaffect
 stray processes, no files outside the sandbox, this process alive).
 
 Each attack runs under every isolation mode this machine offers: `bwrap` (namespaces) when bubblewrap
-works here, and `process` (rlimits + a dedicated uid) when the tests run as root. Attacks that only
-namespaces contain (network, writes to world-writable directories, disk filling) run under `bwrap`
-alone; README "Reward sandbox" states that limit of `process` mode.
+works here, and `process` (rlimits + a dedicated uid + network and mount namespaces entered by the boot
+code) when the tests run as root; a trainer that is not root (an unprivileged user namespace for the
+network) is exercised by switching a child process to `nobody`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -302,14 +303,14 @@ def test_writes_outside_the_sandbox_never_reach_the_host(mode: str, tmp_path: Pa
     assert not Path("/usr/hone-escape").exists() and not Path("/etc/hone-escape").exists()
 
 
-@pytest.mark.parametrize("mode", BWRAP)
+@pytest.mark.parametrize("mode", MODES)
 def test_world_writable_directories_are_private_to_each_call(mode: str) -> None:
     name = f"/tmp/hone-escape-{uuid.uuid4().hex}"
     result = run(f"open({name!r}, 'w').write('x'); open('/dev/shm/x', 'w').write('x'); print('ok')", mode)
     assert result.stdout == "ok\n" and not Path(name).exists()
 
 
-@pytest.mark.parametrize("mode", BWRAP)
+@pytest.mark.parametrize("mode", MODES)
 def test_no_network_not_even_the_hosts_loopback(mode: str) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
@@ -346,7 +347,7 @@ def test_no_network_not_even_the_hosts_loopback(mode: str) -> None:
     assert accepted == []
 
 
-@pytest.mark.parametrize("mode", BWRAP)
+@pytest.mark.parametrize("mode", MODES)
 def test_filling_the_disk_stops_at_the_sandbox_quota(mode: str) -> None:
     limits = SandboxOptions(tmpfs_mb=8, max_file_mb=4)
     result = run(
@@ -606,3 +607,65 @@ def test_a_call_never_kills_the_program_of_another_trainer_process(mode: str) ->
         other.kill()
         other.wait()
     assert (ours.stdout, theirs) == ("ours\n", "survived\n")
+
+
+_NOT_ROOT_BATTERY = r"""
+import importlib.util, json, os, socket, sys, threading, time
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+server = socket.create_server(("127.0.0.1", 0))
+port = server.getsockname()[1]
+attacks = {
+    "network": f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+    "    print('connected')\nexcept OSError as e:\n    print('refused', type(e).__name__)",
+    "memory": "x = bytearray(4 << 30)\nprint('allocated')",
+    "fork": "import os\nfor _ in range(100000):\n    try:\n        os.fork()\n"
+    "    except OSError:\n        break\nprint('capped')",
+    "survivor": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\n"
+    "print('left one')",
+}
+out = {"namespaces": sandbox._namespaces_available()}
+for name, code in attacks.items():
+    started = time.monotonic()
+    result = sandbox.run_python(code, timeout_s=5, isolation="process")
+    out[name] = [result.stdout.strip()[:200], result.exit_code, round(time.monotonic() - started, 1)]
+time.sleep(1)
+mine = [p for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid == os.getuid()]
+out["left_processes"] = len(mine) - 1  # this process
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to an unprivileged trainer needs root")
+def test_a_trainer_that_is_not_root_isolates_the_network_where_the_kernel_allows_it(tmp_path: Path) -> None:
+    """Without bubblewrap and without root, the boot code enters an unprivileged user + network namespace:
+    the host's loopback is out of reach, and the rest of the battery still holds."""
+    nobody = 65534
+    try:
+        python = sandbox._shared_python()  # the trainer's own may sit under a private home
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    source = Path(sandbox.__file__)
+    if not all(os.access(p, os.R_OK | os.X_OK) for p in [*map(Path, sandbox._ancestors(str(source.parent)))]):
+        pytest.skip(f"{source} is not readable by other users here")
+    work = tmp_path / "nobody"
+    work.mkdir()
+    os.chown(work, nobody, nobody)
+    done = subprocess.run(
+        [python, "-I", "-c", _NOT_ROOT_BATTERY, str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=work,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work)},
+        preexec_fn=lambda: (os.setgroups([]), os.setgid(nobody), os.setuid(nobody)),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if not report["namespaces"]:
+        assert "allows no network namespace" in done.stderr  # said once, clearly
+        pytest.skip("unprivileged user namespaces are off here: the network is not isolated (said once)")
+    assert report["network"][0].startswith("refused"), report
+    assert report["memory"][0] != "allocated" and report["fork"][2] < 5 + MARGIN_S, report
+    assert report["survivor"][2] < 5 + MARGIN_S and report["left_processes"] == 0, report

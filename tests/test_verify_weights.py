@@ -74,8 +74,13 @@ def test_a_layer_fingerprint_does_not_depend_on_how_the_engine_packs_the_layer()
         by_layer=True,
     )
     assert compare(expected_for(published, held), held) is None
-    stale = fingerprint({"model.layers.0.self_attn.qkv_proj.weight": torch.cat([q, k, k]), **{
-        "model.embed_tokens.weight": embed}}, by_layer=True)
+    stale = fingerprint(
+        {
+            "model.layers.0.self_attn.qkv_proj.weight": torch.cat([q, k, k]),
+            **{"model.embed_tokens.weight": embed},
+        },
+        by_layer=True,
+    )
     assert "model.layers.0" in str(compare(expected_for(published, held), stale))
 
 
@@ -133,9 +138,8 @@ def test_a_sampler_that_ignores_updates_is_caught_at_the_first_one(held_while_pu
         return
     with channel.hold():  # an asynchronous producer mid-share: the load happens as it starts the next
         channel.publish(2)
-    with pytest.raises(WeightMismatchError, match="1 of .* tensor\\(s\\) differ|tensor\\(s\\) differ"):
-        with channel.hold():
-            pass
+    with pytest.raises(WeightMismatchError, match=r"tensor\(s\) differ"), channel.hold():
+        pass
 
 
 def test_a_bit_flipped_on_the_way_is_caught_and_an_honest_bf16_engine_is_not_flagged() -> None:
@@ -172,7 +176,7 @@ def test_the_canary_stops_after_patience_checks_in_a_row_and_forgives_one() -> N
     canary.check(dict(over), 3, 4)
     canary.check(dict(over | {"mismatch/canary_tokens": 0.0}), 4, 5)  # nothing fresh: not a check
     canary.check(dict(over), 5, 5)
-    with pytest.raises(WeightMismatchError, match="step 7: the hf sampler's log-probs .* version 6 by 0.02"):
+    with pytest.raises(WeightMismatchError, match=r"step 7: the hf sampler.s log-probs .* 6 by 0\.02"):
         canary.check(dict(over), 6, 6)
 
 
@@ -212,7 +216,9 @@ def test_a_run_whose_sampler_ignores_updates_stops_within_3_steps(
 ) -> None:
     _with_sampler(monkeypatch, _IgnoresUpdates)
     cfg = load_config(None, _overrides(tmp_path, micro_model_dir, f"stale-{mode}", **{"trainer.mode": mode}))
-    with pytest.raises(WeightMismatchError, match="_IgnoresUpdates sampler is not what the learner published"):
+    with pytest.raises(
+        WeightMismatchError, match="_IgnoresUpdates sampler is not what the learner published"
+    ):
         train(cfg)
     assert max(logged_steps(tmp_path / f"stale-{mode}" / "metrics.jsonl"), default=0) < 3
 
@@ -233,5 +239,5 @@ def test_the_canary_stops_a_run_whose_engine_computes_other_log_probs(
     _with_sampler(monkeypatch, HFSampler, shift=0.01)
     name = f"canary-{old_log_probs}"
     overrides = _overrides(tmp_path, micro_model_dir, name, **{"algorithm.old_log_probs": old_log_probs})
-    with pytest.raises(WeightMismatchError, match="step 3: the hf sampler's log-probs differ .* by 0.01"):
+    with pytest.raises(WeightMismatchError, match=r"step 3: the hf sampler's log-probs differ .* by 0\.01"):
         train(load_config(None, overrides))

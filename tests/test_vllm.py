@@ -155,6 +155,27 @@ def test_three_updates_stay_exact_and_never_serve_a_stale_prefix(
     assert sampler.last_load_s < 5
 
 
+def test_stop_strings_and_per_request_budgets_like_the_hf_sampler(
+    engine: tuple[Policy, VLLMSampler, LocalWeightChannel],
+) -> None:
+    policy, sampler, _ = engine
+    requests = _requests(policy)
+    requests[1].max_new_tokens = 3
+    reference = HFSampler(copy.deepcopy(policy.model), policy.tokenizer)
+    greedy = _greedy(20)
+    texts = [r.response_text for r in reference.generate(requests, greedy)]
+    stop = next(t[4:6] for t in texts if len(t) > 8)  # two characters the greedy text does contain
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=20, stop=[stop])
+    served, expected = sampler.generate(requests, params), reference.generate(requests, params)
+    assert [r.token_ids for r in served] == [r.token_ids for r in expected]
+    assert [r.finish_reason for r in served] == [r.finish_reason for r in expected]
+    assert len(served[1].response_ids) <= 3
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]
+
+
 def test_every_load_is_verified_and_a_tensor_corrupted_on_the_way_is_caught(
     engine: tuple[Policy, VLLMSampler, LocalWeightChannel], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,27 +200,6 @@ def test_every_load_is_verified_and_a_tensor_corrupted_on_the_way_is_caught(
         channel.publish(version + 1)
     monkeypatch.setattr(vllm_engine, "save_file", real_save)
     channel.publish(version + 2)  # an honest load puts the engine right for the tests after this one
-
-
-def test_stop_strings_and_per_request_budgets_like_the_hf_sampler(
-    engine: tuple[Policy, VLLMSampler, LocalWeightChannel],
-) -> None:
-    policy, sampler, _ = engine
-    requests = _requests(policy)
-    requests[1].max_new_tokens = 3
-    reference = HFSampler(copy.deepcopy(policy.model), policy.tokenizer)
-    greedy = _greedy(20)
-    texts = [r.response_text for r in reference.generate(requests, greedy)]
-    stop = next(t[4:6] for t in texts if len(t) > 8)  # two characters the greedy text does contain
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=20, stop=[stop])
-    served, expected = sampler.generate(requests, params), reference.generate(requests, params)
-    assert [r.token_ids for r in served] == [r.token_ids for r in expected]
-    assert [r.finish_reason for r in served] == [r.finish_reason for r in expected]
-    assert len(served[1].response_ids) <= 3
-
-
-def _rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1:]
 
 
 def test_a_short_rl_run_on_the_engine_learns_like_one_on_the_hf_sampler(

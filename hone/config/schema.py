@@ -597,10 +597,14 @@ class TrainerConfig(Section):
         "sync",
         description="async: a producer thread samples and scores the next steps while the learner trains",
     )
-    max_staleness: int = Field(
+    max_staleness: int | Literal["auto"] = Field(
         1,
-        ge=0,
-        description="async: η, the most weight versions a trained rollout may lag the learner (0 = sync)",
+        description="async: η, the most weight versions a trained rollout may lag the learner (0 = sync); "
+        "auto: adjusted every step from the learner's wait, the importance weights' ESS and the reward trend "
+        "(orchestration.staleness), within [0, max_staleness_cap]",
+    )
+    max_staleness_cap: int = Field(
+        8, ge=0, description="async, max_staleness auto: the largest η it may admit"
     )
     publish_timeout_s: float = Field(
         600.0,
@@ -653,6 +657,13 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(
         600.0, gt=0, description="N ranks: the most one collective (all-gather, reduce, barrier) may wait"
     )
+
+    @field_validator("max_staleness")
+    @classmethod
+    def _staleness(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"max_staleness must be >= 0 or auto, got {v}")
+        return v
 
     @model_validator(mode="after")
     def _producers_need_async(self) -> TrainerConfig:

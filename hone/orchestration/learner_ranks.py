@@ -50,12 +50,14 @@ from hone.orchestration.rl_start import (
 )
 from hone.orchestration.warmstart import SFTData, SFTSettings, train_sft
 from hone.orchestration.weights import WeightChannel
+from hone.rollout.fingerprint import WeightMismatchError, bit_sum
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer
 from hone.training.distributed import Ranks, full_state_dict, init_ranks
 from hone.training.models import load_policy
 from hone.training.policy import Policy
 
 log = logging.getLogger("hone")
+_BIT_SUM_MASK = (1 << 64) - 1
 
 COMMAND_WAIT = timedelta(days=7)
 
@@ -88,8 +90,10 @@ class GatheredWeights:
         self._state: dict[str, torch.Tensor] | None = None
 
     def gather(self) -> None:
-        """Every rank, at the same point: rank 0 then holds the whole state."""
+        """Every rank, at the same point: rank 0 then holds the whole state, checked against the ranks'
+        shards (`verify_gather`) before anything is published from it."""
         self._state = full_state_dict(self.policy.model, self.ranks)
+        verify_gather(self.policy.model, self._state, self.ranks)
 
     def release(self) -> None:
         self._state = None
@@ -121,6 +125,35 @@ class GatheredWeights:
         if not set(self.names) <= state.keys():
             state = self.policy.state_dict_for_sampler(state)
         return {name: state[name] for name in self.names}
+
+
+def verify_gather(model: torch.nn.Module, state: dict[str, torch.Tensor], ranks: Ranks) -> None:
+    """Rank 0's gathered `state` against what the ranks hold (a collective: every rank calls it): a
+    parameter each rank holds whole (DDP's replicas) must have the gathered tensor's exact fingerprint on
+    every rank, and a sharded one (FSDP2) the sum of its shards' fingerprints (`rollout.fingerprint`: bit
+    sums add over a split). `WeightMismatchError` on rank 0 names the parameter and the ranks."""
+    local = {}
+    for name, param in model.named_parameters():
+        shard = param.to_local() if hasattr(param, "to_local") else param
+        local[name] = (bit_sum(shard), shard.numel() == param.numel())
+    reports = ranks.gather_stats([local])
+    if ranks.rank != 0:
+        return
+    for name, tensor in state.items():
+        held = [report[name] for report in reports if name in report]
+        if not held:
+            continue  # a buffer, or the second name of a tied parameter
+        gathered = bit_sum(tensor)
+        if all(whole for _, whole in held):
+            wrong = [k for k, (value, _) in enumerate(held) if value != gathered]
+        else:
+            total = sum(value for value, _ in held) & _BIT_SUM_MASK
+            wrong = [] if total == gathered else list(range(len(held)))
+        if wrong:
+            raise WeightMismatchError(
+                f"the gathered {name} differs from what learner rank(s) {wrong} hold: the weights published "
+                "would not be the ones trained"
+            )
 
 
 class LeadRanks:

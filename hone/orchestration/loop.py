@@ -46,6 +46,7 @@ from hone.orchestration.replay import ReplayBuffer
 from hone.orchestration.report import StepTally, sample_records, step_signal
 from hone.orchestration.rl_start import RLStart, checkpoint_parts, resume_rl, start_rl
 from hone.orchestration.rollouts import RolloutSource
+from hone.orchestration.staleness import StalenessController
 from hone.orchestration.warmstart import SFTData
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.plugins import load_object
@@ -266,6 +267,9 @@ def _train(
         checkpointer.save(step, parts_)
 
     step = begin.step
+    staleness = None
+    if cfg.trainer.mode == "async" and cfg.trainer.max_staleness == "auto":
+        staleness = StalenessController(cfg.trainer.max_staleness_cap, limit=rollouts.ahead)
     evaluation = EvalSettings.of(cfg)
     final_eval: dict[str, float] = {}
     left = None
@@ -290,6 +294,8 @@ def _train(
     ):
         while step < cfg.run.steps:
             groups, metrics = learn_step(step, rollouts, learner, lead)
+            if staleness is not None:  # `trainer.max_staleness: auto`: η for the steps admitted next
+                rollouts.ahead = staleness.update(metrics)
             step += 1
             tally.add(metrics)
             out_of_time = (

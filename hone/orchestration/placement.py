@@ -15,6 +15,7 @@ from hone.orchestration.executors import InlineExecutor, ThreadExecutor
 from hone.orchestration.producer import Producer, ProducerSettings
 from hone.orchestration.replay import ReplayBuffer
 from hone.orchestration.rollouts import Executor, PromptPlan, Rollouts
+from hone.orchestration.staleness import StalenessController
 
 
 def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None) -> Executor:
@@ -25,7 +26,14 @@ def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None 
         from hone.orchestration.ray_executor import RayExecutor  # ray: an optional extra
 
         recipe = cfg.model_dump(mode="json")
-        return RayExecutor(cfg.cluster, recipe, parts.weight_source, parts.weights, retries=retries)
+        return RayExecutor(
+            cfg.cluster,
+            recipe,
+            parts.weight_source,
+            parts.weights,
+            retries=retries,
+            verify=cfg.trainer.verify_weights,
+        )
     settings = ProducerSettings.of(cfg)
     producer = Producer(parts, settings, replay)
     if cfg.trainer.mode == "async":
@@ -38,12 +46,18 @@ def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None 
     return InlineExecutor(producer, parts.weights, retries=retries)
 
 
+def staleness_start(cfg: HoneConfig) -> int:
+    """The η an asynchronous run admits at first: `trainer.max_staleness`, or `auto`'s start (capped)."""
+    limit = cfg.trainer.max_staleness
+    return StalenessController(cfg.trainer.max_staleness_cap).limit if limit == "auto" else limit
+
+
 def rollout_source(
     cfg: HoneConfig, parts: RunComponents, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
 ) -> Rollouts:
     """The run's rollout source from step `start` (a resumed run's), at the weight version `parts.weights`
     holds: admission η = `trainer.max_staleness` when asynchronous, 0 when synchronous."""
-    ahead = cfg.trainer.max_staleness if cfg.trainer.mode == "async" else 0
+    ahead = staleness_start(cfg) if cfg.trainer.mode == "async" else 0
     return Rollouts(
         executor(cfg, parts, replay),
         plan,

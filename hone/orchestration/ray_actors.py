@@ -29,6 +29,7 @@ from hone.orchestration.rollouts import produce_with_retries
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards.resolve import load_reward
 from hone.rollout import HFSampler, Sampler
+from hone.rollout.fingerprint import Fingerprint, Fingerprinted
 from hone.rollout.multiturn import Episodes
 from hone.training.models import load_policy
 from hone.training.policy import Policy
@@ -188,9 +189,12 @@ class SamplerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def load(self, version: int, tensors: dict[str, torch.Tensor]) -> int:
+    def load(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[int, Fingerprint | None]:
+        """Install `tensors` as `version`; the version the engine then says it holds and the fingerprint
+        of the weights it holds (None: the engine cannot report one), which the driver verifies."""
         self.engine.load_weights(tensors, version)
-        return version
+        held = self.engine.weights_fingerprint(tensors) if isinstance(self.engine, Fingerprinted) else None
+        return self.engine.policy_version, held
 
     def produce(self, prompts: PromptBatch, retries: int) -> ScoredGroups:
         return produce_with_retries(self.producer, prompts, retries)

@@ -10,6 +10,12 @@ object reference (never one call per parameter: open-instruct #1535). An actor r
 so every share submitted after a publish is sampled with it, and the staleness bound and version
 accounting are the rollout source's, as for the thread executor.
 
+Verification (`trainer.verify_weights`): each actor's `load` returns the version its engine then holds
+and the fingerprint of the weights it holds; the driver computes the fingerprint of what it put (in
+the engine's dtype and grouping, learned from the first load at set-up) and compares them as each
+share's result arrives (an actor runs its calls in order: the loads before a share are done by then),
+so a sampler actor that misses a version, or receives it damaged, stops the run in that step.
+
 Faults: a sampler or reward-worker actor that dies (its process killed, its node lost) is restarted by Ray
 (`max_restarts`); a sampler's share is produced again by the new incarnation after the current weights
 are sent to it, a reward worker's rollouts are scored again, and `faults/actor_restarts` counts both. An
@@ -35,6 +41,7 @@ from hone.orchestration.ray_actors import CALL_TIMEOUT_S, RewardActor, SamplerAc
 from hone.orchestration.ray_cluster import await_restart, bundle, place, remove
 from hone.orchestration.rollouts import ProducerError
 from hone.orchestration.weights import WeightChannel
+from hone.rollout.fingerprint import Fingerprint, WeightMismatchError, compare, expected_for
 
 log = logging.getLogger("hone")
 
@@ -101,6 +108,7 @@ class _Share:
                 raise ProducerError(
                     f"stopped at RL step {self.prompts.step + 1}: {str(e).splitlines()[0]}"
                 ) from None
+            self._executor.verify_loads()  # the loads before this share are done by now
             before = groups.metrics.get("faults/actor_restarts", 0.0)  # its reward workers' restarts
             groups.metrics["faults/actor_restarts"] = before + restarts
             self._got = groups
@@ -122,6 +130,7 @@ class RayExecutor:
         local: WeightChannel,
         *,
         retries: int = 0,
+        verify: bool = True,
     ) -> None:
         import ray
 
@@ -160,7 +169,13 @@ class RayExecutor:
             self.close()
             raise
         self._weights: tuple[int, Any] | None = None
+        self._verify = verify
+        self._held_like: Fingerprint | None = None  # the engine's dtypes and grouping (first load)
+        self._expected: dict[int, Fingerprint] = {}  # each version with loads not yet checked
+        self._loads: list[tuple[int, int, Any]] = []  # (version, actor, the load's reference) unchecked
         self.publish(local.published)
+        if verify:  # the set-up load, waited for: its report says how each engine holds the weights
+            self.verify_loads(wait=True)
 
     @property
     def width(self) -> int:
@@ -174,7 +189,7 @@ class RayExecutor:
         actor = self._actors[k]
         await_restart(actor, f"sampler actor {k}", self._timeout)
         if self._weights is not None:
-            actor.load.remote(*self._weights)
+            self._loads.append((self._weights[0], k, actor.load.remote(*self._weights)))
         return self._produce(k, prompts)
 
     def submit(self, k: int, prompts: PromptBatch) -> _Share:
@@ -182,11 +197,44 @@ class RayExecutor:
 
     def publish(self, version: int) -> None:
         """One object-store put of this version's tensors; each actor loads it before its next share."""
-        ref = self._ray.put(self._source())  # put copies: no aliasing
+        tensors = self._source()
+        ref = self._ray.put(tensors)  # put copies: no aliasing
         self._weights = (version, ref)
-        for actor in self._actors:
-            actor.load.remote(version, ref)
+        if self._verify and self._held_like is not None:
+            self._expected[version] = expected_for(tensors, self._held_like)
+        for k, actor in enumerate(self._actors):
+            load = actor.load.remote(version, ref)
+            if self._verify:
+                self._loads.append((version, k, load))
         self._local.publish(version)  # the driver's own sampler, for eval
+
+    def verify_loads(self, *, wait: bool = False) -> None:
+        """Compare each finished load's report with what was published (`wait`: every load, blocking);
+        `WeightMismatchError` names the actor and the version."""
+        pending = []
+        for version, k, load in self._loads:
+            if not wait and not self._ray.wait([load], timeout=0)[0]:
+                pending.append((version, k, load))
+                continue
+            held_version, held = self._ray.get(load, timeout=CALL_TIMEOUT_S)
+            where = f"sampler actor {k}"
+            if held_version != version:
+                raise WeightMismatchError(
+                    f"{where} reports weight version {held_version} after loading version {version}"
+                )
+            if held is None:
+                continue
+            if self._held_like is None:  # the set-up load: what the learner holds now is what it put
+                self._held_like = held
+                self._expected[version] = expected_for(self._source(), held)
+            problem = compare(self._expected[version], held)
+            if problem is not None:
+                raise WeightMismatchError(
+                    f"weight version {version} on {where} is not what the learner published: {problem}"
+                )
+        self._loads = pending
+        waiting = {version for version, _, _ in pending} | {self._weights[0] if self._weights else -1}
+        self._expected = {v: f for v, f in self._expected.items() if v in waiting}
 
     def idle_s(self) -> float | None:
         return None  # an actor's idle time is not measured from the driver

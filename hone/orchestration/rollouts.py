@@ -51,7 +51,10 @@ log = logging.getLogger("hone")
 class RolloutSource(Protocol):
     """`take` returns the next step's scored groups, oldest step first (it may block until they are done);
     `publish(version)` makes the learner's current weights that version on every producer; `close` stops
-    producing (steps in flight are dropped: a resumed run submits them again)."""
+    producing (steps in flight are dropped: a resumed run submits them again). `ahead` is η, how many
+    steps past the one the learner takes next may be in flight (set between takes: `max_staleness: auto`)."""
+
+    ahead: int
 
     def take(self) -> ScoredGroups: ...
 

@@ -79,10 +79,10 @@ def fingerprint(
     A tensor published under two names (a tied LM head) counts once, under its first name, as an engine
     that re-derives the head from the embeddings holds it once."""
     sums: dict[str, tuple[str, int]] = {}
-    seen: set[tuple[int, torch.device]] = set()
+    seen: set[tuple[int, int, torch.device]] = set()
     for name, tensor in tensors.items():
         if tensor.numel():
-            storage = (tensor.untyped_storage().data_ptr() + tensor.storage_offset(), tensor.device)
+            storage = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tensor.device)
             if storage in seen:
                 continue
             seen.add(storage)

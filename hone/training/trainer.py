@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from hone.algorithms import KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES, aggregate_loss
-from hone.algorithms.metrics import canary_metrics
+from hone.algorithms.metrics import canary_metrics, importance_ess
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.training.distributed import Ranks
 from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
@@ -221,6 +221,10 @@ class RLTrainer(Optimizee):
                 gap = torch.where(mask.bool(), log_probs.detach() - batch.old_logp[rows], 0.0)
                 mismatch[0] += float(gap.abs().sum())
                 mismatch[1] += n
+                # Importance weights π_θ/π_behav of the update's first forward: the off-policyness.
+                weights = torch.exp(log_probs.detach() - batch.behaviour_logp[rows]) * mask
+                mismatch[5] += float(weights.sum())
+                mismatch[6] += float((weights * weights).sum())
                 if batch.fresh is not None:  # the canary: rows the sampler drew with these very weights
                     fresh = gap.abs() * batch.fresh[rows, None]
                     mismatch[2] += float(fresh.sum())
@@ -247,7 +251,7 @@ class RLTrainer(Optimizee):
         # Until the first optimizer step the policy is the one that sampled, so in sampler mode the
         # first mini-batch's forward gives the sampler/trainer log-prob mismatch without an extra pass.
         # [sum |gap|, tokens] over the mini-batch; then the same over its fresh rows, and their largest gap.
-        mismatch = [0.0, 0.0, 0.0, 0.0, 0.0]
+        mismatch = [0.0] * 7  # ... and the importance weights' sum and sum of squares
         watch_mismatch = self.algo.old_log_probs == "sampler"
 
         def micro_losses(mini: torch.Tensor, k: int, sums: dict[str, float]) -> Iterator[torch.Tensor]:
@@ -259,6 +263,8 @@ class RLTrainer(Optimizee):
         gap = self.ranks.sum_metrics({"sum": mismatch[0], "tokens": mismatch[1]})
         if gap["tokens"]:
             out["mismatch/logprob_abs"] = gap["sum"] / gap["tokens"]
+            weights = self.ranks.sum_metrics({"sum": mismatch[5], "squares": mismatch[6]})
+            out["offpolicy/ess"] = importance_ess(weights["sum"], weights["squares"], gap["tokens"])
         if watch_mismatch and batch.fresh is not None:
             fresh = self.ranks.sum_metrics({"sum": mismatch[2], "tokens": mismatch[3]})
             out |= canary_metrics(fresh["sum"], fresh["tokens"], self.ranks.max_metric(mismatch[4]))

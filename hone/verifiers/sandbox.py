@@ -26,10 +26,15 @@ Two layers, both real OS mechanisms:
   it, whatever `setsid`/double-fork tricks the program played; `--die-with-parent` ends it with the
   trainer.
 
-Without bubblewrap (`isolation="process"`) only the first layer holds: the program can read files its
-uid can read, write to world-writable directories (`/tmp`), open network connections, and, when the
-trainer is not root, signal the trainer's processes. `isolation="auto"` picks bwrap when it works and
-logs a warning once when it falls back. See README "Reward sandbox" for the table.
+Without bubblewrap (`isolation="process"`) the boot code still enters namespaces before it drops
+privileges: a network namespace (no network, not even the host's loopback, where an agent endpoint, an
+OpenEnv or reward-model server or a Ray dashboard may listen) and, as root, a mount namespace with a
+private size-capped tmpfs at `/tmp` (its working directory) and `/dev/shm`; not root, the network
+namespace is made inside an unprivileged user namespace, where the kernel allows one (else a warning
+says once that the network is open). Otherwise the first layer holds alone: the program can read files
+its uid can read and, when the trainer is not root, signal the trainer's processes. `isolation="auto"`
+picks bwrap when it works and logs a warning once when it falls back. The table of what each mode
+contains: docs/concepts/rewards-and-eval.md.
 """
 
 from __future__ import annotations
@@ -146,6 +151,30 @@ def _boot():
                     end(status)
             end(None)
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+    if cfg["namespaces"]:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        NEWNS, NEWNET, NEWUSER = 0x00020000, 0x40000000, 0x10000000
+        root = os.getuid() == 0
+        # Not root: a user namespace is what lets an unprivileged process make the network one.
+        if libc.unshare(NEWNET | (NEWNS if root else NEWUSER)) != 0:
+            os.write(2, b"sandbox: could not enter a network namespace; the program did not run\n")
+            os._exit(125)
+        REC, PRIVATE, NOSUID, NODEV = 0x4000, 0x40000, 0x2, 0x4
+        if root and libc.mount(b"none", b"/", None, REC | PRIVATE, None) == 0:
+            # A private, size-capped /tmp and /dev/shm, and the working directory inside the new /tmp.
+            with open("solution.py", "rb") as f:
+                source = f.read()
+            size = f"size={cfg['tmpfs_bytes']},mode=1777".encode()
+            targets = (b"/tmp", b"/dev/shm")
+            if all(libc.mount(b"tmpfs", t, b"tmpfs", NOSUID | NODEV, size) == 0 for t in targets):
+                os.mkdir("/tmp/work", 0o755)
+                if cfg["uid"] is not None:
+                    os.chown("/tmp/work", cfg["uid"], cfg["uid"])
+                os.chdir("/tmp/work")
+                with open("solution.py", "wb") as f:
+                    f.write(source)
+                os.environ["HOME"] = os.environ["TMPDIR"] = "/tmp/work"
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     if cfg["uid"] is not None and os.getuid() == 0:
@@ -264,6 +293,33 @@ def _warn_fallback() -> None:
         "bubblewrap is not usable here: the code sandbox falls back to process limits only "
         "(no network or file-system isolation; see README 'Reward sandbox'). Install bubblewrap."
     )
+
+
+# Process mode's namespaces, entered by the boot code before it drops privileges: CLONE_NEWNET (and, as
+# root, CLONE_NEWNS for a private /tmp and /dev/shm; not root, CLONE_NEWUSER, which lets an unprivileged
+# process create the network namespace where the kernel allows unprivileged user namespaces).
+_PROBE_NAMESPACES = """
+import ctypes, os, sys
+flags = 0x40000000 | (0x00020000 if os.getuid() == 0 else 0x10000000)
+sys.exit(0 if ctypes.CDLL(None, use_errno=True).unshare(flags) == 0 else 1)
+"""
+
+
+@functools.cache
+def _namespaces_available() -> bool:
+    """Whether process mode can put a program in a network namespace of its own here; says once when not."""
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE_NAMESPACES], timeout=30, check=False)
+        available = probe.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        available = False
+    if not available:
+        logger.warning(
+            "code sandbox: this machine allows no network namespace to an unprivileged process (no "
+            "bubblewrap, not root, unprivileged user namespaces off): sandboxed programs can open network "
+            "connections, loopback services beside the trainer included. See README 'Reward sandbox'."
+        )
+    return available
 
 
 def resolve_isolation(isolation: Isolation) -> Literal["bwrap", "process"]:
@@ -507,7 +563,17 @@ def _env(home: str) -> dict[str, str]:
 
 def _command(workdir: str, limits: SandboxOptions, mode: str, uid: int | None) -> list[str]:
     trainer = os.getpid() if mode == "process" else None
-    cfg = json.dumps({"rlimits": _rlimits(limits), "uid": uid, "trainer": trainer})
+    namespaces = mode == "process" and _namespaces_available()
+    tmpfs_bytes = limits.tmpfs_mb << 20
+    cfg = json.dumps(
+        {
+            "rlimits": _rlimits(limits),
+            "uid": uid,
+            "trainer": trainer,
+            "namespaces": namespaces,
+            "tmpfs_bytes": tmpfs_bytes,
+        }
+    )
     python = [_python(limits.python), "-I", "-c", _BOOT, cfg]
     if mode == "process":
         return python

@@ -17,10 +17,10 @@ this file runs in vLLM's environment, which does not have Hone.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
-
 
 _MASK = (1 << 64) - 1
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -67,8 +67,7 @@ class HoneWorkerExtension:
                 with torch.no_grad():
                     method.process_weights_after_loading(lm_head)
 
-
-    def _recording(self, process, module_name: str):  # type: ignore[no-untyped-def]
+    def _recording(self, process: Any, module_name: str) -> Any:
         """`process(layer)`, after recording the bit sums of `layer`'s tensors as the loader left them."""
 
         def record(layer: torch.nn.Module) -> object:
