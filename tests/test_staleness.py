@@ -3,6 +3,7 @@ ESS it reads, and an asynchronous run that logs the limit it admitted at every s
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_eta_grows_by_one_while_the_learner_waits_and_the_weights_stay_on_policy
     controller = StalenessController(cap=3)
     limits = _steps(controller, 4 * (HOLD + 1), **{"time/learner_idle_frac": 0.4, "offpolicy/ess": 0.99})
     assert limits[0] == 1 and limits[-1] == 3  # +1 every HOLD + 1 steps, stopped at the cap
-    assert all(b - a in (0, 1) for a, b in zip(limits, limits[1:], strict=False))
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(limits))
 
 
 def test_eta_stays_when_the_learner_never_waits() -> None:
