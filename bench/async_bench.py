@@ -139,6 +139,7 @@ def real_overrides(run_dir: str, name: str, seconds: float, **extra: object) -> 
 
 ASYNC = {"trainer.mode": "async"}
 DECOUPLED = {"algorithm.old_log_probs": "recompute", "algorithm.off_policy.name": "decoupled"}
+INTERRUPTIBLE = {"rollout.interruptible": "true"}
 ARMS: list[tuple[str, dict[str, object]]] = [
     ("sync", {}),
     ("async eta=1", {**ASYNC, "trainer.max_staleness": 1}),
@@ -156,6 +157,19 @@ ARMS: list[tuple[str, dict[str, object]]] = [
         "async eta=4, 2 producers, decoupled",
         {**ASYNC, "trainer.max_staleness": 4, "trainer.producers": 2, **DECOUPLED},
     ),
+    # Issue 34: interruptible rollouts (a publish lands between two tokens), and the staleness controller
+    # against the fixed η of {0 (sync), 1, 2, 4, 8} with two producers.
+    (
+        "async eta=2, 2 producers, interruptible",
+        {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2, **INTERRUPTIBLE},
+    ),
+    (
+        "async eta=2, 2 producers, interruptible, decoupled",
+        {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2, **INTERRUPTIBLE, **DECOUPLED},
+    ),
+    ("async eta=1, 2 producers", {**ASYNC, "trainer.max_staleness": 1, "trainer.producers": 2}),
+    ("async eta=8, 2 producers", {**ASYNC, "trainer.max_staleness": 8, "trainer.producers": 2}),
+    ("async auto, 2 producers", {**ASYNC, "trainer.max_staleness": "auto", "trainer.producers": 2}),
 ]
 
 
@@ -171,15 +185,16 @@ class _Recorder:
 
     @contextmanager
     def patched(self, pin: bool) -> Iterator[None]:
-        real_step, real_learn = loop.rl_step, Learner.learn
+        real_step, real_learn = loop.learn_step, Learner.learn
         real_publish = {cls: cls.publish for cls in (Rollouts,)}
         real_produce_all = ThreadExecutor._produce_all
 
-        def step(step: int, rollouts: Any, learner: Learner) -> dict[str, float]:
+        def step(step: int, rollouts: Any, learner: Learner, lead: Any = None) -> Any:
             self.start = time.perf_counter() if self.start is None else self.start
-            metrics = real_step(step, rollouts, learner)
-            self.rows.append(metrics | {"t": time.perf_counter() - self.start})
-            return metrics
+            groups, metrics = real_step(step, rollouts, learner, lead)
+            metrics["t"] = time.perf_counter() - self.start
+            self.rows.append(metrics)  # the loop's own dict: what it adds after the step lands here too
+            return groups, metrics
 
         def learn(learner: Learner, groups: ScoredGroups, step: int) -> dict[str, Any]:
             t0 = time.perf_counter()
@@ -201,7 +216,7 @@ class _Recorder:
             torch.set_num_threads(1)  # OpenMP's thread count is per calling thread
             real_produce_all(rollouts, *worker)
 
-        loop.rl_step, Learner.learn = step, learn  # type: ignore[method-assign]
+        loop.learn_step, Learner.learn = step, learn  # type: ignore[method-assign]
         for cls in real_publish:
             cls.publish = publishing(cls)  # type: ignore[method-assign]
         cores = os.sched_getaffinity(0)
@@ -211,7 +226,7 @@ class _Recorder:
         try:
             yield
         finally:
-            loop.rl_step, Learner.learn = real_step, real_learn  # type: ignore[method-assign]
+            loop.learn_step, Learner.learn = real_step, real_learn  # type: ignore[method-assign]
             for cls, fn in real_publish.items():
                 cls.publish = fn  # type: ignore[method-assign]
             ThreadExecutor._produce_all = real_produce_all  # type: ignore[method-assign]
@@ -246,6 +261,9 @@ def run_arm(name: str, extra: dict[str, object], seconds: float, run_dir: str) -
         "staleness_max": max((r.get("staleness/max", 0.0) for r in rec.rows), default=0.0),
         "sample_s": _mean(rec.rows, "time/sample_s"),
         "reward_s": _mean(rec.rows, "time/reward_s"),
+        "interrupted_frac": _mean(rec.rows, "staleness/interrupted_frac"),
+        "staleness_limit": _mean(rec.rows, "staleness/limit"),
+        "ess": _mean(rec.rows, "offpolicy/ess"),
         "learn_s": busy / len(rec.rows),
         "curve": [(r["t"], r["reward/mean"]) for r in rec.rows],
         "eval_reward_start": result.start_eval.get("eval/reward"),

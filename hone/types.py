@@ -68,10 +68,18 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)
     messages: list[dict[str, Any]] | None = None  # multi-turn: the conversation, observations included
     turn_rewards: list[float] = field(default_factory=list)  # multi-turn: the environment's reward per turn
+    # Per response token, the weight version that sampled it, where a publish landed mid-generation
+    # (`rollout.interruptible`); empty: every token is `policy_version`'s, the oldest version in it.
+    token_versions: list[int] = field(default_factory=list)
 
     @property
     def response_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len :]
+
+    @property
+    def newest_version(self) -> int:
+        """The newest weight version among its tokens (`policy_version` is the oldest)."""
+        return max(self.token_versions, default=self.policy_version)
 
     @property
     def response_len(self) -> int:

@@ -5,6 +5,7 @@ run in one line (verl #7495: two months against a vLLM that never received the a
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hone.orchestration.canary import LogprobCanary
 from hone.orchestration.loop import train
 from hone.orchestration.weights import LocalWeightChannel
 from hone.rollout import HFSampler
+from hone.rollout.base import GenerationRequest
 from hone.rollout.engines import hf as hf_engine
 from hone.rollout.fingerprint import (
     WeightMismatchError,
@@ -241,3 +243,66 @@ def test_the_canary_stops_a_run_whose_engine_computes_other_log_probs(
     overrides = _overrides(tmp_path, micro_model_dir, name, **{"algorithm.old_log_probs": old_log_probs})
     with pytest.raises(WeightMismatchError, match=r"step 3: the hf sampler's log-probs differ .* by 0\.01"):
         train(load_config(None, overrides))
+
+
+# --- interruptible rollouts ----------------------------------------------------------------------------
+
+
+def test_a_publish_lands_mid_generation_and_every_token_carries_its_version() -> None:
+    """Greedy decoding: two tokens with version 0, then a publish between tokens; what follows is exactly
+    what the new weights generate from the prompt and those two tokens (the live rows are re-prefilled)."""
+    from tests.helpers import greedy, requests
+
+    tokenizer = char_tokenizer(CHARS, unk_token=None)
+    learner_model = make_model(3, torch.float32)
+    sampler = HFSampler(copy.deepcopy(learner_model), tokenizer)
+    channel = LocalWeightChannel(lambda: _trainable(learner_model), sampler, timeout_s=60, interruptible=True)
+    install, calls = sampler.between_tokens, [0]
+    assert install is not None
+
+    def publish_before_the_third_token() -> bool:
+        calls[0] += 1
+        if calls[0] == 4:  # the call at the start of generate, then one before each token
+            with torch.no_grad():
+                for p in learner_model.parameters():
+                    p.mul_(1.3)
+            channel.publish(1)
+        return install()
+
+    sampler.between_tokens = publish_before_the_third_token
+    with channel.hold():
+        rollouts = sampler.generate(requests(tokenizer), greedy(max_new_tokens=8))
+    fresh = HFSampler(copy.deepcopy(learner_model), tokenizer)
+    switched = 0
+    for r in rollouts:
+        assert r.policy_version == 0
+        if r.response_len <= 2:
+            continue
+        switched += 1
+        assert r.token_versions == [0, 0] + [1] * (r.response_len - 2)
+        (after,) = fresh.generate(
+            [GenerationRequest("x", 0, r.token_ids[: r.prompt_len + 2], max_new_tokens=r.response_len - 2)],
+            greedy(max_new_tokens=8),
+        )
+        assert after.response_ids == r.response_ids[2:]
+        torch.testing.assert_close(
+            torch.tensor(after.sampler_logprobs), torch.tensor(r.sampler_logprobs[2:]), atol=1e-5, rtol=0
+        )
+    assert switched > 0 and sampler.policy_version == 1
+
+
+def test_interruptible_rollouts_train_an_async_run_and_say_which_rollouts_a_publish_landed_in(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    extra = {"trainer.mode": "async", "rollout.interruptible": "true", "rollout.max_new_tokens": 16}
+    result = train(load_config(None, _overrides(tmp_path, micro_model_dir, "interruptible", **extra)))
+    assert result.steps == 4
+    rows = [
+        json.loads(line) for line in (tmp_path / "interruptible" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert all(0 <= r["staleness/interrupted_frac"] <= 1 for r in rows if r["step"] > 0)
+
+
+def test_interruptible_is_refused_where_it_is_not_built() -> None:
+    with pytest.raises(ValueError, match=r"rollout\.interruptible needs trainer\.mode: async"):
+        load_config(None, ["rollout.interruptible=true"])

@@ -208,6 +208,12 @@ class RolloutConfig(Section):
         description="hf: the sampler's copy of the weights in the policy's dtype, or in bfloat16 (decodes "
         "faster on CPUs with AMX and on GPUs; its log-probs then differ from an fp32 trainer's)",
     )
+    interruptible: bool = Field(
+        False,
+        description="async, hf engine: a publish lands mid-generation (between two tokens; the live rows are "
+        "re-prefilled with the new weights) instead of at the producer's next share; each token records its "
+        "version (Rollout.token_versions)",
+    )
     prefix_cache: bool = Field(
         True,
         description="keep the KV cache of the last generate call's sequences and prefill only what a new "
@@ -904,6 +910,18 @@ class HoneConfig(Section):
             raise ValueError(
                 "trainer.world_size > 1 with model.lora, sft.enabled and a KL reference is not supported yet "
                 "(the reference swaps the SFT adapter into the sharded model)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _interruptible_where_built(self) -> HoneConfig:
+        if self.rollout.interruptible and (
+            self.trainer.mode != "async" or self.rollout.engine != "hf" or self.cluster.backend != "local"
+        ):
+            raise ValueError(
+                "rollout.interruptible needs trainer.mode: async, rollout.engine: hf and cluster.backend: "
+                "local (a synchronous run publishes between steps; vLLM and Ray actors take weights between "
+                "shares)"
             )
         return self
 

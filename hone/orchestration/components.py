@@ -115,7 +115,11 @@ def weight_source(cfg: HoneConfig, policy: Policy) -> WeightSource:
 def weight_channel(cfg: HoneConfig, source: WeightSource, sampler: Sampler) -> LocalWeightChannel:
     """The in-process channel from the policy's `source` (`weight_source`) to `sampler`."""
     return LocalWeightChannel(
-        source, sampler, timeout_s=cfg.trainer.publish_timeout_s, verify=cfg.trainer.verify_weights
+        source,
+        sampler,
+        timeout_s=cfg.trainer.publish_timeout_s,
+        verify=cfg.trainer.verify_weights,
+        interruptible=cfg.rollout.interruptible,
     )
 
 

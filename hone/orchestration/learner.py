@@ -183,7 +183,9 @@ class Learner:
         old_logp = seqs.sampler_log_probs
         ranks = self.ranks
         # Rows sampled with the weights held now: what the log-prob canary can compare (`canary`).
-        fresh = torch.tensor([r.policy_version == self.version for r in rollouts], device=old_logp.device)
+        fresh = torch.tensor(
+            [r.policy_version == r.newest_version == self.version for r in rollouts], device=old_logp.device
+        )
         canary: dict[str, float] = {}
         if self.algorithm.old_log_probs == "recompute":
             # In the update's precision (trainer.autocast): π_old and π_θ then agree exactly before the

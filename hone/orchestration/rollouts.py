@@ -43,6 +43,7 @@ from hone.errors import HoneError
 from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.replay import is_replayed
 from hone.rewards.scoring import RewardOutageError
+from hone.rollout.fingerprint import WeightMismatchError
 from hone.types import Sample
 
 log = logging.getLogger("hone")
@@ -119,7 +120,7 @@ class ProducerError(HoneError, RuntimeError):
 
 
 # Deliberate stops, not faults: producing the step again would only repeat them.
-_NOT_RETRIED = (RewardOutageError,)
+_NOT_RETRIED = (RewardOutageError, WeightMismatchError)
 
 
 def produce_with_retries(
@@ -221,6 +222,9 @@ class Rollouts:
         metrics = {
             "staleness/mean": sum(lags) / len(lags),
             "staleness/max": float(max(lags)),
+            # Rollouts a publish landed in (`rollout.interruptible`): sampled by more than one version.
+            "staleness/interrupted_frac": sum(bool(r.token_versions) for r in groups.rollouts)
+            / max(len(groups.rollouts), 1),
             "buffer/groups": float(sum(len({r.group_id for r in g.rollouts}) for g in done if g is not None)),
             "time/learner_wait_s": now - waited,
             "time/learner_idle_frac": (now - waited) / since,

@@ -87,6 +87,7 @@ class LocalWeightChannel:
         *,
         timeout_s: float,
         verify: bool = True,
+        interruptible: bool = False,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -99,9 +100,25 @@ class LocalWeightChannel:
         self._pending_lock = threading.Lock()
         self._published = sampler.policy_version
         self.verify = verify
-        self.verify_s = (
-            0.0  # time spent verifying loads, summed (the overhead `bench/verify_bench.py` reports)
-        )
+        # Time spent verifying loads, summed: the overhead `bench/verify_bench.py` measures.
+        self.verify_s = 0.0
+        if interruptible:  # the sampler takes a publish between two tokens (`install_pending`)
+            if not hasattr(sampler, "between_tokens"):
+                raise ValueError(f"{type(sampler).__name__} cannot take weights mid-generation")
+            sampler.between_tokens = self.install_pending
+
+    def install_pending(self) -> bool:
+        """Interruptible rollouts: on the sampler's thread inside a hold (between two of its tokens),
+        install the newest version published meanwhile; True when it did (the sampler's KV cache is then
+        stale)."""
+        if self._pending is None:  # the common case, read without the lock
+            return False
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return False
+        self._load(pending.tensors, pending.version)
+        return True
 
     def _load(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         self._sampler.load_weights(tensors, version)

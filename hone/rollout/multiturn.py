@@ -164,7 +164,8 @@ class _EnvTurns:
             # holding the right number must not pass `math`'s last-number fallback). `messages` has all.
             response_text=completions[-1].text if completions else "",
             finish_reason="length" if self.truncated else "stop",
-            policy_version=self.model.policy_version,
+            # The oldest version of its tokens (a publish may land between turns, or within one).
+            policy_version=min((c.policy_version for c in completions), default=self.model.policy_version),
             metrics=self.metrics,
             messages=self.messages,
             turn_rewards=self.turn_rewards,

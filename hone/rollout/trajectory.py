@@ -39,6 +39,7 @@ class Completion:
     text: str  # the sampled tokens decoded (special tokens skipped): what an assistant turn is rendered as
     finish_reason: str
     policy_version: int
+    token_versions: list[int] = field(default_factory=list)  # per token, where versions changed mid-call
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per response token: the version that sampled it
     turns: list[tuple[int, int]] = field(default_factory=list)  # each completion's span of response_ids
     completions: list[Completion] = field(default_factory=list)
     text: str = ""  # the whole context decoded with special tokens (`extend_text` keeps it)
@@ -64,6 +66,8 @@ class Trajectory:
         self.response_ids += completion.completion_ids
         self.loss_mask += [1] * len(completion.completion_ids)
         self.logprobs += completion.logprobs
+        n = len(completion.completion_ids)
+        self.versions += completion.token_versions or [completion.policy_version] * n
         self.turns.append((start, len(self.response_ids)))
         self.completions.append(completion)
 
@@ -72,6 +76,7 @@ class Trajectory:
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.versions += [self.versions[-1] if self.versions else 0] * len(ids)  # not trained on
 
     def decode_text(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Refresh `text`, what a later full rendering must start with to extend this sequence."""
@@ -90,6 +95,7 @@ class Trajectory:
             loss_mask=list(self.loss_mask),
             sampler_logprobs=list(self.logprobs),
             turns=list(self.turns),
+            token_versions=list(self.versions) if len(set(self.versions)) > 1 else [],
             **fields,
         )
 
@@ -103,6 +109,7 @@ def completion_of(out: Rollout, prompt_ids: list[int], tokenizer: PreTrainedToke
         text=cast(str, tokenizer.decode(out.response_ids, skip_special_tokens=True)),
         finish_reason=out.finish_reason,
         policy_version=out.policy_version,
+        token_versions=list(out.token_versions),
     )
 
 

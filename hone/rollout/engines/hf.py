@@ -25,7 +25,7 @@ traffic, 2.2x over 6 turns.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,6 +63,7 @@ class _Sequence:
 
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the weight version each token was sampled with
     finish_reason: str = "length"
 
 
@@ -98,6 +99,9 @@ class HFSampler:
         self._cache_kwarg = cache_kwarg(model)
         # `interrupt` marks the call running when it is made; `_decode` checks the mark at every token.
         self._call = self._interrupted_call = 0
+        # Interruptible rollouts (`rollout.interruptible`): called before every token; True when it has
+        # just loaded newer weights (`load_weights`), so the live rows are re-prefilled with them.
+        self.between_tokens: Callable[[], bool] | None = None
 
     def interrupt(self) -> None:
         """Make the running `generate` call raise `GenerationInterrupted` after its current token
@@ -118,18 +122,24 @@ class HFSampler:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=device).manual_seed(params.seed)
+        if self.between_tokens is not None:  # a version published since the last call, before any prefill
+            self.between_tokens()
         key = (self.policy_version, self._cache_key_weights()) if self.prefix_cache else None
         previous = self._prefixes if key is not None and self._prefixes_for == key else None
         self._prefixes = None  # a stale store is freed before this call's cache is built
         store = PrefixStore() if self.prefix_cache else None
         sequences: list[_Sequence] = []
+        started_at = self.policy_version
         with torch.inference_mode(), _eval_mode(self.model):
             # Chunks hold whole groups where they can, so every copy of a prompt shares one prefill.
             size = self.max_batch_size // params.n * params.n or self.max_batch_size
             for start in range(0, len(prompts), size):
                 chunk, limits = prompts[start : start + size], budgets[start : start + size]
+                if self.policy_version != started_at:  # weights changed in an earlier chunk: nothing stored
+                    previous = store = None
                 sequences += self._decode(chunk, limits, params, generator, device, previous, store)
-        self._prefixes, self._prefixes_for = store, key
+        if self.policy_version == started_at:  # KV of one version only: reusable by the next call
+            self._prefixes, self._prefixes_for = store, key
         texts = self.tokenizer.batch_decode([s.tokens for s in sequences], skip_special_tokens=True)
         rollouts = []
         for i, (seq, text) in enumerate(zip(sequences, texts, strict=True)):
@@ -144,8 +154,9 @@ class HFSampler:
                     sampler_logprobs=seq.logprobs,
                     response_text=text,
                     finish_reason=seq.finish_reason,
-                    policy_version=self.policy_version,
+                    policy_version=min(seq.versions, default=started_at),
                     turns=[(0, len(seq.tokens))],
+                    token_versions=seq.versions if len(set(seq.versions)) > 1 else [],
                 )
             )
         return rollouts
@@ -246,12 +257,23 @@ class HFSampler:
         for _ in range(max(budgets)):
             if self._interrupted_call == self._call:
                 raise GenerationInterrupted("generation interrupted: the run is stopping")
+            if self.between_tokens is not None and self.between_tokens():
+                # New weights mid-generation: the cache holds keys and values of the old ones, so every
+                # live row's prompt and tokens so far go through the new weights again (AReaL's
+                # interruptible generation re-prefills too), and what ends from here on is not stored.
+                live = [i for i in owner if i is not None]
+                owner = list(live)
+                logits, mask, cache = self._prefill(
+                    [prompts[i] + sequences[i].tokens for i in live], None, pad, device
+                )
+                next_positions, store = mask.sum(-1), None
             was = list(owner) if store is not None else []  # who was live, to store the rows that end
             tokens, logprobs = sample_next(logits, params, generator)
             for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 if (i := owner[row]) is not None:
                     sequences[i].tokens.append(token)
                     sequences[i].logprobs.append(logprob)
+                    sequences[i].versions.append(self.policy_version)
                     if token in eos:
                         sequences[i].finish_reason = "stop"
                         owner[row] = None
