@@ -140,6 +140,7 @@ def real_overrides(run_dir: str, name: str, seconds: float, **extra: object) -> 
 ASYNC = {"trainer.mode": "async"}
 DECOUPLED = {"algorithm.old_log_probs": "recompute", "algorithm.off_policy.name": "decoupled"}
 INTERRUPTIBLE = {"rollout.interruptible": "true"}
+TWO_BY_STEPS = {"trainer.producers": 2, "trainer.producer_split": "steps"}
 ARMS: list[tuple[str, dict[str, object]]] = [
     ("sync", {}),
     ("async eta=1", {**ASYNC, "trainer.max_staleness": 1}),
@@ -170,6 +171,23 @@ ARMS: list[tuple[str, dict[str, object]]] = [
     ("async eta=1, 2 producers", {**ASYNC, "trainer.max_staleness": 1, "trainer.producers": 2}),
     ("async eta=8, 2 producers", {**ASYNC, "trainer.max_staleness": 8, "trainer.producers": 2}),
     ("async auto, 2 producers", {**ASYNC, "trainer.max_staleness": "auto", "trainer.producers": 2}),
+    ("async eta=2, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS}),
+    (
+        "async eta=2, 2 producers, steps, interruptible",
+        {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS, **INTERRUPTIBLE},
+    ),
+    (
+        "async eta=2, 2 producers, steps, decoupled",
+        {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS, **DECOUPLED},
+    ),
+    (
+        "async eta=2, 2 producers, steps, interruptible, decoupled",
+        {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS, **INTERRUPTIBLE, **DECOUPLED},
+    ),
+    ("async eta=1, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 1, **TWO_BY_STEPS}),
+    ("async eta=4, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 4, **TWO_BY_STEPS}),
+    ("async eta=8, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 8, **TWO_BY_STEPS}),
+    ("async auto, 2 producers, steps", {**ASYNC, "trainer.max_staleness": "auto", **TWO_BY_STEPS}),
 ]
 
 
@@ -314,6 +332,9 @@ class _SimProducer:
         ]
         return ScoredGroups(step=prompts.step, rollouts=rollouts, metrics={}, new_tokens=0)
 
+    def interrupt(self) -> None:
+        """Nothing to stop: a sleep ends on its own."""
+
 
 class _SimPlan:
     """One prompt per producer a step (a share each), nothing learnt from outcomes."""
@@ -328,7 +349,9 @@ class _SimPlan:
         return {}
 
 
-def simulate(eta: int | None, latencies: list[float], learn_s: float, producers: int = 1) -> dict[str, float]:
+def simulate(
+    eta: int | None, latencies: list[float], learn_s: float, producers: int = 1, whole_steps: bool = False
+) -> dict[str, float]:
     """Steps/s of `len(latencies)` steps; eta None = the inline executor, else the thread executor under eta
     with `producers` producers (each its own sampler and channel, as `trainer.producers` builds them; each
     produces a share of every step, here taking the step's latency: a share waits on its slowest too)."""
@@ -343,7 +366,10 @@ def simulate(eta: int | None, latencies: list[float], learn_s: float, producers:
         else ThreadExecutor(workers)  # type: ignore[arg-type]
     )
     steps, lags, publish_s = len(latencies), [], 0.0
-    source = Rollouts(executor, _SimPlan(producers), start=0, steps=steps, ahead=eta or 0, version=0)
+    plan = _SimPlan(1 if whole_steps else producers)
+    source = Rollouts(
+        executor, plan, start=0, steps=steps, ahead=eta or 0, version=0, whole_steps=whole_steps
+    )
     t0 = time.perf_counter()
     with closing(source):
         for step in range(steps):
@@ -365,10 +391,11 @@ def simulate(eta: int | None, latencies: list[float], learn_s: float, producers:
 
 # Sampling as long as learning on average, and twice as long (the real arms' sync step: 61% sampling).
 SIM_SAMPLE_RATIOS = (1.0, 2.0)
-SIM_ARMS: list[tuple[str, int | None, int]] = [  # (arm, eta (None: sync), producers)
-    ("sync", None, 1),
-    *[(f"async eta={eta}", eta, 1) for eta in (0, 1, 2, 4, 8)],
-    *[(f"async eta={eta}, {k} producers", eta, k) for k in (2, 4) for eta in (2, 4, 8)],
+SIM_ARMS: list[tuple[str, int | None, int, bool]] = [  # (arm, eta (None: sync), producers, whole steps)
+    ("sync", None, 1, False),
+    *[(f"async eta={eta}", eta, 1, False) for eta in (0, 1, 2, 4, 8)],
+    *[(f"async eta={eta}, {k} producers", eta, k, False) for k in (2, 4) for eta in (2, 4, 8)],
+    *[(f"async eta={eta}, {k} producers, steps", eta, k, True) for k in (2, 4) for eta in (2, 4, 8)],
 ]
 
 
@@ -379,8 +406,8 @@ def run_simulation(steps: int, learn_s: float, sample_ratio: float) -> list[dict
     sigma, mean = 1.0, sample_ratio * learn_s
     latencies = [mean * math.exp(rng.gauss(0, sigma) - sigma**2 / 2) for _ in range(steps)]
     rows = [
-        {"arm": arm, "sample_ratio": sample_ratio} | simulate(eta, latencies, learn_s, producers)
-        for arm, eta, producers in SIM_ARMS
+        {"arm": arm, "sample_ratio": sample_ratio} | simulate(eta, latencies, learn_s, producers, whole)
+        for arm, eta, producers, whole in SIM_ARMS
     ]
     for row in rows:
         row["speedup"] = row["steps_per_s"] / rows[0]["steps_per_s"]
@@ -452,6 +479,9 @@ def main() -> None:
     parser.add_argument(
         "--arms", nargs="+", help="run only these real arms (by name), replacing them in --out's results"
     )
+    parser.add_argument(
+        "--sim-only", action="store_true", help="run only the simulation, replacing it in --out's results"
+    )
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.report else measure(args)
     print_sim(results["simulated"], **results["config"]["sim"])
@@ -467,6 +497,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sim = {"steps": args.sim_steps, "learn_s": args.sim_learn_s}
     results: dict[str, Any] = {"config": {"arm_seconds": args.arm_seconds, "sim": sim}, "real": []}
     args.out.parent.mkdir(exist_ok=True)
+    if args.sim_only:
+        results = json.loads(args.out.read_text())
+        results["config"]["sim"] = sim
+        results["simulated"] = [
+            row
+            for ratio in SIM_SAMPLE_RATIOS
+            for row in run_simulation(args.sim_steps, args.sim_learn_s, ratio)
+        ]
+        return results
     if args.arms:  # a partial run: the other arms and the simulation stay as --out has them
         unknown = set(args.arms) - {name for name, _ in ARMS}
         if unknown:

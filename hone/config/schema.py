@@ -643,6 +643,11 @@ class TrainerConfig(Section):
         description="async: producer threads, each with its own sampler (one more copy of the weights "
         "each), so more than one step is in flight",
     )
+    producer_split: Literal["shares", "steps"] = Field(
+        "shares",
+        description="several producers: shares = every step split over them (speeds up on-policy training); "
+        "steps = each step to one producer in turn (k steps sampled at once; needs max_staleness >= k - 1)",
+    )
     producer_retries: int = Field(
         2,
         ge=0,

@@ -65,4 +65,5 @@ def rollout_source(
         steps=cfg.run.steps,
         ahead=ahead,
         version=parts.weights.published,
+        whole_steps=cfg.trainer.producer_split == "steps",
     )

@@ -26,6 +26,9 @@ what a cluster of samplers is for: whole steps keep k producers busy only with �
 throughput with staleness. With η > 0 a producer that finished its share of step s goes on to its share
 of step s + 1 while another waits on its slowest response, so the tail overlaps too. The cost: k
 producers sample other draws than one (the step's prompts are the same, the seeds differ per share).
+`trainer.producer_split: steps` takes the other branch: producer `s mod k` produces all of step s (seeded
+as one producer would), so with η ≥ k - 1 the producers sample k different steps at once, and one
+step's slowest response holds up only its own producer.
 """
 
 from __future__ import annotations
@@ -179,9 +182,18 @@ class Rollouts:
     weight version the producers hold at the start (a resumed run's checkpoint's)."""
 
     def __init__(
-        self, executor: Executor, plan: PromptPlan, *, start: int, steps: int, ahead: int, version: int
+        self,
+        executor: Executor,
+        plan: PromptPlan,
+        *,
+        start: int,
+        steps: int,
+        ahead: int,
+        version: int,
+        whole_steps: bool = False,
     ) -> None:
         self.executor, self.plan, self.ahead, self.steps = executor, plan, ahead, steps
+        self.whole_steps = whole_steps  # each step to one producer, in turn (`trainer.producer_split`)
         self.published = version  # the learner's version: staleness is measured against it
         self._submitted = self._taken = start
         self._in_flight: deque[_Step] = deque()
@@ -192,8 +204,13 @@ class Rollouts:
         """Submit every step the admission rule allows now: up to the one η ahead of the next take."""
         while self._submitted < min(self._taken + self.ahead + 1, self.steps):
             step = self._submitted
-            shares = split(PromptBatch(step=step, samples=self.plan.batch(step)), self.executor.width)
-            pending = [self.executor.submit(s.part, s) for s in shares]
+            batch = PromptBatch(step=step, samples=self.plan.batch(step))
+            if self.whole_steps:
+                shares = [batch]
+                pending = [self.executor.submit(step % self.executor.width, batch)]
+            else:
+                shares = split(batch, self.executor.width)
+                pending = [self.executor.submit(s.part, s) for s in shares]
             self._in_flight.append(_Step(shares, pending))
             self._submitted += 1
 
