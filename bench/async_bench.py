@@ -21,7 +21,7 @@
    s - eta steps are trained). Nothing competes for cores: this is the scheduling
    gain alone, eta = 0, 1, 2, 4, 8 with one producer, 2, 4, 8 with two and four, against sync.
 
-    .venv/bin/python bench/async_bench.py     # ~13 minutes (60 s an arm); --arm-seconds 5: a smoke run
+    .venv/bin/python bench/async_bench.py     # ~30 minutes (60 s an arm); --arm-seconds 5: a smoke run
 
 Prints a table and writes bench/results/async_bench.json.
 """

@@ -484,6 +484,24 @@ def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in
     assert not _producer_threads()
 
 
+def test_whole_steps_go_to_the_producers_in_turn_and_two_slow_steps_overlap() -> None:
+    """`trainer.producer_split: steps`: steps 0 and 1 (0.5 s each) go to producers 0 and 1 and are
+    sampled at once (η = 1), each whole (all its prompts in one share); they are taken in step order."""
+    workers = _workers({0: 0.5, 1: 0.5}, 2)
+    source = Rollouts(
+        ThreadExecutor(workers), _Plan(3), start=0, steps=3, ahead=1, version=0, whole_steps=True
+    )
+    try:
+        started = time.perf_counter()
+        first, second = source.take(), source.take()
+        assert time.perf_counter() - started < 0.9  # one after the other: 1 s
+        assert (first.step, second.step) == (0, 1)
+        assert len(first.rollouts) == len(second.rollouts) == 1  # one producer's whole step each
+    finally:
+        source.close()
+    assert not _producer_threads()
+
+
 class _RecordingExecutor:
     """An executor that produces at once, recording which step was submitted before which take."""
 
