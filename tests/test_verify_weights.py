@@ -306,3 +306,38 @@ def test_interruptible_rollouts_train_an_async_run_and_say_which_rollouts_a_publ
 def test_interruptible_is_refused_where_it_is_not_built() -> None:
     with pytest.raises(ValueError, match=r"rollout\.interruptible needs trainer\.mode: async"):
         load_config(None, ["rollout.interruptible=true"])
+
+
+# --- N learner ranks: the gathered state against the shards --------------------------------------------
+
+
+class _TwoRanks:
+    """Rank 0 of two, whose peer reports `other` (what `Ranks.gather_stats` would bring back)."""
+
+    rank, world = 0, 2
+
+    def __init__(self, other: dict[str, tuple[int, bool]]) -> None:
+        self.other = other
+
+    def gather_stats(self, stats: list[dict[str, tuple[int, bool]]]) -> list[dict[str, tuple[int, bool]]]:
+        return [*stats, self.other]
+
+
+def test_a_gather_that_does_not_add_up_to_the_shards_is_caught() -> None:
+    from hone.orchestration.learner_ranks import verify_gather
+
+    model = torch.nn.Linear(4, 3, bias=False)
+    full = model.weight.detach().clone()
+    mine = (bit_sum(full), True)
+    verify_gather(model, {"weight": full}, _TwoRanks({"weight": mine}))  # DDP: two equal replicas
+    with pytest.raises(
+        WeightMismatchError, match=r"gathered weight differs from what learner rank\(s\) \[1\]"
+    ):
+        verify_gather(model, {"weight": full}, _TwoRanks({"weight": (mine[0] + 1, True)}))
+    # FSDP2: rank 0 holds rows 0-1 (a shard), rank 1 row 2; their sums add up to the gathered tensor's.
+    model.weight.to_local = lambda: full[:2]  # type: ignore[attr-defined]
+    verify_gather(model, {"weight": full}, _TwoRanks({"weight": (bit_sum(full[2:]), False)}))
+    flipped = full.clone()
+    _flip_bit(flipped, 11, 0)  # the gather damaged one element of rank 1's row
+    with pytest.raises(WeightMismatchError, match="the gathered weight differs"):
+        verify_gather(model, {"weight": flipped}, _TwoRanks({"weight": (bit_sum(full[2:]), False)}))

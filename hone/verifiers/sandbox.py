@@ -290,8 +290,9 @@ def bwrap_available() -> bool:
 @functools.cache
 def _warn_fallback() -> None:
     logger.warning(
-        "bubblewrap is not usable here: the code sandbox falls back to process limits only "
-        "(no network or file-system isolation; see README 'Reward sandbox'). Install bubblewrap."
+        "bubblewrap is not usable here: the code sandbox falls back to process isolation (limits, a "
+        "network namespace, as root an unprivileged uid and a private /tmp; the host's files stay "
+        "readable where permissions allow; see docs/concepts/rewards-and-eval.md). Install bubblewrap."
     )
 
 
