@@ -282,6 +282,7 @@ def run_arm(name: str, extra: dict[str, object], seconds: float, run_dir: str) -
         "interrupted_frac": _mean(rec.rows, "staleness/interrupted_frac"),
         "staleness_limit": _mean(rec.rows, "staleness/limit"),
         "ess": _mean(rec.rows, "offpolicy/ess"),
+        "ess_seq": _mean(rec.rows, "offpolicy/ess_seq"),
         "learn_s": busy / len(rec.rows),
         "curve": [(r["t"], r["reward/mean"]) for r in rec.rows],
         "eval_reward_start": result.start_eval.get("eval/reward"),

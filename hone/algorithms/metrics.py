@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from math import comb
 
+import torch
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct (Chen et al. 2021, "Evaluating LLMs Trained on Code"):
@@ -46,4 +48,20 @@ def importance_ess(weight_sum: float, weight_square_sum: float, tokens: float) -
     (Kong 1992; the off-policyness signal of `trainer.max_staleness: auto`). 1 when there are none."""
     if not tokens or not weight_square_sum:
         return 1.0
-    return weight_sum**2 / (tokens * weight_square_sum)
+    return min(1.0, weight_sum**2 / (tokens * weight_square_sum))  # ≤ 1 (Cauchy-Schwarz) but for rounding
+
+
+def offpolicy_ess(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """`offpolicy/ess` over the tokens and `offpolicy/ess_seq` over the sequences of a batch, from
+    log π_θ - log π_behav [B, T] and its response mask: a sequence's weight is exp of its tokens' summed
+    log ratios, so its ESS falls as the drift of every token compounds (the token ESS stays near 1)."""
+    tokens = torch.exp(log_ratio) * mask
+    sequences = torch.exp((log_ratio * mask).sum(-1))
+    return {
+        "offpolicy/ess": importance_ess(
+            float(tokens.sum()), float((tokens * tokens).sum()), float(mask.sum())
+        ),
+        "offpolicy/ess_seq": importance_ess(
+            float(sequences.sum()), float((sequences * sequences).sum()), float(len(sequences))
+        ),
+    }

@@ -21,7 +21,7 @@ from hone.algorithms import (
     turn_sums,
 )
 from hone.algorithms.advantages import hyperparameters
-from hone.algorithms.metrics import canary_metrics, importance_ess
+from hone.algorithms.metrics import canary_metrics, offpolicy_ess
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.orchestration.canary import LogprobCanary
 from hone.orchestration.collate import collate, turn_tensors
@@ -195,11 +195,7 @@ class Learner:
             gap = (old_logp - seqs.sampler_log_probs).abs() * seqs.response_mask * fresh[:, None]
             tokens = float((seqs.response_mask * fresh[:, None]).sum())
             canary = canary_metrics(float(gap.sum()), tokens, float(gap.max()) if gap.numel() else 0.0)
-            weights = torch.exp(old_logp - seqs.sampler_log_probs) * seqs.response_mask
-            n = float(seqs.response_mask.sum())
-            canary["offpolicy/ess"] = importance_ess(
-                float(weights.sum()), float((weights * weights).sum()), n
-            )
+            canary |= offpolicy_ess(old_logp - seqs.sampler_log_probs, seqs.response_mask)
         ref_logp = None
         if self.ref_policy is not None:
             ref_logp = _log_probs(self.ref_policy, seqs, self.temperature, micro, shared, ranks)

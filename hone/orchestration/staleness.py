@@ -7,8 +7,11 @@ controller reads three signals the run measures at every step anyway:
 
 * `time/learner_idle_frac`, the share of the step the learner waited for rollouts: η buys throughput only
   while the learner waits; once it never does, more η adds staleness and nothing else;
-* `offpolicy/ess`, the effective sample size of the step's token importance weights π_θ/π_behav (Kish:
-  (Σw)² / (n Σw²), 1 when on-policy), how far the behaviour policies have drifted from the learner;
+* `offpolicy/ess_seq`, the effective sample size of the step's sequence importance weights (Kish:
+  (Σw)² / (n Σw²), w = Π_t π_θ/π_behav over a response's tokens, 1 when on-policy), how far the
+  behaviour policies have drifted from the learner. Sequences, not tokens: measured on
+  `bench/async_bench.py`, the token ESS stayed at 0.94-0.99 even at η = 8 while naive PPO's reward
+  curve fell well below sync's; a sequence's weight compounds its tokens' drift;
 * the reward trend: a fast and a slow moving average of `reward/mean`; the fast one falling below the slow one
   by more than half the reward's typical step-to-step deviation says the curve is turning down.
 
@@ -46,7 +49,7 @@ class StalenessController:
         """Read one step's metrics; return η for the steps admitted from now on, and log it and the
         reward trend into `metrics` (`staleness/limit`, `staleness/reward_trend`)."""
         trend = self._reward_trend(metrics.get("reward/mean"))
-        ess, idle = metrics.get("offpolicy/ess"), metrics.get("time/learner_idle_frac")
+        ess, idle = metrics.get("offpolicy/ess_seq"), metrics.get("time/learner_idle_frac")
         self._since_change += 1
         if self._since_change > HOLD:
             falling = trend is not None and trend < -0.5 * self._deviation

@@ -225,6 +225,11 @@ class RLTrainer(Optimizee):
                 weights = torch.exp(log_probs.detach() - batch.behaviour_logp[rows]) * mask
                 mismatch[5] += float(weights.sum())
                 mismatch[6] += float((weights * weights).sum())
+                # ... and of whole sequences, exp(Σ_t log ratio): what sequence-level credit depends on.
+                sequences = torch.exp(((log_probs.detach() - batch.behaviour_logp[rows]) * mask).sum(-1))
+                mismatch[7] += float(sequences.sum())
+                mismatch[8] += float((sequences * sequences).sum())
+                mismatch[9] += float(len(sequences))
                 if batch.fresh is not None:  # the canary: rows the sampler drew with these very weights
                     fresh = gap.abs() * batch.fresh[rows, None]
                     mismatch[2] += float(fresh.sum())
@@ -251,7 +256,7 @@ class RLTrainer(Optimizee):
         # Until the first optimizer step the policy is the one that sampled, so in sampler mode the
         # first mini-batch's forward gives the sampler/trainer log-prob mismatch without an extra pass.
         # [sum |gap|, tokens] over the mini-batch; then the same over its fresh rows, and their largest gap.
-        mismatch = [0.0] * 7  # ... and the importance weights' sum and sum of squares
+        mismatch = [0.0] * 10  # ... and the importance weights' sums and sums of squares
         watch_mismatch = self.algo.old_log_probs == "sampler"
 
         def micro_losses(mini: torch.Tensor, k: int, sums: dict[str, float]) -> Iterator[torch.Tensor]:
@@ -263,8 +268,17 @@ class RLTrainer(Optimizee):
         gap = self.ranks.sum_metrics({"sum": mismatch[0], "tokens": mismatch[1]})
         if gap["tokens"]:
             out["mismatch/logprob_abs"] = gap["sum"] / gap["tokens"]
-            weights = self.ranks.sum_metrics({"sum": mismatch[5], "squares": mismatch[6]})
+            weights = self.ranks.sum_metrics(
+                {
+                    "sum": mismatch[5],
+                    "squares": mismatch[6],
+                    "seq": mismatch[7],
+                    "seq2": mismatch[8],
+                    "n": mismatch[9],
+                }
+            )
             out["offpolicy/ess"] = importance_ess(weights["sum"], weights["squares"], gap["tokens"])
+            out["offpolicy/ess_seq"] = importance_ess(weights["seq"], weights["seq2"], weights["n"])
         if watch_mismatch and batch.fresh is not None:
             fresh = self.ranks.sum_metrics({"sum": mismatch[2], "tokens": mismatch[3]})
             out |= canary_metrics(fresh["sum"], fresh["tokens"], self.ranks.max_metric(mismatch[4]))
