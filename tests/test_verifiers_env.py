@@ -48,6 +48,27 @@ def test_samples_are_the_taskset_tasks_split_by_task_key(single: type[Environmen
     assert first.answer == str(int(first.messages[1]["content"].split()[2].split("+")[0]) + 1)
 
 
+def test_a_prompt_written_as_a_list_of_messages_loads_and_round_trips() -> None:
+    """verifiers' own multi-turn examples (color_codeword) write the prompt as messages whose `role` is a
+    default; the task stored in the sample must keep it, or loading it back fails on the role union."""
+    from tests.vf_envs_for_tests import SumData
+
+    env = type(make_env(SINGLE, {"n": 8, "messages": True})())
+    sample = env.make_samples(4, 0, "train")[0]
+    assert sample.messages[-1]["role"] == "user" and sample.messages[-1]["content"].startswith("What is")
+    data = SumData.model_validate(sample.meta["verifiers_task"])
+    assert data.prompt[0].role == "user"  # type: ignore[union-attr]
+
+
+def test_image_content_is_refused_in_one_line_naming_the_task() -> None:
+    env = type(make_env(SINGLE, {"n": 8, "image": True})())
+    with pytest.raises(
+        ValueError, match=r"task 'verifiers-train-0-0': a user message holds an image"
+    ) as info:
+        env.make_samples(4, 0, "train")
+    assert "\n" not in str(info.value)
+
+
 async def _verifiers_own_score(sample: Sample, reply: str) -> tuple[dict[str, float], float]:
     """The same completion scored by verifiers alone: its task, its trace, its message graph, its scoring."""
     import verifiers.v1 as vf

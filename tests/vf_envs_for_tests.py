@@ -24,12 +24,26 @@ class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
 
 class SumConfig(vf.TasksetConfig):
     n: int = 40
+    # The prompt as verifiers' own multi-turn examples write it (color_codeword): a list of messages,
+    # each with its default `role`; `image` adds an image part to it.
+    messages: bool = False
+    image: bool = False
 
 
 class SumTaskset(vf.Taskset[SumTask, SumConfig]):
     def load(self) -> Iterator[SumTask]:
         for i in range(self.config.n):
-            data = SumData(prompt=f"What is {i}+1?", system_prompt="Answer with a number.", answer=str(i + 1))
+            question = f"What is {i}+1?"
+            prompt: str | list[vf.UserMessage] = question
+            if self.config.messages or self.config.image:
+                content: vf.types.MessageContent = question
+                if self.config.image:
+                    content = [
+                        vf.types.TextContentPart(text=question),
+                        vf.types.ImageUrlContentPart(image_url=vf.types.ImageUrlSource(url="data:,")),
+                    ]
+                prompt = [vf.UserMessage(content=content)]
+            data = SumData(prompt=prompt, system_prompt="Answer with a number.", answer=str(i + 1))
             yield SumTask(data, self.config.task)
 
 

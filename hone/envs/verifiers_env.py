@@ -179,6 +179,8 @@ class VerifiersEnv(PlayingEnvironment):
                 if cls.eval_args is None and _is_eval(task.key) != (split == "eval"):
                     continue
                 samples.append(_sample(task, f"verifiers-{split}-{seed}-{len(samples)}"))
+        except ImageContentError as exc:
+            raise ValueError(f"{where}: {exc}") from None
         except Exception as exc:  # the taskset's own `load()` failing, as it runs
             raise ValueError(f"{where}: its taskset failed to load: {_one_line(exc)}") from None
         if not samples:
@@ -279,9 +281,12 @@ def _sample(task: Any, sample_id: str) -> Sample:
     answer = getattr(data, "answer", None)
     return Sample(
         id=sample_id,
-        messages=[_to_hone(m) for m in _opening(data)],
+        messages=[_to_hone(m, sample_id) for m in _opening(data)],
         answer=answer if isinstance(answer, str) else None,
-        meta={_TASK_KEY: data.model_dump(mode="json", exclude_defaults=True)},  # the rest: defaults
+        # Every field, defaults included: a message's `role` is a default, and it is what verifiers'
+        # message union is discriminated by (`exclude_defaults` dropped it: a list-of-messages prompt
+        # then failed to load back).
+        meta={_TASK_KEY: data.model_dump(mode="json")},
     )
 
 
@@ -296,10 +301,20 @@ def _opening(data: Any) -> list[Any]:
     return messages
 
 
-def _to_hone(message: Any) -> Message:
-    import verifiers.v1 as vf
-    from verifiers.v1.types import content_text
+class ImageContentError(ValueError):
+    """A task or observation holds image content, which Hone cannot feed a model yet (one line)."""
 
+
+def _to_hone(message: Any, sample_id: str = "") -> Message:
+    import verifiers.v1 as vf
+    from verifiers.v1.types import ImageUrlContentPart, content_text
+
+    if isinstance(message.content, list) and any(isinstance(p, ImageUrlContentPart) for p in message.content):
+        # Dropping the image would train on a question the policy cannot see; refused until vision inputs.
+        raise ImageContentError(
+            f"task {sample_id!r}: a {message.role} message holds an image; Hone has no image inputs yet, so "
+            "image content is refused rather than dropped"
+        )
     out: Message = {"role": message.role, "content": content_text(message.content) or ""}
     if isinstance(message, vf.ToolMessage) and message.name:
         out["name"] = message.name
