@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -225,6 +226,52 @@ def test_refused_requests_get_one_clear_openai_error(tokenizer: PreTrainedTokeni
     assert [line.split(" ", 1)[0] for line in found] == ["400", "400", "404", "404", "400"]
     assert "stream" in found[0] and "n must be 1" in found[1] and "unknown or finished episode" in found[2]
     assert "base_url" in found[3] and "rollout.agent_max_completions" in found[4]
+
+
+def test_what_the_endpoint_cannot_honour_is_refused_by_name_and_tool_choice_none_offers_no_tools(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    seen_prompts: list[list[int]] = []
+
+    def reply(prompt_ids: list[int]) -> str:
+        seen_prompts.append(prompt_ids)
+        return "x"
+
+    with serve(ScriptedSampler(tokenizer, reply), tokenizer) as server:
+        episode = server.open_episode(PARAMS, max_completions=4)
+        messages = [{"role": "user", "content": "hi"}]
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+        async def calls() -> tuple[list[str], Any, Any]:
+            found = []
+            async with openai.AsyncOpenAI(base_url=server.base_url(episode), api_key="x", max_retries=0) as c:
+                image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
+                for extra in [
+                    {"response_format": {"type": "json_object"}},
+                    {"tool_choice": "required", "tools": tools},
+                    {"messages": [{"role": "user", "content": image}]},
+                ]:
+                    try:
+                        await c.chat.completions.create(**{"model": "m", "messages": messages, **extra})
+                    except openai.APIStatusError as e:
+                        found.append(f"{e.status_code} {e.body['message']}")  # type: ignore[index]
+                plain = await c.chat.completions.create(model="m", messages=messages, logprobs=True)
+                no_tools = await c.chat.completions.create(
+                    model="m",
+                    messages=messages,
+                    tools=tools,
+                    tool_choice="none",  # type: ignore[arg-type]
+                )
+            return found, plain, no_tools
+
+        found, plain, no_tools = asyncio.run(calls())
+    assert [line.split(" ", 1)[0] for line in found] == ["400", "400", "400"]
+    assert "response_format" in found[0] and "tool_choice" in found[1] and "image_url" in found[2]
+    tokens = plain.choices[0].logprobs.content  # every sampled token, with the sampler's log-prob
+    assert len(tokens) == plain.usage.completion_tokens and all(t.logprob <= 0.0 for t in tokens)
+    assert "".join(t.token for t in tokens).startswith("x")
+    # tool_choice none: the prompt is rendered as without tools (the same ids as the plain request's)
+    assert no_tools.choices[0].message.content == "x" and seen_prompts[-1] == seen_prompts[-2]
 
 
 async def _answers(client: openai.AsyncOpenAI, sample: Sample) -> float:

@@ -220,6 +220,7 @@ class EndpointServer:
         if episode is None:
             raise RequestError(404, f"unknown or finished episode {episode_id!r}", "episode_not_found")
         messages, tools, cap, stop = _read_request(body)
+        want_logprobs = bool(body.get("logprobs"))
         if episode.lock is None:
             episode.lock = asyncio.Lock()
         async with episode.lock:
@@ -260,7 +261,7 @@ class EndpointServer:
                     "finish_reason": "tool_calls"
                     if message.get("tool_calls")
                     else ("length" if completion.finish_reason == "length" else "stop"),
-                    "logprobs": None,
+                    "logprobs": self._logprobs(completion) if want_logprobs else None,
                 }
             ],
             "usage": {
@@ -269,6 +270,17 @@ class EndpointServer:
                 "total_tokens": len(completion.prompt_ids) + len(completion.completion_ids),
             },
         }
+
+    def _logprobs(self, c: Completion) -> dict[str, Any]:
+        """OpenAI's `choices[].logprobs`: each sampled token with the sampler's log-prob of it (the
+        behaviour log-prob Hone trains with), as `logprobs: true` asks."""
+        content = []
+        for token_id, logprob in zip(c.completion_ids, c.logprobs, strict=True):
+            token = str(self.tokenizer.decode([token_id]))
+            content.append(
+                {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+            )
+        return {"content": content}
 
     def _message(self, c: Completion, stop: list[str]) -> dict[str, Any]:
         """The OpenAI assistant message: text outside tool-call tags as `content`, calls as `tool_calls`
@@ -309,6 +321,32 @@ def _read_request(body: Any) -> tuple[list[dict[str, Any]], list[dict] | None, i
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise RequestError(400, "tools must be a list of tool objects")
+    # Refused, never silently ignored: an agent relying on one would see answers it did not ask for.
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise RequestError(
+            400,
+            f"response_format {json.dumps(response_format)} is not supported by Hone's endpoint "
+            "(free text only)",
+        )
+    if body.get("top_logprobs"):
+        raise RequestError(400, "top_logprobs is not supported by Hone's endpoint (logprobs: true is)")
+    tool_choice = body.get("tool_choice")
+    if tool_choice == "none":
+        tools = None  # no tools offered: the template renders none
+    elif tool_choice not in (None, "auto"):
+        raise RequestError(
+            400, f"tool_choice {json.dumps(tool_choice)} is not supported by Hone's endpoint (auto or none)"
+        )
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") != "text" for p in content
+        ):
+            kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict)} - {"text"})
+            raise RequestError(
+                400, f"message content of type {', '.join(kinds)} is not supported (text only)"
+            )
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     if cap is not None and (not isinstance(cap, int) or cap < 1):
         raise RequestError(400, f"max_tokens must be a positive integer, got {cap!r}")
