@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import signal
@@ -186,6 +187,37 @@ def test_every_trajectory_has_its_own_session(url: str) -> None:
 
     ra, rb = asyncio.run(both())
     assert ra.messages[0]["content"] == "lower" and rb.messages[0]["content"] == "higher"
+
+
+def test_a_server_of_one_session_plays_a_batch_one_episode_at_a_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """OpenEnv's default (`max_concurrent_envs=1`): probed at set-up and said in one line; four episodes
+    started at once all finish, each waiting for the session (unlimited, three would be refused)."""
+    from openenv.core.env_server import create_app
+
+    from hone.envs import openenv as adapter
+    from hone.envs.openenv_games import GuessAction, GuessNumberEnvironment, GuessObservation
+
+    one = create_app(GuessNumberEnvironment, GuessAction, GuessObservation, env_name="guess_number")
+    with _serving(one) as single, caplog.at_level(logging.INFO, logger="hone"):
+        make = make_env("openenv", _adapter_args(single))
+        envs = [make() for _ in range(4)]
+        samples = [Sample(id=str(k), meta={"secret": 10 + k, "high": 64}) for k in range(4)]
+
+        async def play(env: Environment, sample: Sample) -> StepResult:
+            await env.reset(sample)  # type: ignore[misc]
+            result = await env.step(str(10 + int(sample.id)))  # type: ignore[misc]
+            await env.close()  # type: ignore[misc]
+            return result
+
+        async def all_four() -> list[StepResult]:
+            return list(await asyncio.gather(*(play(e, s) for e, s in zip(envs, samples, strict=True))))
+
+        results = asyncio.run(all_four())
+        adapter.stop_servers()
+    assert all(r.done and r.info.get("solved") == 1.0 for r in results)
+    assert "serves 1 session(s) at once (probed)" in caplog.text
 
 
 def test_bad_args_and_an_unreachable_server_fail_at_set_up_in_one_line(url: str) -> None:

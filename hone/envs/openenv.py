@@ -24,6 +24,12 @@ sent as a dict) with `reward` and `done`. Hone's side is `reset(sample) -> messa
   lends its `make_samples` and `demonstration`, e.g. `guess_number`'s games for its OpenEnv port; or
   give the recipe a dataset. `max_turns` is that environment's, unless `env.max_turns` says.
 
+Sessions: an OpenEnv app serves at most `max_concurrent_envs` sessions at once (1 by default: 21 of
+OpenEnv's 30 published apps keep it), and refuses more; Hone plays a batch's episodes at once. So at
+set-up the adapter learns the server's capacity (`max_sessions`, or a probe: sessions opened one after
+another until the server refuses one, at most `_PROBE_SESSIONS`), says it in one line, and an episode
+waits for a free session before its reset (released at its close).
+
 Set-up checks (one line each, at recipe set-up): the server answers `/health`; `action_field` and
 `observation_field`/`info_fields` are fields of the server's `/schema`. An error inside an episode (a
 server error, a lost connection, a timeout of `timeout_s`) ends that episode and is counted in
@@ -32,11 +38,13 @@ server error, a lost connection, a timeout of `timeout_s`) ends that episode and
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import ctypes
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -53,8 +61,10 @@ from hone.envs.base import Environment, Message, StepResult, register_env, regis
 from hone.plugins import load_object
 from hone.types import Sample
 
+log = logging.getLogger("hone")
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 5
+_PROBE_SESSIONS = 64  # sessions a capacity probe opens at most: more than a step's episodes rarely need
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -161,6 +171,7 @@ def stop_servers() -> None:
         servers = list(_SERVERS.values())
         _SERVERS.clear()
         _CHECKED.clear()
+        _SESSIONS.clear()  # the next run learns each server's capacity again
     for server in servers:
         server.stop()
 
@@ -211,6 +222,63 @@ def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> N
     _CHECKED.add(key)
 
 
+# Each server's free sessions (by URL), shared by every episode of this process: a thread-safe counter,
+# since async producers play episodes in several event loops.
+_SESSIONS: dict[str, threading.BoundedSemaphore] = {}
+
+
+async def _probe(url: str, reset_args: dict[str, Any], timeout_s: float) -> int | None:
+    """How many sessions the server at `url` holds at once: opened one after another (each reset with
+    `reset_args`) until one is refused, at most `_PROBE_SESSIONS`; None if not even one opens."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    clients: list[Any] = []
+    try:
+        for _ in range(_PROBE_SESSIONS):
+            client = GenericEnvClient(url, connect_timeout_s=timeout_s, message_timeout_s=timeout_s)
+            try:
+                await client.reset(**reset_args)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    await client.close()
+                return len(clients) or None
+            clients.append(client)
+        return len(clients)
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+def _session_slots(url: str, max_sessions: int | None, reset_args: dict[str, Any], timeout_s: float) -> Any:
+    """The semaphore of the server's sessions (learnt once per URL), or None when its capacity is unknown."""
+    with _LOCK:
+        if url in _SESSIONS:
+            return _SESSIONS[url]
+    how = "env.args.max_sessions"
+    if max_sessions is None:
+        found: list[int | None] = []
+        thread = threading.Thread(  # a loop of its own: set-up may run inside the rollout's event loop
+            target=lambda: found.append(asyncio.run(_probe(url, reset_args, timeout_s))), daemon=True
+        )
+        thread.start()
+        thread.join(timeout=timeout_s * 2)
+        max_sessions, how = (found[0] if found else None), "probed"
+    if max_sessions is None:
+        log.warning("openenv: could not probe how many sessions %s serves; episodes are not limited", url)
+        return None
+    log.info(
+        "openenv: the server at %s serves %d session(s) at once (%s): episodes beyond that wait for a free "
+        "one%s",
+        url,
+        max_sessions,
+        how,
+        "" if max_sessions >= _PROBE_SESSIONS else " (raise its max_concurrent_envs to play more at once)",
+    )
+    with _LOCK:
+        return _SESSIONS.setdefault(url, threading.BoundedSemaphore(max_sessions))
+
+
 def _function(spec: str, what: str) -> Callable[..., Any]:
     fn = load_object(spec, what=f"env.args.{what}")
     if not callable(fn):
@@ -239,6 +307,7 @@ class OpenEnv(Environment):
         samples_args: dict[str, Any] | None = None,
         start_timeout_s: float = 60.0,
         timeout_s: float = 60.0,
+        max_sessions: int | None = None,
     ) -> None:
         if importlib.util.find_spec("openenv") is None:
             raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[agents]' in a Hone clone")
@@ -281,6 +350,10 @@ class OpenEnv(Environment):
         fields = {"action": [] if action else [action_field]}
         fields["observation"] = [*([] if render else [observation_field]), *self.info_fields]
         _check_server(self.url, fields, min(timeout_s, 10.0))
+        if max_sessions is not None and max_sessions < 1:
+            raise ValueError(f"env.args.max_sessions must be >= 1, got {max_sessions}")
+        self._slots = _session_slots(self.url, max_sessions, self.reset_args, min(timeout_s, 10.0))
+        self._holds_slot = False
         self._client: Any = None
 
     @classmethod
@@ -311,6 +384,10 @@ class OpenEnv(Environment):
         from openenv.core.generic_client import GenericEnvClient
 
         await self.close()
+        if self._slots is not None:  # wait for a free session (another episode's close frees one)
+            while not self._slots.acquire(blocking=False):
+                await asyncio.sleep(0.01)
+            self._holds_slot = True
         self._client = GenericEnvClient(
             self.url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
         )
@@ -333,8 +410,13 @@ class OpenEnv(Environment):
 
     async def close(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        try:
+            if client is not None:
+                await client.close()
+        finally:
+            if self._holds_slot:
+                self._holds_slot = False
+                self._slots.release()
 
     def _messages(self, observation: dict[str, Any]) -> list[Message]:
         if self._render is not None:
