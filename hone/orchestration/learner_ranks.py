@@ -50,14 +50,13 @@ from hone.orchestration.rl_start import (
 )
 from hone.orchestration.warmstart import SFTData, SFTSettings, train_sft
 from hone.orchestration.weights import WeightChannel
-from hone.rollout.fingerprint import WeightMismatchError, bit_sum
+from hone.rollout.fingerprint import WeightMismatchError, add_sums, bit_sum
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer
 from hone.training.distributed import Ranks, full_state_dict, init_ranks
 from hone.training.models import load_policy
 from hone.training.policy import Policy
 
 log = logging.getLogger("hone")
-_BIT_SUM_MASK = (1 << 64) - 1
 
 COMMAND_WAIT = timedelta(days=7)
 
@@ -147,8 +146,7 @@ def verify_gather(model: torch.nn.Module, state: dict[str, torch.Tensor], ranks:
         if all(whole for _, whole in held):
             wrong = [k for k, (value, _) in enumerate(held) if value != gathered]
         else:
-            total = sum(value for value, _ in held) & _BIT_SUM_MASK
-            wrong = [] if total == gathered else list(range(len(held)))
+            wrong = [] if add_sums([value for value, _ in held]) == gathered else list(range(len(held)))
         if wrong:
             raise WeightMismatchError(
                 f"the gathered {name} differs from what learner rank(s) {wrong} hold: the weights published "

@@ -69,6 +69,11 @@ def bit_sum(tensor: torch.Tensor) -> int:
     return total & _MASK
 
 
+def add_sums(values: Collection[int]) -> int:
+    """Bit sums of the parts of one tensor (its shards) added as the whole's is: modulo 2^64."""
+    return sum(values) & _MASK
+
+
 def fingerprint(
     tensors: Mapping[str, torch.Tensor],
     *,
