@@ -15,10 +15,13 @@ import ctypes
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -638,7 +641,9 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to an unprivileged trainer needs root")
-def test_a_trainer_that_is_not_root_isolates_the_network_where_the_kernel_allows_it(tmp_path: Path) -> None:
+def test_a_trainer_that_is_not_root_isolates_the_network_where_the_kernel_allows_it(
+    request: pytest.FixtureRequest,
+) -> None:
     """Without bubblewrap and without root, the boot code enters an unprivileged user + network namespace:
     the host's loopback is out of reach, and the rest of the battery still holds."""
     nobody = 65534
@@ -646,12 +651,16 @@ def test_a_trainer_that_is_not_root_isolates_the_network_where_the_kernel_allows
         python = sandbox._shared_python()  # the trainer's own may sit under a private home
     except RuntimeError as e:
         pytest.skip(str(e))
-    source = Path(sandbox.__file__)
-    if not all(os.access(p, os.R_OK | os.X_OK) for p in [*map(Path, sandbox._ancestors(str(source.parent)))]):
-        pytest.skip(f"{source} is not readable by other users here")
-    work = tmp_path / "nobody"
-    work.mkdir()
+    # Not under pytest's tmp_path: its parents are private to root. /tmp (1777) is reachable by others.
+    work = Path(tempfile.mkdtemp(prefix="hone-nobody-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
     os.chown(work, nobody, nobody)
+    # The trainer's own copy of the sandbox, where `nobody` can read it (a clone may sit in a private dir).
+    source = work / "sandbox.py"
+    shutil.copyfile(sandbox.__file__, source)
+    os.chmod(source, 0o644)
+    if not all(os.stat(p).st_mode & stat.S_IXOTH for p in sandbox._ancestors(str(work))):
+        pytest.skip(f"{work} is not reachable by other users here")
     done = subprocess.run(
         [python, "-I", "-c", _NOT_ROOT_BATTERY, str(source)],
         capture_output=True,
