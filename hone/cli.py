@@ -29,7 +29,7 @@ from hone.config import ConfigError, HoneConfig, load_config
 from hone.data.errors import HoneDataError
 from hone.data.splits import check_data_files
 from hone.errors import HoneError
-from hone.orchestration.signals import signals_interrupt
+from hone.signals import signals_interrupt
 
 if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult

@@ -294,6 +294,30 @@ def test_ctrl_c_is_one_line_saying_where_and_how_to_resume(
     assert Checkpointer(run).latest() == run / "checkpoints" / "step-3"
 
 
+class _SignalledInFinalizer:
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGTERM)  # the handler's KeyboardInterrupt is swallowed here
+
+
+def sigterm_in_a_finalizer_after_step_2(step: int, metrics: Mapping[str, float]) -> None:
+    """A `run.callbacks` entry: SIGTERM arrives while the garbage collector runs an object's `__del__`."""
+    if step == 2:
+        _SignalledInFinalizer()
+
+
+def test_a_signal_swallowed_by_a_finalizer_still_ends_the_run(
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CI once saw SIGTERM's KeyboardInterrupt raised inside a library's `Group.__del__` ("Exception
+    ignored in ..."): the run went on and the test timed out."""
+    callbacks = {"run.callbacks": '["tests.test_cli:sigterm_in_a_finalizer_after_step_2"]', "run.steps": 5}
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir, **callbacks)]) == 128 + signal.SIGTERM
+    resume = f"resume with `hone train --resume {tmp_path / 'r'}`"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"hone: interrupted at step 2; last checkpoint step 2; {resume}"
+    ]
+
+
 def test_a_callback_that_cannot_be_imported_is_one_line(
     tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

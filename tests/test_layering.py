@@ -20,7 +20,19 @@ HONE = Path(__file__).resolve().parents[1] / "hone"
 
 # `errors` (the `HoneError` base) and `plugins` (the `pkg.mod:attr` loader) serve every package: leaves.
 LEAVES = frozenset(
-    {"types", "aio", "seeding", "registry", "verifiers", "config", "tracking", "errors", "plugins", "version"}
+    {
+        "types",
+        "aio",
+        "seeding",
+        "registry",
+        "verifiers",
+        "config",
+        "tracking",
+        "errors",
+        "plugins",
+        "version",
+        "signals",
+    }
 )
 _FEEDS = frozenset({"data", "models"})  # "feed both sides"
 _ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout", "control"}

@@ -47,6 +47,7 @@ from hone.orchestration.control_checkpoint import (
 )
 from hone.orchestration.control_ppo import PLOT_METRICS, collect, schedule, train_on
 from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
+from hone.signals import raise_if_signalled
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.checkpoint import Checkpointer
@@ -147,6 +148,7 @@ def _run(
     started, steps_before = time.perf_counter(), state.env_steps
     with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
         for it in range(state.step, iterations):
+            raise_if_signalled()
             remaining = schedule(cfg.trainer.schedule, it, iterations)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.trainer.lr * remaining

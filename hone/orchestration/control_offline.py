@@ -45,6 +45,7 @@ from hone.orchestration.control_checkpoint import PolicyFolder, open_control_run
 from hone.orchestration.control_offpolicy import check_action_space, env_step
 from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
 from hone.orchestration.offline_learners import Learner, make_learner
+from hone.signals import raise_if_signalled
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer, Part
@@ -182,6 +183,7 @@ def _run(
     with Progress(total=total, enabled=cfg.logging.progress, description="offline") as progress:
         try:
             for step in range(state.step + 1, total + 1):
+                raise_if_signalled()
                 if step <= offline_steps:
                     done = (step - 1) * control.updates_per_step
                     updates = min(control.updates_per_step, control.offline_updates - done)

@@ -66,6 +66,7 @@ from hone.orchestration.control_checkpoint import (
     save_every,
 )
 from hone.orchestration.lifecycle import RunInterrupted, open_run_log, where_stopped
+from hone.signals import raise_if_signalled
 from hone.tracking import Progress, plot_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.checkpoint import Checkpointer
@@ -322,6 +323,7 @@ def _run(
     started, steps_before = time.perf_counter(), state.env_steps
     with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
         for it in range(state.step, iterations):
+            raise_if_signalled()
             sums: dict[str, float] = {}
             counts: dict[str, int] = {}
             for _ in range(t):

@@ -50,6 +50,7 @@ from hone.orchestration.staleness import StalenessController
 from hone.orchestration.warmstart import SFTData
 from hone.orchestration.warmstart import sft_data as make_sft_data
 from hone.plugins import load_object
+from hone.signals import raise_if_signalled
 from hone.tracking import (
     METRICS_FILE,
     MetricsLogger,
@@ -293,6 +294,7 @@ def _train(
         logged as sample_log,
     ):
         while step < cfg.run.steps:
+            raise_if_signalled()
             groups, metrics = learn_step(step, rollouts, learner, lead)
             if staleness is not None:  # `trainer.max_staleness: auto`: η for the steps admitted next
                 rollouts.ahead = staleness.update(metrics)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hone.signals import raise_if_signalled
 from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.optim import adamw_stepper, build_scheduler, epoch_batches
 
@@ -122,6 +123,7 @@ def fit(
     model.train()
     try:
         for step in range(1, settings.steps + 1):
+            raise_if_signalled()
             if out_of_time():
                 break
             indices = next(batches)
