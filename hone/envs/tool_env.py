@@ -39,7 +39,11 @@ class ToolEnv(Environment):
     max_output_chars: ClassVar[int] = 4000  # a tool's text is cut here: observations cost context
 
     def __init__(
-        self, tools: list[Tool], parser: str | ToolCallParser = "hermes", max_calls_per_turn: int = 4
+        self,
+        tools: list[Tool],
+        parser: str | ToolCallParser = "hermes",
+        max_calls_per_turn: int = 4,
+        max_calls_per_episode: int | None = None,
     ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -48,7 +52,11 @@ class ToolEnv(Environment):
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         self._tools = {t.name: t for t in tools}
         self.parser = get_parser(parser)
+        if max_calls_per_episode is not None and max_calls_per_episode < 1:
+            raise ValueError(f"max_calls_per_episode must be >= 1, got {max_calls_per_episode}")
         self.max_calls_per_turn = max_calls_per_turn
+        self.max_calls_per_episode = max_calls_per_episode
+        self.calls_left = max_calls_per_episode  # one instance plays one episode
 
     # A read-only property where `Environment` declares a plain attribute: mypy calls that an override.
     @property
@@ -64,13 +72,23 @@ class ToolEnv(Environment):
         if not calls:
             result = self.finish(assistant_message)
             return await result if inspect.isawaitable(result) else result
-        kept, dropped = calls[: self.max_calls_per_turn], calls[self.max_calls_per_turn :]
+        allowed = (
+            self.max_calls_per_turn
+            if self.calls_left is None
+            else min(self.max_calls_per_turn, self.calls_left)
+        )
+        kept, dropped = calls[:allowed], calls[allowed:]
+        if self.calls_left is not None:
+            self.calls_left -= len(kept)
         outcomes = await asyncio.gather(*(self._run(call) for call in kept))
         messages = [_tool_message(name, text) for name, text, _ in outcomes]
         kinds = [kind for _, _, kind in outcomes]
         if dropped:
-            note = f"Error: at most {self.max_calls_per_turn} tool calls per turn; {len(dropped)} not run"
-            messages.append(_tool_message("error", note))
+            if allowed < self.max_calls_per_turn:
+                note = f"Error: the episode's {self.max_calls_per_episode} tool calls are spent"
+            else:
+                note = f"Error: at most {self.max_calls_per_turn} tool calls per turn"
+            messages.append(_tool_message("error", f"{note}; {len(dropped)} not run"))
         info = {
             "tool_calls": float(len(calls)),
             "tool_errors": float(kinds.count("error") + len(dropped)),
