@@ -383,6 +383,37 @@ def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_
     assert odd.metrics["env/errors"] == 1.0 and odd.response_len == 0
 
 
+def test_a_run_most_of_whose_episodes_fail_stops_and_one_that_loses_a_few_goes_on(
+    micro_model_dir: Path,
+) -> None:
+    """An OpenEnv app of one session used to lose 7 of 8 episodes of every batch while `hone train` went
+    on: once a batch and the run so far both lost more than half (after 16 episodes), the run stops."""
+    from hone.rollout.episodes import play_sync
+    from hone.rollout.multiturn import EpisodeLimits, Episodes, MostEpisodesFailedError
+    from hone.training.policy import Policy
+    from hone.types import SamplingParams
+    from tests.helpers import Scripted
+
+    tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
+    limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=4, max_total_tokens=64)
+    mostly = [Sample("ok", prompt="p"), *(Sample("broken", prompt="p") for _ in range(3))]
+    few = [Sample("ok", prompt="p"), Sample("ok", prompt="p"), Sample("ok", prompt="p"), mostly[1]]
+
+    def batches(samples: list[Sample], n: int) -> int:
+        episodes = Episodes(FailsOn, limits)
+        for played in range(n):
+            try:
+                play_sync(Scripted(tok, ["fine"]), tok, episodes, samples, SamplingParams(n=1))
+            except MostEpisodesFailedError as stop:
+                assert str(stop).startswith("12 of the run's 16 episodes ended on an environment error (3 of")
+                assert "server gone" in str(stop)
+                return played + 1
+        return n
+
+    assert batches(mostly, 10) == 4  # 3 of 4 lost each batch: stopped at the 16th episode
+    assert batches(few, 10) == 10  # 1 of 4 lost: counted in env/errors, the run goes on
+
+
 def test_training_through_the_adapter_equals_training_on_the_builtin_game(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:

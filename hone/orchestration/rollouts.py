@@ -47,6 +47,7 @@ from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.orchestration.replay import is_replayed
 from hone.rewards.scoring import RewardOutageError
 from hone.rollout.fingerprint import WeightMismatchError
+from hone.rollout.multiturn import MostEpisodesFailedError
 from hone.types import Sample
 
 log = logging.getLogger("hone")
@@ -123,7 +124,7 @@ class ProducerError(HoneError, RuntimeError):
 
 
 # Deliberate stops, not faults: producing the step again would only repeat them.
-_NOT_RETRIED = (RewardOutageError, WeightMismatchError)
+_NOT_RETRIED = (RewardOutageError, WeightMismatchError, MostEpisodesFailedError)
 
 
 def produce_with_retries(

@@ -17,7 +17,9 @@ An environment that raises (in `reset`, `step` or its own `play`: a server error
 ends that episode, not the run: the rollout's `env/errors` metric is 1 (0 otherwise), the first error of
 a batch is logged, and the producer leaves the episode out of training. A batch whose every episode
 failed raises instead (a server down for good, a broken environment: the producer retries the step,
-then the run stops with one line). Every environment's `close()` is called when its episode ends,
+then the run stops with one line), and so does a run most of whose episodes fail: once a batch and the
+run so far both lost more than half (after 16 episodes), `MostEpisodesFailedError` stops it, not retried.
+Every environment's `close()` is called when its episode ends,
 however it ended.
 
 A rollout's `response_text`, what text rewards score, is the final assistant message; `messages` holds the
@@ -29,12 +31,13 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from hone.envs import Environment, Message, StepResult
+from hone.errors import HoneError
 from hone.rollout.base import GenerationRequest, Sampler
 from hone.rollout.episodes import EpisodeResult, Job, Model, bind, play_sync
 from hone.rollout.trajectory import ObservationRenderer, Trajectory, completion_of, render_prompt
@@ -235,13 +238,27 @@ async def _played(episode: _EnvTurns, play: Callable[..., Awaitable[StepResult]]
     return episode.result()
 
 
+class MostEpisodesFailedError(HoneError, RuntimeError):
+    """Most of a run's episodes ended on an environment error: a deliberate stop, not retried (an
+    environment that serves one episode of a batch, a broken server), where going on would train on the
+    few that survived."""
+
+
+# A run stops once a batch and the run so far both lost more than half their episodes, after this many
+# episodes (one unlucky small batch is not a trend).
+_MOST_FAILED_AFTER = 16
+
+
 @dataclass
 class Episodes:
-    """How to play a multi-turn run: a fresh environment per episode, and the limits."""
+    """How to play a multi-turn run: a fresh environment per episode, and the limits. It tallies the
+    episodes played and failed over the run (`MostEpisodesFailedError`)."""
 
     make_env: Callable[[], Environment]
     limits: EpisodeLimits
     multi_turn: bool = True
+    played: int = field(default=0, init=False)
+    failed: int = field(default=0, init=False)
 
     def jobs(
         self, model: Model, samples: Sequence[Sample], params: SamplingParams, *, last_only: bool = False
@@ -260,8 +277,19 @@ class Episodes:
 
     def collect(self, results: list[EpisodeResult]) -> tuple[list[Rollout], dict[str, float]]:
         failures = [r for r in results if r.error is not None]
+        self.played, self.failed = self.played + len(results), self.failed + len(failures)
         if failures:
             first = failures[0]
+            if (
+                self.played >= _MOST_FAILED_AFTER
+                and 2 * len(failures) > len(results)
+                and 2 * self.failed > self.played
+            ):
+                raise MostEpisodesFailedError(
+                    f"{self.failed} of the run's {self.played} episodes ended on an environment error "
+                    f"({len(failures)} of the last {len(results)}), so the run stops; the first of the last, "
+                    f"{first.error}"
+                ) from first.cause
             if len(failures) == len(results):  # a server down for good, a broken environment
                 raise RuntimeError(
                     f"every one of {len(results)} episodes ended on an environment error; the first, "
