@@ -220,6 +220,47 @@ def test_a_server_of_one_session_plays_a_batch_one_episode_at_a_time(
     assert "serves 1 session(s) at once (probed)" in caplog.text
 
 
+def test_a_pool_of_started_one_session_servers_plays_episodes_side_by_side(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`env.args.servers: 2` of a one-session app: Hone starts both, says so in one line, and four episodes
+    started at once share the two sessions; every server stops with the run."""
+    from hone.envs import openenv as adapter
+
+    args = {"app": "tests.openenv_apps_for_tests:one_session", "servers": 2, "info_fields": ["solved"]}
+    with caplog.at_level(logging.INFO, logger="hone"):
+        make = make_env("openenv", args)
+        envs = [make() for _ in range(4)]
+    samples = [Sample(id=str(k), meta={"secret": 10 + k, "high": 64}) for k in range(4)]
+    used: list[str] = []
+
+    async def play(env: Environment, sample: Sample) -> StepResult:
+        await env.reset(sample)  # type: ignore[misc]
+        used.append(id(env._slots))  # type: ignore[attr-defined]  # the session semaphore of its server
+        await asyncio.sleep(0.2)  # hold the session while the others start
+        result = await env.step(str(10 + int(sample.id)))  # type: ignore[misc]
+        await env.close()  # type: ignore[misc]
+        return result
+
+    async def all_four() -> list[StepResult]:
+        return list(await asyncio.gather(*(play(e, s) for e, s in zip(envs, samples, strict=True))))
+
+    servers = list(adapter._SERVERS.values())
+    try:
+        results = asyncio.run(all_four())
+    finally:
+        adapter.stop_servers()
+    assert all(r.done and r.info.get("solved") == 1.0 for r in results)
+    assert len(servers) == 2 and len(set(used)) == 2  # both servers played
+    assert "serves 1 session(s) at once (probed)" in caplog.text
+    assert re.search(
+        r"openenv: 2 servers of `.*tests.openenv_apps_for_tests:one_session.*` started", caplog.text
+    )
+    assert all(s.process.poll() is not None for s in servers)
+    with pytest.raises(ValueError, match="more than 1 only for a server Hone starts"):
+        make_env("openenv", {"url": "http://127.0.0.1:1", "servers": 2})
+
+
 def test_bad_args_and_an_unreachable_server_fail_at_set_up_in_one_line(url: str) -> None:
     closed = f"http://127.0.0.1:{_free_port()}"
     cases = {

@@ -28,7 +28,9 @@ Sessions: an OpenEnv app serves at most `max_concurrent_envs` sessions at once (
 OpenEnv's 30 published apps keep it), and refuses more; Hone plays a batch's episodes at once. So at
 set-up the adapter learns the server's capacity (`max_sessions`, or a probe: sessions opened one after
 another until the server refuses one, at most `_PROBE_SESSIONS`), says it in one line, and an episode
-waits for a free session before its reset (released at its close).
+waits for a free session before its reset (released at its close). For more at once without editing the
+app: `servers: K` starts K copies of a started server (`app`/`command`; said in one line), each of the
+first one's capacity, and an episode takes a free session on any of them.
 
 Set-up checks (one line each, at recipe set-up): the server answers `/health`; `action_field` and
 `observation_field`/`info_fields` are fields of the server's `/schema`. An error inside an episode (a
@@ -154,8 +156,9 @@ _SERVERS: dict[str, _Server] = {}
 _LOCK = threading.Lock()
 
 
-def _started_server(argv: list[str], start_timeout_s: float) -> _Server:
-    key = json.dumps(argv)
+def _started_server(argv: list[str], start_timeout_s: float, index: int = 0) -> _Server:
+    """The run's `index`-th server of `argv` (`env.args.servers`), started on first use."""
+    key = json.dumps([argv, index])
     with _LOCK:
         server = _SERVERS.get(key)
         if server is None:
@@ -172,6 +175,8 @@ def stop_servers() -> None:
         _SERVERS.clear()
         _CHECKED.clear()
         _SESSIONS.clear()  # the next run learns each server's capacity again
+        _CAPACITY.clear()
+        _ANNOUNCED.clear()
     for server in servers:
         server.stop()
 
@@ -225,6 +230,9 @@ def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> N
 # Each server's free sessions (by URL), shared by every episode of this process: a thread-safe counter,
 # since async producers play episodes in several event loops.
 _SESSIONS: dict[str, threading.BoundedSemaphore] = {}
+_CAPACITY: dict[str, int] = {}
+_ANNOUNCED: set[str] = set()  # pools said in one line already
+_NEXT = 0  # round robin over a pool of servers whose capacity is unknown
 
 
 async def _probe(url: str, reset_args: dict[str, Any], timeout_s: float) -> int | None:
@@ -276,7 +284,21 @@ def _session_slots(url: str, max_sessions: int | None, reset_args: dict[str, Any
         "" if max_sessions >= _PROBE_SESSIONS else " (raise its max_concurrent_envs to play more at once)",
     )
     with _LOCK:
+        _CAPACITY[url] = max_sessions
         return _SESSIONS.setdefault(url, threading.BoundedSemaphore(max_sessions))
+
+
+def _capacity(url: str) -> int | None:
+    with _LOCK:
+        return _CAPACITY.get(url)
+
+
+def _pool_slots(url: str, capacity: int | None) -> Any:
+    """The semaphore of a pool server whose capacity its first sibling told."""
+    if capacity is None:
+        return None
+    with _LOCK:
+        return _SESSIONS.setdefault(url, threading.BoundedSemaphore(capacity))
 
 
 def _function(spec: str, what: str) -> Callable[..., Any]:
@@ -308,6 +330,7 @@ class OpenEnv(Environment):
         start_timeout_s: float = 60.0,
         timeout_s: float = 60.0,
         max_sessions: int | None = None,
+        servers: int = 1,
     ) -> None:
         if importlib.util.find_spec("openenv") is None:
             raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[agents]' in a Hone clone")
@@ -329,6 +352,11 @@ class OpenEnv(Environment):
             if not isinstance(self._source, Environment):
                 raise ValueError(f"env.args.samples {samples!r} is not an environment")
             self.max_turns = self._source.max_turns
+        if servers < 1 or (servers > 1 and url is not None):
+            raise ValueError(
+                f"env.args.servers must be >= 1, and more than 1 only for a server Hone starts (app or "
+                f"command), got {servers}{' with url' if url is not None else ''}"
+            )
         self._server: _Server | None = None
         if url is not None:
             self.url = url.rstrip("/")
@@ -344,16 +372,25 @@ class OpenEnv(Environment):
                     raise ValueError(
                         "env.args.command must contain '{port}', where Hone puts the free port it picked"
                     )
-            self._server = _started_server(argv, start_timeout_s)
-            self._server.check_alive()
+            pool = [_started_server(argv, start_timeout_s, i) for i in range(servers)]
+            for server in pool:
+                server.check_alive()
+            self._server = pool[0]
             self.url = self._server.url
         fields = {"action": [] if action else [action_field]}
         fields["observation"] = [*([] if render else [observation_field]), *self.info_fields]
         _check_server(self.url, fields, min(timeout_s, 10.0))
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"env.args.max_sessions must be >= 1, got {max_sessions}")
-        self._slots = _session_slots(self.url, max_sessions, self.reset_args, min(timeout_s, 10.0))
-        self._holds_slot = False
+        slots = _session_slots(self.url, max_sessions, self.reset_args, min(timeout_s, 10.0))
+        # Every server of a pool runs the same program: the first one's capacity is each one's.
+        self._pool: list[tuple[str, Any]] = [(self.url, slots)]
+        if servers > 1:
+            capacity = None if slots is None else _capacity(self.url)
+            self._pool += [(server.url, _pool_slots(server.url, capacity)) for server in pool[1:]]
+            if self._first_of_run(pool):
+                log.info("openenv: %d servers of `%s` started (env.args.servers)", servers, " ".join(argv))
+        self._slots: Any = None
         self._client: Any = None
 
     @classmethod
@@ -384,12 +421,9 @@ class OpenEnv(Environment):
         from openenv.core.generic_client import GenericEnvClient
 
         await self.close()
-        if self._slots is not None:  # wait for a free session (another episode's close frees one)
-            while not self._slots.acquire(blocking=False):
-                await asyncio.sleep(0.01)
-            self._holds_slot = True
+        url = await self._free_server()
         self._client = GenericEnvClient(
-            self.url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
+            url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
         )
         result = await self._client.reset(**{**self.reset_args, **sample.meta})
         return self._messages(result.observation)
@@ -414,9 +448,31 @@ class OpenEnv(Environment):
             if client is not None:
                 await client.close()
         finally:
-            if self._holds_slot:
-                self._holds_slot = False
-                self._slots.release()
+            slots, self._slots = self._slots, None
+            if slots is not None:
+                slots.release()
+
+    async def _free_server(self) -> str:
+        """The URL of a server with a free session, held until `close` (servers of unknown capacity: the
+        episodes are spread over the pool)."""
+        global _NEXT
+        unlimited = [url for url, slots in self._pool if slots is None]
+        if unlimited:
+            _NEXT += 1
+            return unlimited[_NEXT % len(unlimited)]
+        while True:  # another episode's close frees one
+            for url, slots in self._pool:
+                if slots.acquire(blocking=False):
+                    self._slots = slots
+                    return url
+            await asyncio.sleep(0.01)
+
+    @staticmethod
+    def _first_of_run(pool: list[_Server]) -> bool:
+        with _LOCK:
+            first = pool[0].url not in _ANNOUNCED
+            _ANNOUNCED.add(pool[0].url)
+        return first
 
     def _messages(self, observation: dict[str, Any]) -> list[Message]:
         if self._render is not None:
