@@ -26,8 +26,9 @@ import yaml
 
 from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env
 from hone.envs.openenv import _SERVERS
-from hone.types import Sample
-from tests.helpers import wait_for
+from hone.rollout.base import GenerationRequest
+from hone.types import Rollout, Sample, SamplingParams
+from tests.helpers import Scripted, wait_for
 
 APP = "hone.envs.openenv_games:app"
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,6 +260,80 @@ def test_a_pool_of_started_one_session_servers_plays_episodes_side_by_side(
     assert all(s.process.poll() is not None for s in servers)
     with pytest.raises(ValueError, match="more than 1 only for a server Hone starts"):
         make_env("openenv", {"url": "http://127.0.0.1:1", "servers": 2})
+
+
+class _ByTurn(Scripted):
+    """`Scripted` by each episode's own turn (the k-th reply for its k-th turn), not by the k-th call: with
+    fewer sessions than episodes, a turn's episodes are sampled in more than one call."""
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
+        out = []
+        for r in requests:
+            turn = self.tokenizer.decode(r.prompt_ids).count("assistant:") - 1
+            ids = [*self.tokenizer.encode(self.replies[turn], add_special_tokens=False), self.end]
+            out.append(
+                Rollout(
+                    r.sample_id,
+                    r.group_id,
+                    r.prompt_ids + ids,
+                    len(r.prompt_ids),
+                    [1] * len(ids),
+                    [0.0] * len(ids),
+                    self.replies[turn],
+                )
+            )
+        return out
+
+
+def test_the_app_openenv_init_generates_plays_token_for_token(tmp_path: Path, micro_model_dir: Path) -> None:
+    """Held out: the environment `openenv init` writes (openenv-core's own echo app, one session by default,
+    code nobody here wrote), started by Hone as a pool of two servers. Each reply is echoed back with reward
+    0.1 per character; the trajectory is exactly the template's rendering of the conversation."""
+    from hone.envs import openenv as adapter
+    from hone.rollout.multiturn import EpisodeLimits, run_episodes
+    from hone.training.policy import Policy
+    from hone.types import SamplingParams
+
+    init = [
+        str(Path(sys.executable).with_name("openenv")),
+        "init",
+        "echo_probe",
+        "--output-dir",
+        str(tmp_path),
+    ]
+    subprocess.run(init, check=True, capture_output=True, timeout=120)
+    app_dir = tmp_path / "echo_probe"
+    serve = [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "server.app:app"]
+    args = {
+        "command": [*serve, "--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"],
+        "servers": 2,
+        "observation_field": "echoed_message",
+        "info_fields": ["message_length"],
+    }
+    tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
+    make = make_env("openenv", args)
+    limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=8, max_total_tokens=256)
+    samples = [Sample("a", prompt="unused"), Sample("b", prompt="unused")]
+    try:
+        rollouts = run_episodes(
+            _ByTurn(tok, ["hello", "hi"]), tok, make, samples, SamplingParams(n=2), limits
+        )
+    finally:
+        adapter.stop_servers()
+    assert len(rollouts) == 4
+    opening = tok.apply_chat_template(
+        [{"role": "user", "content": "Echo Probe environment ready!"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    hello, hi = ([*tok.encode(text, add_special_tokens=False), tok.eos_token_id] for text in ("hello", "hi"))
+    echo = tok.encode("\nuser: hello\nassistant: ", add_special_tokens=False)
+    for r in rollouts:
+        assert r.metrics["env/errors"] == 0.0 and r.metrics["env/message_length"] == 7.0
+        assert r.turn_rewards == pytest.approx([0.5, 0.2])  # the app's reward: 0.1 per character
+        assert r.token_ids[: r.prompt_len] == tok.encode(opening, add_special_tokens=False)
+        assert r.response_ids == hello + echo + hi
+        assert r.loss_mask == [1] * len(hello) + [0] * len(echo) + [1] * len(hi)
 
 
 def test_bad_args_and_an_unreachable_server_fail_at_set_up_in_one_line(url: str) -> None:

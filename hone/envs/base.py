@@ -14,9 +14,11 @@ a run share (a server process) is released by `release_envs()` when the run ends
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -103,6 +105,27 @@ class PlayingEnvironment(Environment):
 
     def step(self, assistant_message: str) -> StepResult:
         raise TypeError(f"{type(self).__name__} plays itself: the rollout loop calls play(sample, chat)")
+
+
+# Set by the rollout loop for each episode's task: `waiting_on_other_episodes` tells it through this.
+EPISODE_WAITS: contextvars.ContextVar[Callable[[bool], None] | None] = contextvars.ContextVar(
+    "hone_episode_waits", default=None
+)
+
+
+@contextlib.asynccontextmanager
+async def waiting_on_other_episodes() -> AsyncIterator[None]:
+    """Wrap a wait that only another episode can end (a free server session, released at its close). The
+    rollout loop batches the model calls of a step's episodes in lock-step, each batch waiting for every
+    live episode; an episode inside this wait is left out of those batches until it ends."""
+    waits = EPISODE_WAITS.get()
+    if waits is not None:
+        waits(True)
+    try:
+        yield
+    finally:
+        if waits is not None:
+            waits(False)
 
 
 _RELEASES: list[Callable[[], None]] = []

@@ -59,7 +59,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hone.envs.base import Environment, Message, StepResult, register_env, register_release, resolve_env
+from hone.envs.base import (
+    Environment,
+    Message,
+    StepResult,
+    register_env,
+    register_release,
+    resolve_env,
+    waiting_on_other_episodes,
+)
 from hone.plugins import load_object
 from hone.types import Sample
 
@@ -460,12 +468,19 @@ class OpenEnv(Environment):
         if unlimited:
             _NEXT += 1
             return unlimited[_NEXT % len(unlimited)]
-        while True:  # another episode's close frees one
-            for url, slots in self._pool:
-                if slots.acquire(blocking=False):
-                    self._slots = slots
-                    return url
-            await asyncio.sleep(0.01)
+        if url := self._take_session():
+            return url
+        async with waiting_on_other_episodes():  # only another episode's close frees one
+            while not (url := self._take_session()):
+                await asyncio.sleep(0.01)
+        return url
+
+    def _take_session(self) -> str | None:
+        for url, slots in self._pool:
+            if slots.acquire(blocking=False):
+                self._slots = slots
+                return url
+        return None
 
     @staticmethod
     def _first_of_run(pool: list[_Server]) -> bool:

@@ -91,6 +91,7 @@ class Batcher:
         self._own_pool = pool is None
         self._pool = pool or DaemonThread()
         self._open: set[int] = set()
+        self._parked: set[int] = set()  # open, but waiting on other episodes (`park`)
         self._next_slot = 0
         self._pending: list[_Pending] = []
         self._calls = 0  # window mode: generate calls so far, for their seeds
@@ -110,7 +111,22 @@ class Batcher:
     def close(self, slot: int) -> None:
         """The episode in `slot` will ask for nothing more (it may have ended on an error)."""
         self._open.discard(slot)
+        self._parked.discard(slot)
         self._poke()
+
+    def park(self, slot: int) -> None:
+        """The episode in `slot` waits on the others (for a server session one of them holds): lock-step
+        batches go on without it until `unpark`, or the wait would never end."""
+        if slot in self._open:
+            self._open.discard(slot)
+            self._parked.add(slot)
+            self._poke()
+
+    def unpark(self, slot: int) -> None:
+        """The episode in `slot` is back: the next lock-step batch waits for its request again."""
+        if slot in self._parked:
+            self._parked.discard(slot)
+            self._open.add(slot)
 
     async def generate(
         self, request: GenerationRequest, params: SamplingParams, slot: int = -1

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from hone.aio import run_serving
+from hone.envs.base import EPISODE_WAITS
 from hone.models.chat import chat_text
 from hone.rollout.base import GenerationRequest, Sampler
 from hone.rollout.batcher import Batcher
@@ -147,6 +148,7 @@ async def play(
 
     async def run(job: Job, slot: int) -> EpisodeResult:
         _SLOT.set(slot)  # this task's own context
+        EPISODE_WAITS.set(lambda waiting: (model.batcher.park if waiting else model.batcher.unpark)(slot))
         try:
             result = await job()
         finally:
