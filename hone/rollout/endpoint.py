@@ -16,9 +16,16 @@ token, as sampled) plus the tokens of the new text only (tool results, the next 
 template's markup), so a multi-turn episode is one token sequence in which exactly the sampled tokens
 are trained on (verl and AReaL call the alternative's mismatch "re-tokenisation drift"). To get there,
 an assistant message the agent sends back that this episode served (same content and tool calls) is
-rendered as the raw text the model sampled, not as the template would re-render parsed `tool_calls`. A
-request that does not extend any earlier context (the agent rewrote its history, or the template rewrites
-past turns, e.g. drops reasoning) starts a new sequence ("segment") of the episode.
+rendered as the raw text the model sampled, not as the template would re-render parsed `tool_calls`, and
+with the special tokens it sampled (a `<pad>` mid-reply), which the served `content` drops: rendered
+without them, the reply would not extend the recorded context and the episode would split. A request that
+does not extend any earlier context (the agent rewrote its history, or the template rewrites past turns,
+e.g. drops reasoning) starts a new sequence ("segment") of the episode.
+
+What a request may ask (`chat_request.py`): `tool_choice` required or named is checked on the reply, not
+forced on the sampler: a reply without the call is refused with a 422 and counted, but stays recorded;
+`parallel_tool_calls: false` returns the first call only (the rest counted). Unsupported fields get a 400
+naming them.
 
 Sampling follows the run, not the request: `temperature`, `top_p` and `top_k` come from the episode's
 `SamplingParams` (the trainer's log-probs assume the recipe's temperature, so a request asking for another
