@@ -44,9 +44,12 @@ class ScriptedSampler:
 
     policy_version = 0
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, reply: Callable[[str], str]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, reply: Callable[[str], str], eos_id: int | None = None
+    ) -> None:
         self.tokenizer, self.reply = tokenizer, reply
-        self.eos_token_ids = frozenset({tokenizer.eos_token_id})
+        self.eos_id = tokenizer.eos_token_id if eos_id is None else eos_id  # what each reply ends with
+        self.eos_token_ids = frozenset({tokenizer.eos_token_id, self.eos_id})
         self.calls: list[tuple[list[GenerationRequest], SamplingParams, list[Rollout]]] = []
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
@@ -55,7 +58,7 @@ class ScriptedSampler:
             ids = self.tokenizer.encode(
                 self.reply(self.tokenizer.decode(r.prompt_ids)), add_special_tokens=False
             )
-            ids = [*ids, self.tokenizer.eos_token_id]
+            ids = [*ids, self.eos_id]
             logprobs = [-(len(self.calls) + 1) / 7 - k / 100 for k in range(len(ids))]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             outs.append(
@@ -695,6 +698,34 @@ def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -
         message = {"role": "assistant", "content": "Let me compute.", "tool_calls": [{"function": function}]}
         assert call_text not in tokenizer.apply_chat_template([message], tokenize=False)
         assert tokenizer.decode(r.token_ids).count("<tool_response>") == 1
+
+
+def test_a_reply_ending_on_another_eos_than_the_templates_still_extends_its_sequence() -> None:
+    """Qwen's generation config stops on <|endoftext|> as well as <|im_end|>, the token its template closes
+    a turn with: the sampled <|endoftext|> stands for the template's <|im_end|>, no new sequence."""
+    tokenizer = build_byte_tokenizer()
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]}
+    )
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = CHATML_TOOLS
+    endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    sampler = ScriptedSampler(tokenizer, chatml_reply, eos_id=endoftext)
+    samples = ToolArithmetic.make_samples(2, 0, "train")
+    with serve(sampler, tokenizer) as server:
+        rollouts = calculator_agent(server, concurrency=4).play(samples, PARAMS).rollouts
+    served = {
+        tuple(q.prompt_ids): o for reqs, _, outs in sampler.calls for q, o in zip(reqs, outs, strict=True)
+    }
+    assert len(rollouts) == 2
+    for r in rollouts:
+        assert r.turn_rewards == [1.0] and r.metrics["episode/segments"] == 1 and len(r.turns) == 2
+        for a, b in r.turns:
+            assert served[tuple(r.token_ids[: r.prompt_len + a])].response_ids == r.response_ids[a:b]
+        (_, end1), (start2, _) = r.turns
+        # The sampled eos closes the turn; the template's own <|im_end|> is not added after it.
+        assert r.response_ids[end1 - 1] == endoftext
+        assert tokenizer.decode(r.response_ids[end1:start2]).startswith("\n<|im_start|>user\n<tool_response>")
 
 
 async def waiting(client: openai.AsyncOpenAI, sample: Sample) -> float:
