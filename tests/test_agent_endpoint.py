@@ -319,6 +319,7 @@ def test_a_reply_without_the_call_tool_choice_demands_is_refused_counted_and_sti
             ("mul", {"type": "function", "function": {"name": "add"}}),
             ("both", {"type": "function", "function": {"name": "add"}}),
             ("plain", {"type": "function", "function": {"name": "add"}}),
+            ("add", "none"),  # no tools offered: a call written anyway comes back as text
         ]:
             try:
                 out = await client.chat.completions.create(
@@ -327,7 +328,9 @@ def test_a_reply_without_the_call_tool_choice_demands_is_refused_counted_and_sti
                     tools=TOOLS,  # type: ignore[arg-type]
                     tool_choice=choice,  # type: ignore[arg-type]
                 )
-                outcomes.append(" ".join(c.function.name for c in out.choices[0].message.tool_calls or []))
+                message = out.choices[0].message
+                names = " ".join(c.function.name for c in message.tool_calls or [])
+                outcomes.append(names or f"text {message.content}")
             except openai.UnprocessableEntityError as e:  # the agent goes on: its reward is its own
                 outcomes.append(f"422 {e.body['message']}")  # type: ignore[index]
         return 0.5
@@ -343,12 +346,13 @@ def test_a_reply_without_the_call_tool_choice_demands_is_refused_counted_and_sti
         "422 tool_choice names the function 'add' but the model called mul",
         "422 tool_choice names the function 'add' but the model called mul",
         "422 tool_choice names the function 'add' but the model answered without a tool call",
+        f"text {replies['add']}",
     ]
     assert played.metrics["env/tool_choice_violations"] == 4.0 and played.metrics["env/errors"] == 0.0
-    # Every request rewrote the history (a new question each time): six sequences, each the sampler's
+    # Every request rewrote the history (a new question each time): seven sequences, each the sampler's
     # own tokens for its prompt, refused replies included, all trained on with the agent's reward.
     served = [o for _, _, outs in sampler.calls for o in outs]
-    assert len(played.rollouts) == 6
+    assert len(played.rollouts) == 7
     for r, out in zip(played.rollouts, served, strict=True):
         assert r.token_ids == out.token_ids and r.loss_mask == [1] * out.response_len
         assert r.sampler_logprobs == out.sampler_logprobs and r.turn_rewards == [0.5]

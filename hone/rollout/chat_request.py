@@ -2,7 +2,8 @@
 naming the field it cannot have. Apart from `endpoint.py` so the server holds only the serving.
 
 What a request may ask and what it gets (`docs/how-to/agents.md`, "What the endpoint honours"):
-* `tool_choice`: `auto` (the default) or `none` (no tools offered: the template renders none), and
+* `tool_choice`: `auto` (the default) or `none` (no tools offered: the template renders none, and a
+  call the model writes anyway is returned as text), and
   `required` or a named function (`{"type": "function", "function": {"name": X}}`, X one of `tools`).
   Sampling is not constrained, so the policy may still answer without the call the request demands: the
   reply is then *refused*, a 422 whose message names `tool_choice`, and counted in

@@ -299,7 +299,9 @@ class EndpointServer:
         for s in stop:  # OpenAI leaves the stop sequence out of the content
             if s in text:
                 text = text[: text.index(s)]
-        calls = [call for call in self.parser.parse(text) if isinstance(call, ToolCall)]
+        # tool_choice none offered no tools: a call the model writes anyway is text, not a call to run.
+        parsed = [] if request.tool_choice == "none" else self.parser.parse(text)
+        calls = [call for call in parsed if isinstance(call, ToolCall)]
         if (why := request.violation(calls)) is not None:
             # The completion is already in the trajectory: the policy wrote it, so it stays recorded.
             episode.counts["env/tool_choice_violations"] += 1
