@@ -157,7 +157,7 @@ class AgentEpisodes:
         timeouts = sum(r.timed_out for r in results)
         counts: dict[str, float] = {}
         for r in results:
-            for key, value in getattr(r, "counts", {}).items():
+            for key, value in (r.counts if isinstance(r, AgentEpisodeResult) else {}).items():
                 counts[key] = counts.get(key, 0.0) + value
         return rollouts, {"env/errors": float(len(errors)), "env/timeouts": float(timeouts), **counts}
 
