@@ -13,15 +13,23 @@ import pytest
 
 pytest.importorskip("agents", reason="the openai-agents extra: make test-agents-sdk")
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 
 from hone.config import load_config
 from hone.envs.games import ToolArithmetic
 from hone.envs.tools import calculator as hone_calculator
 from hone.models.tiny import build_byte_tokenizer
 from hone.orchestration.loop import train
-from hone.rollout import GenerationRequest, HFSampler
+from hone.rollout import GenerationRequest, HFSampler, endpoint
 from hone.rollout.agent import AgentEpisodes, load_agent
+from hone.rollout.chat_request import ChatRequest, read_request
 from hone.rollout.endpoint import EndpointServer
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
@@ -38,31 +46,56 @@ def calculator(expression: str) -> str:
     return hone_calculator(expression)
 
 
-async def run(client: Any, sample: Sample) -> float:
+async def run(client: Any, sample: Sample, settings: ModelSettings | None = None) -> float:
     """The agent program under test, as a user writes it: plain Agents SDK code given Hone's client."""
     agent = Agent(
         name="calculator",
         model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
         tools=[calculator],
+        model_settings=settings or ModelSettings(),
     )
     question = f"What is {sample.meta['a']}{sample.meta['op']}{sample.meta['b']}? Use the calculator."
     result = await Runner.run(agent, question, max_turns=3)
     return math_reward(str(result.final_output), sample.answer or "", require_evaluated=True)
 
 
-def sdk_episodes(server: EndpointServer) -> AgentEpisodes:
+async def run_required(client: Any, sample: Sample) -> float:
+    """The same program asking for a tool call on its first turn, one call at a time (the SDK resets
+    tool_choice to auto after a tool ran, so the answer may be text)."""
+    return await run(client, sample, ModelSettings(tool_choice="required", parallel_tool_calls=False))
+
+
+def sdk_episodes(server: EndpointServer, fn: str = "run") -> AgentEpisodes:
     return AgentEpisodes(
-        load_agent("tests.sdk.test_openai_agents:run"), server, concurrency=4, timeout_s=60, max_completions=4
+        load_agent(f"tests.sdk.test_openai_agents:{fn}"),
+        server,
+        concurrency=4,
+        timeout_s=60,
+        max_completions=4,
     )
 
 
-def test_an_agents_sdk_program_calls_its_tool_and_its_episodes_are_token_exact_and_scored() -> None:
+@pytest.mark.parametrize("fn", ["run", "run_required"])
+def test_an_agents_sdk_program_calls_its_tool_and_its_episodes_are_token_exact_and_scored(
+    fn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[ChatRequest] = []  # what the SDK's requests asked, as the endpoint read them
+    monkeypatch.setattr(endpoint, "read_request", lambda body: asked.append(read_request(body)) or asked[-1])
     tokenizer = build_byte_tokenizer()
     sampler = ScriptedSampler(tokenizer, calculator_reply)  # calls the calculator, then answers its result
     samples = ToolArithmetic.make_samples(3, 0, "train")
     with EndpointServer(sampler, tokenizer) as server:  # type: ignore[arg-type]
-        played = sdk_episodes(server).play(samples, SamplingParams(n=1, temperature=1.0, max_new_tokens=96))
+        played = sdk_episodes(server, fn).play(
+            samples, SamplingParams(n=1, temperature=1.0, max_new_tokens=96)
+        )
     assert played.metrics["env/errors"] == 0.0 and len(played.rollouts) == 3
+    assert played.metrics["env/tool_choice_violations"] == 0.0
+    # Three first turns, then three after the tool ran (the SDK resets tool_choice to auto).
+    choices = sorted((r.tool_choice, r.parallel_tool_calls) for r in asked)
+    if fn == "run_required":
+        assert choices == [("auto", False)] * 3 + [("required", False)] * 3
+    else:
+        assert choices == [("auto", True)] * 6
     served = {
         tuple(q.prompt_ids): o for reqs, _, outs in sampler.calls for q, o in zip(reqs, outs, strict=True)
     }
