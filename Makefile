@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: setup setup-smollm2 setup-vllm setup-mcp test test-ray test-vllm demo docs lint bench clean
+.PHONY: setup setup-smollm2 setup-vllm setup-mcp setup-agents-sdk test test-ray test-vllm test-agents-sdk demo docs lint bench clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -50,6 +50,19 @@ VLLM_PY := .venv-vllm/bin/python
 
 setup-vllm: .venv-vllm/.installed
 
+# The OpenAI Agents SDK's environment (the openai-agents extra): the SDK needs openai>=3, which the dev
+# extra's verifiers (openai<3) rules out, so its held-out check runs from a venv of its own.
+AGENTS_PY := .venv-agents/bin/python
+.venv-agents/.installed: pyproject.toml
+	python3 -m venv .venv-agents
+	$(AGENTS_PY) -m pip install -q --upgrade pip
+	$(AGENTS_PY) -m pip install -q "$(TORCH)"
+	$(AGENTS_PY) -m pip install -q -e ".[openai-agents]" "pytest>=8.0"
+	$(AGENTS_PY) -c "import agents, openai; print('openai-agents beside openai', openai.__version__)"
+	touch $@
+
+setup-agents-sdk: .venv-agents/.installed
+
 # The Ray back-end's fault and two-node tests (~2 minutes), alone: beside the suite's other worker on 2 cores
 # their process-table and restart waits were flaky. In CI after `make test`.
 test-ray: setup
@@ -58,6 +71,11 @@ test-ray: setup
 # The vLLM engine's correctness tests (one engine start shared, ~2 minutes of starts in all), in CI after `make test`.
 test-vllm: setup setup-vllm
 	$(PY) -m pytest -m vllm -n 0
+
+# An Agents SDK program (Agent + function_tool) trained through the endpoint, token-exact and scored
+# (tests/sdk/), in its own venv; in CI after test-vllm.
+test-agents-sdk: setup-agents-sdk
+	$(AGENTS_PY) -m pytest tests/sdk
 
 # A fresh run directory each time, so `make demo` can be run again (runs/ refuses to overwrite a run).
 demo: setup
@@ -72,4 +90,4 @@ bench: setup
 	$(PY) bench/reward_bench.py
 
 clean:
-	rm -rf .venv .venv-vllm .venv-mcp runs .pytest_cache
+	rm -rf .venv .venv-vllm .venv-mcp .venv-agents runs .pytest_cache

@@ -36,6 +36,7 @@ from hone.types import Rollout, Sample, SamplingParams
 from tests.helpers import tiny_overrides, wait_for
 
 PARAMS = SamplingParams(n=1, temperature=1.0, max_new_tokens=96, seed=0)
+NOTHING_COUNTED = {"env/tool_choice_violations": 0.0, "env/dropped_tool_calls": 0.0}
 
 
 class ScriptedSampler:
@@ -43,9 +44,12 @@ class ScriptedSampler:
 
     policy_version = 0
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, reply: Callable[[str], str]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, reply: Callable[[str], str], eos_id: int | None = None
+    ) -> None:
         self.tokenizer, self.reply = tokenizer, reply
-        self.eos_token_ids = frozenset({tokenizer.eos_token_id})
+        self.eos_id = tokenizer.eos_token_id if eos_id is None else eos_id  # what each reply ends with
+        self.eos_token_ids = frozenset({tokenizer.eos_token_id, self.eos_id})
         self.calls: list[tuple[list[GenerationRequest], SamplingParams, list[Rollout]]] = []
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
@@ -54,7 +58,7 @@ class ScriptedSampler:
             ids = self.tokenizer.encode(
                 self.reply(self.tokenizer.decode(r.prompt_ids)), add_special_tokens=False
             )
-            ids = [*ids, self.tokenizer.eos_token_id]
+            ids = [*ids, self.eos_id]
             logprobs = [-(len(self.calls) + 1) / 7 - k / 100 for k in range(len(ids))]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             outs.append(
@@ -147,7 +151,7 @@ def test_calculator_agent_trajectory_is_exactly_what_the_sampler_produced(
     with serve(sampler, tokenizer) as server:
         agent = calculator_agent(server, concurrency=8)
         played = agent.play(samples, SamplingParams(n=1, temperature=1.0, max_new_tokens=96, seed=0))
-    assert played.metrics == {"env/errors": 0.0, "env/timeouts": 0.0}
+    assert played.metrics == {"env/errors": 0.0, "env/timeouts": 0.0} | NOTHING_COUNTED
     assert [r.group_id for r in played.rollouts] == [0, 1, 2, 3, 4, 5]
     served = [(req, out) for reqs, _, outs in sampler.calls for req, out in zip(reqs, outs, strict=True)]
     assert len(served) == 12  # a tool call and an answer per episode
@@ -248,8 +252,11 @@ def test_what_the_endpoint_cannot_honour_is_refused_by_name_and_tool_choice_none
                 image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
                 for extra in [
                     {"response_format": {"type": "json_object"}},
-                    {"tool_choice": "required", "tools": tools},
+                    {"tool_choice": {"type": "function", "function": {"name": "mul"}}, "tools": tools},
                     {"messages": [{"role": "user", "content": image}]},
+                    {"tool_choice": "required"},  # and no tools
+                    {"tool_choice": "any", "tools": tools},
+                    {"parallel_tool_calls": "no"},
                 ]:
                     try:
                         await c.chat.completions.create(**{"model": "m", "messages": messages, **extra})
@@ -265,13 +272,173 @@ def test_what_the_endpoint_cannot_honour_is_refused_by_name_and_tool_choice_none
             return found, plain, no_tools
 
         found, plain, no_tools = asyncio.run(calls())
-    assert [line.split(" ", 1)[0] for line in found] == ["400", "400", "400"]
-    assert "response_format" in found[0] and "tool_choice" in found[1] and "image_url" in found[2]
+    assert [line.split(" ", 1)[0] for line in found] == ["400"] * 6
+    assert "response_format" in found[0] and "image_url" in found[2]
+    assert "tool_choice names the function 'mul', not in tools (offered: add)" in found[1]
+    assert "tool_choice required needs tools" in found[3] and 'tool_choice "any" is not' in found[4]
+    assert "parallel_tool_calls must be true or false" in found[5]
     tokens = plain.choices[0].logprobs.content  # every sampled token, with the sampler's log-prob
     assert len(tokens) == plain.usage.completion_tokens and all(t.logprob <= 0.0 for t in tokens)
     assert "".join(t.token for t in tokens).startswith("x")
     # tool_choice none: the prompt is rendered as without tools (the same ids as the plain request's)
     assert no_tools.choices[0].message.content == "x" and seen_prompts[-1] == seen_prompts[-2]
+
+
+def _call(name: str, **arguments: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    for name in ("add", "mul")
+]
+
+
+def test_a_reply_without_the_call_tool_choice_demands_is_refused_counted_and_still_recorded(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """tool_choice required or named: the endpoint cannot constrain sampling, so a reply that lacks the
+    call is refused with a 422 naming the rule, counted, and kept in the trajectory as the policy wrote it."""
+    replies = {
+        "plain": "I know it: 5",
+        "add": _call("add", a=2, b=3),
+        "mul": _call("mul", a=2, b=3),
+        "both": _call("add", a=1, b=1) + _call("mul", a=2, b=3),
+    }
+
+    def reply(prompt: str) -> str:
+        return replies[re.findall(r"user: (\w+)", prompt)[-1]]
+
+    outcomes: list[str] = []
+
+    async def agent(client: openai.AsyncOpenAI, sample: Sample) -> float:
+        for ask, choice in [
+            ("add", "required"),
+            ("plain", "required"),
+            ("add", {"type": "function", "function": {"name": "add"}}),
+            ("mul", {"type": "function", "function": {"name": "add"}}),
+            ("both", {"type": "function", "function": {"name": "add"}}),
+            ("plain", {"type": "function", "function": {"name": "add"}}),
+            ("add", "none"),  # no tools offered: a call written anyway comes back as text
+        ]:
+            try:
+                out = await client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": ask}],
+                    tools=TOOLS,  # type: ignore[arg-type]
+                    tool_choice=choice,  # type: ignore[arg-type]
+                )
+                message = out.choices[0].message
+                names = " ".join(c.function.name for c in message.tool_calls or [])
+                outcomes.append(names or f"text {message.content}")
+            except openai.UnprocessableEntityError as e:  # the agent goes on: its reward is its own
+                outcomes.append(f"422 {e.body['message']}")  # type: ignore[index]
+        return 0.5
+
+    sampler = ScriptedSampler(tokenizer, reply)
+    with serve(sampler, tokenizer) as server:
+        episodes = AgentEpisodes(_spec(agent), server, concurrency=1, timeout_s=30, max_completions=8)
+        played = episodes.play([Sample("s", prompt="p")], PARAMS)
+    assert outcomes == [
+        "add",
+        "422 tool_choice is required but the model answered without a tool call",
+        "add",
+        "422 tool_choice names the function 'add' but the model called mul",
+        "422 tool_choice names the function 'add' but the model called mul",
+        "422 tool_choice names the function 'add' but the model answered without a tool call",
+        f"text {replies['add']}",
+    ]
+    assert played.metrics["env/tool_choice_violations"] == 4.0 and played.metrics["env/errors"] == 0.0
+    # Every request rewrote the history (a new question each time): seven sequences, each the sampler's
+    # own tokens for its prompt, refused replies included, all trained on with the agent's reward.
+    served = [o for _, _, outs in sampler.calls for o in outs]
+    assert len(played.rollouts) == 7
+    for r, out in zip(played.rollouts, served, strict=True):
+        assert r.token_ids == out.token_ids and r.loss_mask == [1] * out.response_len
+        assert r.sampler_logprobs == out.sampler_logprobs and r.turn_rewards == [0.5]
+
+
+def test_parallel_tool_calls_false_returns_the_first_call_and_the_episode_stays_one_exact_sequence(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    def reply(prompt: str) -> str:
+        return "The sum is 7." if "tool: " in prompt else _call("add", a=3, b=4) + _call("mul", a=3, b=4)
+
+    returned: list[Any] = []
+
+    async def agent(client: openai.AsyncOpenAI, sample: Sample) -> float:
+        messages: list[Any] = [{"role": "user", "content": "3+4?"}]
+        first = (
+            await client.chat.completions.create(
+                model="m",
+                messages=messages,
+                tools=TOOLS,
+                parallel_tool_calls=False,  # type: ignore[arg-type]
+            )
+        ).choices[0]
+        returned.append(first)
+        [call] = first.message.tool_calls or []
+        messages += [
+            first.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "7"},
+        ]
+        second = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        returned.append(second.choices[0])
+        return 1.0
+
+    sampler = ScriptedSampler(tokenizer, reply)
+    with serve(sampler, tokenizer) as server:
+        episodes = AgentEpisodes(_spec(agent), server, concurrency=1, timeout_s=30, max_completions=4)
+        played = episodes.play([Sample("s", prompt="p")], PARAMS)
+    first, second = returned
+    assert first.finish_reason == "tool_calls" and first.message.content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in first.message.tool_calls] == [
+        ("add", {"a": 3, "b": 4})
+    ]
+    assert second.message.content == "The sum is 7."
+    assert played.metrics["env/dropped_tool_calls"] == 1.0
+    # One sequence: the reply the agent sent back (one call) rendered as the model wrote it (two calls).
+    [r] = played.rollouts
+    [(_, _, [out1]), (_, _, [out2])] = sampler.calls
+    assert r.metrics["episode/segments"] == 1.0 and len(r.turns) == 2
+    assert r.token_ids[: len(out1.token_ids)] == out1.token_ids and r.token_ids[-out2.response_len :] == (
+        out2.response_ids
+    )
+    assert r.token_ids == out2.token_ids
+    assert tokenizer.decode(out1.response_ids, skip_special_tokens=True).count("<tool_call>") == 2
+
+
+def test_a_special_token_sampled_mid_reply_does_not_split_the_episode(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """The served text drops special tokens (a `<pad>` sampled mid-reply): the agent's copy of the reply
+    is still rendered as the tokens the model wrote, so the next request extends the same sequence."""
+    pad = tokenizer.pad_token_id
+
+    def reply(prompt: str) -> str:
+        return "done" if "again" in prompt else "ab<pad>cd"
+
+    contents: list[str | None] = []
+
+    async def agent(client: openai.AsyncOpenAI, sample: Sample) -> float:
+        messages: list[Any] = [{"role": "user", "content": "go"}]
+        for _ in range(2):
+            out = (await client.chat.completions.create(model="m", messages=messages)).choices[0]
+            contents.append(out.message.content)
+            messages += [out.message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        return 1.0
+
+    sampler = ScriptedSampler(tokenizer, reply)
+    with serve(sampler, tokenizer) as server:
+        episodes = AgentEpisodes(_spec(agent), server, concurrency=1, timeout_s=30, max_completions=4)
+        [r] = episodes.play([Sample("s", prompt="p")], PARAMS).rollouts
+    assert contents == ["abcd", "done"]
+    [(_, _, [out1]), (_, _, [out2])] = sampler.calls
+    assert pad in out1.response_ids and r.metrics["episode/segments"] == 1.0
+    assert r.token_ids == out2.token_ids and r.token_ids[: len(out1.token_ids)] == out1.token_ids
+    assert tokenizer.decode(r.token_ids) == (
+        "user: go\nassistant: ab<pad>cd<eos>\nuser: again\nassistant: done<eos>"
+    )
 
 
 async def _answers(client: openai.AsyncOpenAI, sample: Sample) -> float:
@@ -303,7 +470,7 @@ def test_failing_and_slow_episodes_are_counted_and_dropped(
         episodes = AgentEpisodes(_spec(agent), server, concurrency=8, timeout_s=1.0, max_completions=2)  # type: ignore[arg-type]
         played = episodes.play(samples, PARAMS)
         assert [r.sample_id for r in played.rollouts] == ["ok", "ok2"]
-        assert played.metrics == {"env/errors": 2.0, "env/timeouts": 1.0}
+        assert played.metrics == {"env/errors": 2.0, "env/timeouts": 1.0} | NOTHING_COUNTED
         with pytest.raises(
             RuntimeError, match="every one of 1 agent episodes failed; first: ConnectionError"
         ):
@@ -535,6 +702,34 @@ def test_a_template_that_rerenders_tool_calls_still_gives_one_exact_sequence() -
         message = {"role": "assistant", "content": "Let me compute.", "tool_calls": [{"function": function}]}
         assert call_text not in tokenizer.apply_chat_template([message], tokenize=False)
         assert tokenizer.decode(r.token_ids).count("<tool_response>") == 1
+
+
+def test_a_reply_ending_on_another_eos_than_the_templates_still_extends_its_sequence() -> None:
+    """Qwen's generation config stops on <|endoftext|> as well as <|im_end|>, the token its template closes
+    a turn with: the sampled <|endoftext|> stands for the template's <|im_end|>, no new sequence."""
+    tokenizer = build_byte_tokenizer()
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]}
+    )
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = CHATML_TOOLS
+    endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    sampler = ScriptedSampler(tokenizer, chatml_reply, eos_id=endoftext)
+    samples = ToolArithmetic.make_samples(2, 0, "train")
+    with serve(sampler, tokenizer) as server:
+        rollouts = calculator_agent(server, concurrency=4).play(samples, PARAMS).rollouts
+    served = {
+        tuple(q.prompt_ids): o for reqs, _, outs in sampler.calls for q, o in zip(reqs, outs, strict=True)
+    }
+    assert len(rollouts) == 2
+    for r in rollouts:
+        assert r.turn_rewards == [1.0] and r.metrics["episode/segments"] == 1 and len(r.turns) == 2
+        for a, b in r.turns:
+            assert served[tuple(r.token_ids[: r.prompt_len + a])].response_ids == r.response_ids[a:b]
+        (_, end1), (start2, _) = r.turns
+        # The sampled eos closes the turn; the template's own <|im_end|> is not added after it.
+        assert r.response_ids[end1 - 1] == endoftext
+        assert tokenizer.decode(r.response_ids[end1:start2]).startswith("\n<|im_start|>user\n<tool_response>")
 
 
 async def waiting(client: openai.AsyncOpenAI, sample: Sample) -> float:

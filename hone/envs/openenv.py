@@ -341,7 +341,7 @@ class OpenEnv(Environment):
         servers: int = 1,
     ) -> None:
         if importlib.util.find_spec("openenv") is None:
-            raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[agents]' in a Hone clone")
+            raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[openenv]' in a Hone clone")
         given = [k for k, v in (("url", url), ("app", app), ("command", command)) if v]
         if len(given) != 1:
             raise ValueError(

@@ -71,7 +71,7 @@ def verifiers_env(env_id: str, args: dict[str, Any]) -> type[VerifiersEnv]:
         from verifiers.v1.configs.agent import agent_config_fields
     except ImportError as exc:
         raise ValueError(
-            f"{where}: needs the verifiers package (pip install -e '.[agents]' in a Hone clone): {exc}"
+            f"{where}: needs the verifiers package (pip install -e '.[verifiers]' in a Hone clone): {exc}"
         ) from None
     args = dict(args)
     eval_args = args.pop("eval_args", None)

@@ -22,7 +22,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hone.aio import run_coroutine
@@ -83,7 +83,15 @@ def load_agent(spec: str) -> AgentSpec:
 @dataclass
 class AgentRollouts:
     rollouts: list[Rollout]
-    metrics: dict[str, float]  # env/errors, env/timeouts: failed episodes of the call
+    metrics: dict[str, float]  # env/errors, env/timeouts: failed episodes; the endpoint's counts
+
+
+@dataclass
+class AgentEpisodeResult(EpisodeResult):
+    """An agent episode's result and what the endpoint counted while serving it (`EpisodeRecord.counts`),
+    failed episodes included: a refused reply often makes the agent fail."""
+
+    counts: dict[str, float] = field(default_factory=dict)
 
 
 class AgentEpisodes:
@@ -135,7 +143,9 @@ class AgentEpisodes:
         ]
 
     def collect(self, results: list[EpisodeResult]) -> tuple[list[Rollout], dict[str, float]]:
-        """The rollouts and `env/errors`, `env/timeouts`; raises when every episode failed."""
+        """The rollouts and `env/errors`, `env/timeouts` and the endpoint's counts, summed over the
+        episodes (`env/tool_choice_violations`, `env/dropped_tool_calls`); raises when every episode
+        failed."""
         errors = [r.error for r in results if r.error is not None]
         if errors:
             log.warning(
@@ -145,12 +155,17 @@ class AgentEpisodes:
         if not rollouts:
             raise RuntimeError(f"every one of {len(results)} agent episodes failed; first: {errors[0]}")
         timeouts = sum(r.timed_out for r in results)
-        return rollouts, {"env/errors": float(len(errors)), "env/timeouts": float(timeouts)}
+        counts: dict[str, float] = {}
+        for r in results:
+            for key, value in (r.counts if isinstance(r, AgentEpisodeResult) else {}).items():
+                counts[key] = counts.get(key, 0.0) + value
+        return rollouts, {"env/errors": float(len(errors)), "env/timeouts": float(timeouts), **counts}
 
     async def _episode(
         self, gate: asyncio.Semaphore, group: int, sample: Sample, params: SamplingParams, last_only: bool
     ) -> EpisodeResult:
         """The agent's episode: its rollouts, or none and why it failed."""
+        failure: AgentEpisodeResult | None = None
         async with gate:
             episode_id = self.server.open_episode(params, self.max_completions)
             base_url = self.server.base_url(episode_id)
@@ -162,17 +177,23 @@ class AgentEpisodes:
                 reward = _reward(value)
             except TimeoutError:
                 why = f"timed out after {self.timeout_s:g} s (rollout.agent_timeout_s)"
-                return EpisodeResult([], why, timed_out=True)
+                failure = AgentEpisodeResult([], why, timed_out=True)
             except Exception as e:  # the agent's own failure: counted, the episode dropped
-                return EpisodeResult([], " ".join(f"{type(e).__name__}: {e}".split()))
+                failure = AgentEpisodeResult([], " ".join(f"{type(e).__name__}: {e}".split()))
             finally:
                 record = self.server.close_episode(episode_id)
                 if client is not None:
                     await client.close()
-        if not record.segments:
-            return EpisodeResult([], "the agent returned without calling the model")
+        if failure is None and not record.segments:
+            failure = AgentEpisodeResult([], "the agent returned without calling the model")
+        if failure is not None:
+            failure.counts = record.counts
+            return failure
         segments = record.segments[-1:] if last_only else record.segments
-        return EpisodeResult([_to_rollout(sample, group, s, reward, len(record.segments)) for s in segments])
+        return AgentEpisodeResult(
+            [_to_rollout(sample, group, s, reward, len(record.segments)) for s in segments],
+            counts=record.counts,
+        )
 
 
 def _client(base_url: str, timeout_s: float) -> Any:

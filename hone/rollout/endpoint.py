@@ -16,9 +16,16 @@ token, as sampled) plus the tokens of the new text only (tool results, the next 
 template's markup), so a multi-turn episode is one token sequence in which exactly the sampled tokens
 are trained on (verl and AReaL call the alternative's mismatch "re-tokenisation drift"). To get there,
 an assistant message the agent sends back that this episode served (same content and tool calls) is
-rendered as the raw text the model sampled, not as the template would re-render parsed `tool_calls`. A
-request that does not extend any earlier context (the agent rewrote its history, or the template rewrites
-past turns, e.g. drops reasoning) starts a new sequence ("segment") of the episode.
+rendered as the raw text the model sampled, not as the template would re-render parsed `tool_calls`, and
+with the special tokens it sampled (a `<pad>` mid-reply), which the served `content` drops: rendered
+without them, the reply would not extend the recorded context and the episode would split. A request that
+does not extend any earlier context (the agent rewrote its history, or the template rewrites past turns,
+e.g. drops reasoning) starts a new sequence ("segment") of the episode.
+
+What a request may ask (`chat_request.py`): `tool_choice` required or named is checked on the reply, not
+forced on the sampler: a reply without the call is refused with a 422 and counted, but stays recorded;
+`parallel_tool_calls: false` returns the first call only (the rest counted). Unsupported fields get a 400
+naming them.
 
 Sampling follows the run, not the request: `temperature`, `top_p` and `top_k` come from the episode's
 `SamplingParams` (the trainer's log-probs assume the recipe's temperature, so a request asking for another
@@ -51,6 +58,7 @@ from transformers import PreTrainedTokenizerBase
 from hone.envs.parsers import ToolCall, ToolCallParser, get_parser
 from hone.rollout.base import Sampler
 from hone.rollout.batcher import Batcher
+from hone.rollout.chat_request import ChatRequest, RequestError, read_request
 from hone.rollout.episodes import ChatTemplateError, Model
 from hone.rollout.trajectory import Completion, Trajectory
 from hone.types import SamplingParams
@@ -67,19 +75,15 @@ class EpisodeRecord:
     max_completions: int
     segments: list[Trajectory] = field(default_factory=list)
     served: dict[str, str] = field(default_factory=dict)  # returned message key -> sampled raw text
+    # What the endpoint counted for the run's metrics: env/tool_choice_violations, env/dropped_tool_calls.
+    counts: dict[str, float] = field(
+        default_factory=lambda: {"env/tool_choice_violations": 0.0, "env/dropped_tool_calls": 0.0}
+    )
     lock: asyncio.Lock | None = None  # made in the server's loop on first use
 
     @property
     def completions(self) -> int:
         return sum(len(s.completions) for s in self.segments)
-
-
-class RequestError(Exception):
-    """A request the server refuses: becomes an OpenAI-style error body with `status`."""
-
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.code = status, code
 
 
 class EndpointServer:
@@ -219,8 +223,7 @@ class EndpointServer:
             episode = self._episodes.get(episode_id)
         if episode is None:
             raise RequestError(404, f"unknown or finished episode {episode_id!r}", "episode_not_found")
-        messages, tools, cap, stop = _read_request(body)
-        want_logprobs = bool(body.get("logprobs"))
+        request = read_request(body)
         if episode.lock is None:
             episode.lock = asyncio.Lock()
         async with episode.lock:
@@ -231,15 +234,18 @@ class EndpointServer:
                     "(rollout.agent_max_completions)",
                     "episode_limit",
                 )
-            rendered = [_as_sampled(m, episode.served) for m in messages]
+            rendered = [_as_sampled(m, episode.served) for m in request.messages]
+            cap = request.max_tokens
             params = replace(
                 episode.params,
                 n=1,
                 max_new_tokens=min(cap or episode.params.max_new_tokens, episode.params.max_new_tokens),
-                stop=sorted(set(episode.params.stop) | set(stop)),
+                stop=sorted(set(episode.params.stop) | set(request.stop)),
             )
             try:
-                completion = await self.model.chat(episode.segments, rendered, tools, params, episode_id)
+                completion = await self.model.chat(
+                    episode.segments, rendered, request.tools, params, episode_id
+                )
             except ChatTemplateError as e:
                 raise RequestError(400, str(e)) from e
             except Exception as e:  # the sampler failed: every request of its call gets a 500
@@ -247,8 +253,8 @@ class EndpointServer:
             with self._episodes_lock:
                 if episode_id not in self._episodes:  # the agent timed out and was closed meanwhile
                     raise RequestError(404, f"episode {episode_id!r} ended", "episode_not_found")
-            message = self._message(completion, params.stop)
-            episode.served[_message_key(message)] = completion.text
+            message = self._message(completion, params.stop, request, episode)
+            episode.served[_message_key(message)] = self._sampled_text(completion)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -261,7 +267,7 @@ class EndpointServer:
                     "finish_reason": "tool_calls"
                     if message.get("tool_calls")
                     else ("length" if completion.finish_reason == "length" else "stop"),
-                    "logprobs": self._logprobs(completion) if want_logprobs else None,
+                    "logprobs": self._logprobs(completion) if request.logprobs else None,
                 }
             ],
             "usage": {
@@ -282,14 +288,27 @@ class EndpointServer:
             )
         return {"content": content}
 
-    def _message(self, c: Completion, stop: list[str]) -> dict[str, Any]:
+    def _message(
+        self, c: Completion, stop: list[str], request: ChatRequest, episode: EpisodeRecord
+    ) -> dict[str, Any]:
         """The OpenAI assistant message: text outside tool-call tags as `content`, calls as `tool_calls`
-        (a call the model wrote wrongly stays in `content`, for the agent to see)."""
+        (a call the model wrote wrongly stays in `content`, for the agent to see). A reply that breaks
+        the request's `tool_choice` is refused (422) and counted; with `parallel_tool_calls: false` the
+        calls after the first are dropped and counted (`chat_request.py` says why)."""
         text = c.text
         for s in stop:  # OpenAI leaves the stop sequence out of the content
             if s in text:
                 text = text[: text.index(s)]
-        calls = [call for call in self.parser.parse(text) if isinstance(call, ToolCall)]
+        # tool_choice none offered no tools: a call the model writes anyway is text, not a call to run.
+        parsed = [] if request.tool_choice == "none" else self.parser.parse(text)
+        calls = [call for call in parsed if isinstance(call, ToolCall)]
+        if (why := request.violation(calls)) is not None:
+            # The completion is already in the trajectory: the policy wrote it, so it stays recorded.
+            episode.counts["env/tool_choice_violations"] += 1
+            raise RequestError(422, why, "tool_choice_violated")
+        if not request.parallel_tool_calls and len(calls) > 1:
+            episode.counts["env/dropped_tool_calls"] += len(calls) - 1
+            calls = calls[:1]
         if not calls:
             return {"role": "assistant", "content": text}
         content = _outside_calls(text, self.parser).strip()
@@ -306,65 +325,15 @@ class EndpointServer:
             ],
         }
 
-
-def _read_request(body: Any) -> tuple[list[dict[str, Any]], list[dict] | None, int | None, list[str]]:
-    """(messages, tools, max new tokens asked for, stop strings), or a `RequestError` naming the field."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the request body must be a JSON object")
-    if body.get("stream"):
-        raise RequestError(400, "stream: true is not supported by Hone's endpoint; request without streaming")
-    if body.get("n", 1) != 1:
-        raise RequestError(400, "n must be 1: Hone samples rollout.n episodes per prompt, one choice each")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestError(400, "messages must be a non-empty list of message objects")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise RequestError(400, "tools must be a list of tool objects")
-    # Refused, never silently ignored: an agent relying on one would see answers it did not ask for.
-    response_format = body.get("response_format")
-    if response_format not in (None, {"type": "text"}):
-        raise RequestError(
-            400,
-            f"response_format {json.dumps(response_format)} is not supported by Hone's endpoint "
-            "(free text only)",
-        )
-    if body.get("top_logprobs"):
-        raise RequestError(400, "top_logprobs is not supported by Hone's endpoint (logprobs: true is)")
-    tool_choice = body.get("tool_choice")
-    if tool_choice == "none":
-        tools = None  # no tools offered: the template renders none
-    elif tool_choice not in (None, "auto"):
-        raise RequestError(
-            400, f"tool_choice {json.dumps(tool_choice)} is not supported by Hone's endpoint (auto or none)"
-        )
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list) and any(
-            isinstance(p, dict) and p.get("type") != "text" for p in content
-        ):
-            kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict)} - {"text"})
-            raise RequestError(
-                400, f"message content of type {', '.join(kinds)} is not supported (text only)"
-            )
-    cap = body.get("max_completion_tokens", body.get("max_tokens"))
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
-        raise RequestError(400, f"max_tokens must be a positive integer, got {cap!r}")
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError(400, "stop must be a string or a list of non-empty strings")
-    return [_plain(m) for m in messages], tools or None, cap, stop
-
-
-def _plain(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as chat templates read it: content parts joined into one string, None fields dropped."""
-    content = message.get("content")
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    out = {k: v for k, v in message.items() if v is not None}
-    out["content"] = content or ""
-    return out
+    def _sampled_text(self, c: Completion) -> str:
+        """What the model wrote, as the next request's copy of this reply is rendered: its tokens decoded
+        *with* special tokens (a `<pad>` sampled mid-reply is in the trajectory's text, so a rendering
+        without it would not extend it and the episode would split), except a closing end-of-turn token,
+        which the template writes itself after the content."""
+        ids = c.completion_ids
+        if ids and ids[-1] in self.model.eos_token_ids:
+            ids = ids[:-1]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
 
 def _message_key(message: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor
@@ -85,10 +86,10 @@ class Model:
             text = chat_text(self.tokenizer, messages, tools=tools, add_generation_prompt=True)
         except Exception as e:  # the template rejects the conversation (a role it lacks, bad tools)
             raise ChatTemplateError(f"the chat template cannot render these messages: {e}") from e
-        extended = [s for s in segments if s.text and text.startswith(s.text)]
-        segment = max(extended, key=lambda s: len(s.text)) if extended else None
+        spans = [(s, n) for s in segments if (n := self._extends(s, text)) is not None]
+        segment, covered = max(spans, key=lambda sn: sn[1]) if spans else (None, 0)
         if segment is not None:
-            added = self.tokenizer.encode(text[len(segment.text) :], add_special_tokens=False)
+            added = self.tokenizer.encode(text[covered:], add_special_tokens=False)
             prompt_ids = segment.context + added
         else:
             added, prompt_ids = [], render_prompt(self.tokenizer, messages, tools)
@@ -103,6 +104,36 @@ class Model:
         segment.add_completion(completion)
         segment.decode_text(self.tokenizer)
         return completion
+
+    def _extends(self, segment: Trajectory, text: str) -> int | None:
+        """How many characters of the rendering `text` the segment's context stands for, or None when
+        `text` does not extend it. Besides a plain text prefix: a reply that ended on an eos other than
+        the end-of-turn token the template writes (Qwen's `<|endoftext|>` where the template closes with
+        `<|im_end|>`) still extends, its sampled eos standing for the template's token (as
+        `ObservationRenderer` does for environment episodes), rather than splitting the episode."""
+        if not segment.text:
+            return None
+        if text.startswith(segment.text):
+            return len(segment.text)
+        if (
+            not segment.loss_mask
+            or segment.loss_mask[-1] != 1
+            or segment.context[-1] not in self.eos_token_ids
+        ):
+            return None
+        eos = str(self.tokenizer.decode(segment.context[-1:], skip_special_tokens=False))
+        before = segment.text[: len(segment.text) - len(eos)]
+        if not eos or not segment.text.endswith(eos) or not text.startswith(before):
+            return None
+        rest = text[len(before) :]
+        closing = next((t for t in self._special_texts if rest.startswith(t)), None)
+        return None if closing is None else len(before) + len(closing)
+
+    @functools.cached_property
+    def _special_texts(self) -> list[str]:
+        """The texts of the tokenizer's special tokens, longest first."""
+        special = {str(t.content) for t in self.tokenizer.added_tokens_decoder.values() if t.special}
+        return sorted(special | set(self.tokenizer.all_special_tokens), key=len, reverse=True)
 
 
 @dataclass
