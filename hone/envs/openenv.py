@@ -216,13 +216,15 @@ def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> N
             f"the OpenEnv server at {url} is unreachable: GET {url}/health and /schema failed: "
             f"{type(e).__name__}: {e}"
         ) from e
+    # An MCP-style server's actions are call_tool/list_tools: that is env `openenv_mcp`'s to play.
+    hint = "; an MCP-style server: env.name openenv_mcp" if "tool_name" in json.dumps(schema) else ""
     for part, names in fields.items():
         known = set(schema.get(part, {}).get("properties", {})) - {"metadata"}
         for name in names:
             if name not in known:
                 raise ValueError(
                     f"env.args names {part} field {name!r}, but the server at {url} has {part} fields "
-                    f"{sorted(known)} (its /schema)"
+                    f"{sorted(known)} (its /schema){hint}"
                 )
     _CHECKED.add(key)
 
@@ -377,9 +379,7 @@ class OpenEnv(Environment):
                 server.check_alive()
             self._server = pool[0]
             self.url = self._server.url
-        fields = {"action": [] if action else [action_field]}
-        fields["observation"] = [*([] if render else [observation_field]), *self.info_fields]
-        _check_server(self.url, fields, min(timeout_s, 10.0))
+        self._check(min(timeout_s, 10.0))
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"env.args.max_sessions must be >= 1, got {max_sessions}")
         slots = _session_slots(self.url, max_sessions, self.reset_args, min(timeout_s, 10.0))
@@ -392,6 +392,12 @@ class OpenEnv(Environment):
                 log.info("openenv: %d servers of `%s` started (env.args.servers)", servers, " ".join(argv))
         self._slots: Any = None
         self._client: Any = None
+
+    def _check(self, timeout_s: float) -> None:
+        """One line at set-up if the server lacks a field the args name (`openenv_mcp`: its tools)."""
+        fields = {"action": [] if self._build_action else [self.action_field]}
+        fields["observation"] = [*([] if self._render else [self.observation_field]), *self.info_fields]
+        _check_server(self.url, fields, timeout_s)
 
     @classmethod
     def make_samples(
