@@ -6,17 +6,22 @@ one line."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hone.envs import OpenEnvMCP, StepResult, make_env, release_envs
 from hone.envs.openenv_tools import OpenEnvSessionError
 from hone.models.tiny import CHAT_TEMPLATE
 from hone.types import Sample
 from tests.test_openenv import _serving
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The micro model's template, with a line naming the tools: what the policy is offered is in its prompt.
 TOOLS_TEMPLATE = (
@@ -208,3 +213,29 @@ def test_set_up_errors_are_one_line(url: str) -> None:
         make_env("openenv_mcp", {})
     with pytest.raises(ValueError, match="unreachable"):
         make_env("openenv_mcp", {"url": "http://127.0.0.1:9", "timeout_s": 2.0})
+
+
+def test_the_docs_server_plays_through_the_adapter(tmp_path: Path) -> None:
+    """docs/how-to/agents.md "MCP-style OpenEnv environments": its server, with its recipe's args."""
+    page = (ROOT / "docs" / "how-to" / "agents.md").read_text()
+    section = page[page.index("### MCP-style OpenEnv environments") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    recipe = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert code and recipe
+    (tmp_path / "docs_mcp_server.py").write_text(code.group(1))
+    spec = importlib.util.spec_from_file_location("docs_mcp_server", tmp_path / "docs_mcp_server.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = yaml.safe_load(recipe.group(1))["env"]["args"]
+    assert args.pop("app") == "mycalc.server:app"
+    with _serving(module.app) as served:
+        env = make_env("openenv_mcp", {"url": served, **args})
+        assert [t["function"]["name"] for t in env().tools or []] == ["add", "submit"]
+        moves = [_call("add", a=2, b=5), _call("submit", answer=7)]
+        _, (added, submitted) = _play(env(), Sample("s", prompt="2+5?", meta={"a": 2, "b": 5}), moves)
+        _, (_, wrong) = _play(
+            env(), Sample("s", prompt="2+5?", meta={"a": 2, "b": 5}), [moves[0], _call("submit", answer=8)]
+        )
+    assert added.messages == [{"role": "tool", "name": "add", "content": "7"}]
+    assert (submitted.reward, submitted.done, wrong.reward, wrong.done) == (1.0, True, 0.0, True)
