@@ -11,11 +11,12 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from hone.envs import OpenEnvMCP, StepResult, make_env, release_envs
+from hone.envs import OpenEnvMCP, StepResult, make_env, openenv_tools, release_envs
 from hone.envs.openenv_tools import OpenEnvSessionError
 from hone.models.tiny import CHAT_TEMPLATE
 from hone.types import Sample
@@ -59,7 +60,15 @@ def _play(env: OpenEnvMCP, sample: Sample, moves: list[str]) -> tuple[list[dict]
     return asyncio.run(play())
 
 
-def test_tools_are_listed_once_kept_and_renamed(url: str) -> None:
+def test_tools_are_listed_once_kept_and_renamed(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    listings: list[str] = []
+    real = openenv_tools._listing
+
+    async def counted(*args: Any) -> list[dict[str, Any]]:
+        listings.append(args[0])
+        return await real(*args)
+
+    monkeypatch.setattr(openenv_tools, "_listing", counted)
     env = make_env("openenv_mcp", {"url": url, "max_sessions": 2})()
     assert isinstance(env, OpenEnvMCP)
     assert [t["function"]["name"] for t in env.tools or []] == ["calc", "submit", "crash"]
@@ -82,6 +91,7 @@ def test_tools_are_listed_once_kept_and_renamed(url: str) -> None:
     )
     assert added.messages == [{"role": "tool", "name": "add", "content": "5"}] and not added.done
     assert (answered.reward, answered.done) == (1.0, True)
+    assert listings == [url]  # one session at set-up, not one per episode or per instance
 
 
 def test_an_episode_is_played_token_for_token(micro_model_dir: Path, url: str) -> None:
@@ -239,3 +249,21 @@ def test_the_docs_server_plays_through_the_adapter(tmp_path: Path) -> None:
         )
     assert added.messages == [{"role": "tool", "name": "add", "content": "7"}]
     assert (submitted.reward, submitted.done, wrong.reward, wrong.done) == (1.0, True, 0.0, True)
+
+
+def test_a_lent_tool_game_gives_the_samples_the_question_and_the_final_verdict(url: str) -> None:
+    from hone.envs import ToolArithmetic
+
+    args = {"url": url, "max_sessions": 2, "samples": "tool_arithmetic"}
+    env = make_env("openenv_mcp", args)
+    (sample,) = OpenEnvMCP.make_samples(1, 0, "train", **args)
+    assert sample == ToolArithmetic.make_samples(1, 0, "train")[0]
+    a, b = sample.meta["a"], sample.meta["b"]
+    initial, (added, right) = _play(env(), sample, [_call("calc", a=a, b=b), sample.answer or ""])
+    assert initial == ToolArithmetic().reset(sample)  # the server states nothing: the game asks
+    assert added.messages[0]["content"] == str(a + b)
+    assert (right.reward, right.done, right.info) == (1.0, True, {"solved": 1.0})
+    _, (wrong,) = _play(env(), sample, ["-1"])
+    assert (wrong.reward, wrong.done) == (0.0, True)
+    with pytest.raises(ValueError, match="env 'openenv_mcp' makes no samples of its own"):
+        OpenEnvMCP.make_samples(1, 0, "train", url=url)

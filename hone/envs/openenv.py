@@ -57,7 +57,7 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from hone.envs.base import Environment, Message, StepResult, register_env, register_release, resolve_env
 from hone.plugins import load_object
@@ -315,6 +315,8 @@ class OpenEnv(Environment):
     """An OpenEnv server's environment, one session per instance (one instance per trajectory, as Hone
     builds them); see the module docstring for the arguments and what maps to what."""
 
+    _NAME: ClassVar[str] = "openenv"  # the registered name, for messages (`openenv_mcp` subclasses it)
+
     def __init__(
         self,
         url: str | None = None,
@@ -335,7 +337,9 @@ class OpenEnv(Environment):
         servers: int = 1,
     ) -> None:
         if importlib.util.find_spec("openenv") is None:
-            raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[agents]' in a Hone clone")
+            raise ValueError(
+                f"env {self._NAME!r} needs openenv-core: pip install -e '.[agents]' in a Hone clone"
+            )
         given = [k for k, v in (("url", url), ("app", app), ("command", command)) if v]
         if len(given) != 1:
             raise ValueError(
@@ -412,7 +416,7 @@ class OpenEnv(Environment):
         """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
         if samples is None:
             raise ValueError(
-                "env 'openenv' makes no samples of its own: set env.args.samples (a game whose samples "
+                f"env {cls._NAME!r} makes no samples of its own: set env.args.samples (a game whose samples "
                 "the server plays, e.g. guess_number) or give the recipe a dataset (data.source)"
             )
         source: Any = resolve_env(samples)
@@ -420,7 +424,9 @@ class OpenEnv(Environment):
 
     def demonstration(self, sample: Sample) -> list[Message]:
         if self._source is None:
-            raise ValueError("env 'openenv' has no demonstrations without env.args.samples (or sft.data)")
+            raise ValueError(
+                f"env {self._NAME!r} has no demonstrations without env.args.samples (or sft.data)"
+            )
         return self._source.demonstration(sample)
 
     async def reset(self, sample: Sample) -> list[Message]:

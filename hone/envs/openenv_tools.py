@@ -40,6 +40,7 @@ import contextlib
 import inspect
 import json
 import threading
+from collections.abc import Awaitable
 from typing import Any
 
 from hone.envs.base import Message, StepResult, register_env, register_release
@@ -141,6 +142,8 @@ class OpenEnvMCP(ToolEnv, OpenEnv):
     """An MCP-style OpenEnv server's tools, one session per instance (one instance per trajectory); see
     the module docstring for the arguments. `ToolEnv` parses and answers the calls; `OpenEnv` finds,
     starts and shares the servers and holds the episode's session."""
+
+    _NAME = "openenv_mcp"
 
     def __init__(
         self,
@@ -260,7 +263,7 @@ class OpenEnvMCP(ToolEnv, OpenEnv):
         result.done = result.done or self._done
         return result
 
-    def finish(self, final_message: str) -> StepResult | Any:
+    def finish(self, final_message: str) -> StepResult | Awaitable[StepResult]:
         """The lent tool game's verdict, or none: the recipe's reward scores the final answer."""
         if isinstance(self._source, ToolEnv):
             return self._source.finish(final_message)
