@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from hone.envs import OpenEnvMCP, StepResult, make_env, openenv_tools, release_envs
+from hone.envs.openenv import _SERVERS
 from hone.envs.openenv_tools import OpenEnvSessionError
 from hone.models.tiny import CHAT_TEMPLATE
 from hone.types import Sample
@@ -267,3 +269,36 @@ def test_a_lent_tool_game_gives_the_samples_the_question_and_the_final_verdict(u
     assert (wrong.reward, wrong.done) == (0.0, True)
     with pytest.raises(ValueError, match="env 'openenv_mcp' makes no samples of its own"):
         OpenEnvMCP.make_samples(1, 0, "train", url=url)
+
+
+def test_a_server_hone_starts_plays_its_episodes_one_session_at_a_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`app`: openenv's start, health wait and session slots, reused: two episodes at once on a server of
+    one session (max_sessions) take turns, and both are played; the server stops with the run."""
+    args = {"app": "tests.openenv_apps_for_tests:calculator", "max_sessions": 1, "start_timeout_s": 60}
+    with caplog.at_level(logging.INFO, logger="hone"):
+        make = make_env("openenv_mcp", args)
+    assert "serves 1 session(s) at once (env.args.max_sessions)" in caplog.text
+    moves = [_call("calc", a=1, b=2), _call("submit", answer=3)]
+    events: list[str] = []
+
+    async def both() -> list[list[StepResult]]:
+        async def one() -> list[StepResult]:
+            env = make()
+            try:
+                await env.reset(Sample("s", prompt="go", meta={"a": 1, "b": 2}))
+                events.append("open")
+                return [await env.step(move) for move in moves]
+            finally:
+                await env.close()
+                events.append("closed")
+
+        return list(await asyncio.gather(one(), one()))
+
+    played = asyncio.run(both())
+    assert [[(r.reward, r.done) for r in results] for results in played] == [[(0.0, False), (1.0, True)]] * 2
+    assert events == ["open", "closed", "open", "closed"]  # the second waited for the first's session
+    (server,) = _SERVERS.values()
+    release_envs()
+    assert server.process.poll() is not None
