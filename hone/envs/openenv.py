@@ -57,7 +57,7 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from hone.envs.base import (
     Environment,
@@ -224,13 +224,15 @@ def _check_server(url: str, fields: dict[str, list[str]], timeout_s: float) -> N
             f"the OpenEnv server at {url} is unreachable: GET {url}/health and /schema failed: "
             f"{type(e).__name__}: {e}"
         ) from e
+    # An MCP-style server's actions are call_tool/list_tools: that is env `openenv_mcp`'s to play.
+    hint = "; an MCP-style server: env.name openenv_mcp" if "tool_name" in json.dumps(schema) else ""
     for part, names in fields.items():
         known = set(schema.get(part, {}).get("properties", {})) - {"metadata"}
         for name in names:
             if name not in known:
                 raise ValueError(
                     f"env.args names {part} field {name!r}, but the server at {url} has {part} fields "
-                    f"{sorted(known)} (its /schema)"
+                    f"{sorted(known)} (its /schema){hint}"
                 )
     _CHECKED.add(key)
 
@@ -321,6 +323,8 @@ class OpenEnv(Environment):
     """An OpenEnv server's environment, one session per instance (one instance per trajectory, as Hone
     builds them); see the module docstring for the arguments and what maps to what."""
 
+    _NAME: ClassVar[str] = "openenv"  # the registered name, for messages (`openenv_mcp` subclasses it)
+
     def __init__(
         self,
         url: str | None = None,
@@ -341,7 +345,9 @@ class OpenEnv(Environment):
         servers: int = 1,
     ) -> None:
         if importlib.util.find_spec("openenv") is None:
-            raise ValueError("env 'openenv' needs openenv-core: pip install -e '.[openenv]' in a Hone clone")
+            raise ValueError(
+                f"env {self._NAME!r} needs openenv-core: pip install -e '.[openenv]' in a Hone clone"
+            )
         given = [k for k, v in (("url", url), ("app", app), ("command", command)) if v]
         if len(given) != 1:
             raise ValueError(
@@ -385,9 +391,7 @@ class OpenEnv(Environment):
                 server.check_alive()
             self._server = pool[0]
             self.url = self._server.url
-        fields = {"action": [] if action else [action_field]}
-        fields["observation"] = [*([] if render else [observation_field]), *self.info_fields]
-        _check_server(self.url, fields, min(timeout_s, 10.0))
+        self._check(min(timeout_s, 10.0))
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"env.args.max_sessions must be >= 1, got {max_sessions}")
         slots = _session_slots(self.url, max_sessions, self.reset_args, min(timeout_s, 10.0))
@@ -400,6 +404,12 @@ class OpenEnv(Environment):
                 log.info("openenv: %d servers of `%s` started (env.args.servers)", servers, " ".join(argv))
         self._slots: Any = None
         self._client: Any = None
+
+    def _check(self, timeout_s: float) -> None:
+        """One line at set-up if the server lacks a field the args name (`openenv_mcp`: its tools)."""
+        fields = {"action": [] if self._build_action else [self.action_field]}
+        fields["observation"] = [*([] if self._render else [self.observation_field]), *self.info_fields]
+        _check_server(self.url, fields, timeout_s)
 
     @classmethod
     def make_samples(
@@ -414,7 +424,7 @@ class OpenEnv(Environment):
         """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
         if samples is None:
             raise ValueError(
-                "env 'openenv' makes no samples of its own: set env.args.samples (a game whose samples "
+                f"env {cls._NAME!r} makes no samples of its own: set env.args.samples (a game whose samples "
                 "the server plays, e.g. guess_number) or give the recipe a dataset (data.source)"
             )
         source: Any = resolve_env(samples)
@@ -422,7 +432,9 @@ class OpenEnv(Environment):
 
     def demonstration(self, sample: Sample) -> list[Message]:
         if self._source is None:
-            raise ValueError("env 'openenv' has no demonstrations without env.args.samples (or sft.data)")
+            raise ValueError(
+                f"env {self._NAME!r} has no demonstrations without env.args.samples (or sft.data)"
+            )
         return self._source.demonstration(sample)
 
     async def reset(self, sample: Sample) -> list[Message]:
