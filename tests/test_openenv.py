@@ -25,7 +25,7 @@ import uvicorn
 import yaml
 
 from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env
-from hone.envs.openenv import _SERVERS
+from hone.envs.openenv_servers import _SERVERS
 from hone.rollout.base import GenerationRequest
 from hone.types import Rollout, Sample, SamplingParams
 from tests.helpers import Scripted, wait_for
@@ -197,7 +197,7 @@ def test_a_server_of_one_session_plays_a_batch_one_episode_at_a_time(
     started at once all finish, each waiting for the session (unlimited, three would be refused)."""
     from openenv.core.env_server import create_app
 
-    from hone.envs import openenv as adapter
+    from hone.envs import openenv_servers as adapter
     from hone.envs.openenv_games import GuessAction, GuessNumberEnvironment, GuessObservation
 
     one = create_app(GuessNumberEnvironment, GuessAction, GuessObservation, env_name="guess_number")
@@ -226,7 +226,7 @@ def test_a_pool_of_started_one_session_servers_plays_episodes_side_by_side(
 ) -> None:
     """`env.args.servers: 2` of a one-session app: Hone starts both, says so in one line, and four episodes
     started at once share the two sessions; every server stops with the run."""
-    from hone.envs import openenv as adapter
+    from hone.envs import openenv_servers as adapter
 
     args = {"app": "tests.openenv_apps_for_tests:one_session", "servers": 2, "info_fields": ["solved"]}
     with caplog.at_level(logging.INFO, logger="hone"):
@@ -289,7 +289,7 @@ def test_the_app_openenv_init_generates_plays_token_for_token(tmp_path: Path, mi
     """Held out: the environment `openenv init` writes (openenv-core's own echo app, one session by default,
     code nobody here wrote), started by Hone as a pool of two servers. Each reply is echoed back with reward
     0.1 per character; the trajectory is exactly the template's rendering of the conversation."""
-    from hone.envs import openenv as adapter
+    from hone.envs import openenv_servers as adapter
     from hone.rollout.multiturn import EpisodeLimits, run_episodes
     from hone.training.policy import Policy
     from hone.types import SamplingParams
@@ -407,7 +407,7 @@ def test_a_server_hone_started_is_stopped_when_set_up_fails_after_it(
     cfg.env.args = {"command": stand_in, "samples": "guess_number"}
     started = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("hone.envs.openenv._SERVERS", _Recording(started))
+        patch.setattr("hone.envs.openenv_servers._SERVERS", _Recording(started))
         with pytest.raises(SetupError, match="no-model"):
             train(cfg)
     (server,) = started
@@ -431,7 +431,7 @@ def test_a_started_server_dies_with_a_killed_trainer(stand_in: list[str]) -> Non
     script = textwrap.dedent(
         f"""
         from hone.envs import make_env
-        from hone.envs.openenv import _SERVERS
+        from hone.envs.openenv_servers import _SERVERS
         make_env("openenv", {{"command": {stand_in!r}}})
         print(next(iter(_SERVERS.values())).process.pid, flush=True)
         import time; time.sleep(120)
@@ -558,7 +558,7 @@ def test_training_through_the_adapter_equals_training_on_the_builtin_game(
 
     started: list[object] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("hone.envs.openenv._SERVERS", _Recording(started))
+        patch.setattr("hone.envs.openenv_servers._SERVERS", _Recording(started))
         ours = run("agent-guess-openenv", "env.args.samples_args")
     (server,) = started  # one server for every episode of the run and its evaluations
     assert server.process.poll() is not None and not _alive(server.process.pid)  # stopped at the end

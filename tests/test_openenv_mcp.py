@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from hone.envs import OpenEnvMCP, StepResult, make_env, openenv_tools, release_envs
-from hone.envs.openenv import _SERVERS
+from hone.envs.openenv_servers import _SERVERS
 from hone.envs.openenv_tools import OpenEnvSessionError
 from hone.models.tiny import CHAT_TEMPLATE
 from hone.types import Sample

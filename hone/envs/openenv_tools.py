@@ -44,7 +44,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 from hone.envs.base import Message, StepResult, register_env, register_release
-from hone.envs.openenv import OpenEnv, _check_server
+from hone.envs.openenv import OpenEnv
+from hone.envs.openenv_servers import _check_server
 from hone.envs.tool_env import ToolEnv
 from hone.envs.tools import Tool, ToolError
 from hone.types import Sample
