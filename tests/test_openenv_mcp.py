@@ -214,7 +214,7 @@ def test_set_up_errors_are_one_line(url: str) -> None:
     ):
         make_env("openenv_mcp", {"url": plain})
     with pytest.raises(
-        ValueError, match=r"env.args.tools names \['shout'\], which .* lists \['calc', 'crash', 'sub"
+        ValueError, match=r"env.args.tools names \['shout'\], which .* has \['calc', 'crash', 'sub"
     ):
         make_env("openenv_mcp", {"url": url, "max_sessions": 2, "tools": ["shout"]})
     with pytest.raises(

@@ -20,7 +20,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from hone.plugins import load_object
 from hone.registry import Registry
@@ -78,6 +78,52 @@ class Environment(ABC):
         """A full scripted conversation that solves `sample`: the initial messages, then assistant turns
         and observations, ending with the last assistant turn. Used for the SFT warm start."""
         raise NotImplementedError(f"environment {type(self).__name__} has no scripted demonstration")
+
+
+class LendsSamples:
+    """For an adapter whose problems and SFT demonstrations a game can lend (`env.args.samples`, e.g.
+    `guess_number` for its OpenEnv port, `tool_arithmetic` for an MCP calculator; + `samples_args`): the
+    game's `make_samples`, `demonstration` and turn limit. Put it before the `Environment` base."""
+
+    _NAME: ClassVar[str] = "this environment"  # the registered name, for messages
+    _SAMPLES_HINT: ClassVar[str] = "a game"  # what `env.args.samples` names here, for messages
+    _source: Environment | None = None
+    max_turns: int
+
+    def _lend(self, samples: str | None, samples_args: dict[str, Any] | None) -> None:
+        if samples is None:
+            return
+        source = resolve_env(samples)(**(samples_args or {}))
+        if not isinstance(source, Environment):
+            raise ValueError(f"env.args.samples {samples!r} is not an environment")
+        self._source = source
+        self.max_turns = source.max_turns
+
+    @classmethod
+    def make_samples(
+        cls,
+        n: int,
+        seed: int,
+        split: str,
+        samples: str | None = None,
+        samples_args: dict[str, Any] | None = None,
+        **args: Any,
+    ) -> list[Sample]:
+        """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
+        if samples is None:
+            raise ValueError(
+                f"env {cls._NAME!r} makes no samples of its own: set env.args.samples ({cls._SAMPLES_HINT}) "
+                "or give the recipe a dataset (data.source)"
+            )
+        source: Any = resolve_env(samples)
+        return source.make_samples(n, seed, split, **(samples_args or {}))
+
+    def demonstration(self, sample: Sample) -> list[Message]:
+        if self._source is None:
+            raise ValueError(
+                f"env {self._NAME!r} has no demonstrations without env.args.samples (or sft.data)"
+            )
+        return self._source.demonstration(sample)
 
 
 # `chat(messages, info) -> reply`: a self-playing environment's one call into the model (see below).

@@ -41,9 +41,9 @@ import threading
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
-from hone.envs.base import Environment, Message, StepResult, register_env, register_release, resolve_env
+from hone.envs.base import LendsSamples, Message, StepResult, register_env, register_release
 from hone.envs.tool_env import ToolEnv
-from hone.envs.tools import Tool, ToolError
+from hone.envs.tools import Tool, ToolError, select_tools
 from hone.types import Sample
 
 log = logging.getLogger("hone")
@@ -256,8 +256,11 @@ def _text(result: Any) -> str:
 
 
 @register_env("mcp")
-class MCPEnv(ToolEnv):
+class MCPEnv(LendsSamples, ToolEnv):
     """A Model Context Protocol server's tools; see the module docstring for the arguments."""
+
+    _NAME = "mcp"
+    _SAMPLES_HINT = "a game, e.g. tool_arithmetic"
 
     def __init__(
         self,
@@ -289,12 +292,7 @@ class MCPEnv(ToolEnv):
             )
         if timeout_s <= 0:
             raise ValueError(f"env.args.timeout_s must be > 0, got {timeout_s}")
-        self._source: Environment | None = None
-        if samples is not None:
-            self._source = resolve_env(samples)(**(samples_args or {}))
-            if not isinstance(self._source, Environment):
-                raise ValueError(f"env.args.samples {samples!r} is not an environment")
-            self.max_turns = self._source.max_turns
+        self._lend(samples, samples_args)
         try:
             connection = _connection(argv or None, url, dict(env or {}), start_timeout_s)
         except _StartError as error:  # a command that does not speak MCP, a URL that does not answer
@@ -306,31 +304,6 @@ class MCPEnv(ToolEnv):
             max_calls_per_turn=max_calls_per_turn,
             max_calls_per_episode=max_calls,
         )
-        self.messages: list[Message] = []
-
-    @classmethod
-    def make_samples(
-        cls,
-        n: int,
-        seed: int,
-        split: str,
-        samples: str | None = None,
-        samples_args: dict[str, Any] | None = None,
-        **args: Any,
-    ) -> list[Sample]:
-        """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
-        if samples is None:
-            raise ValueError(
-                "env 'mcp' makes no samples of its own: set env.args.samples (e.g. tool_arithmetic) or give "
-                "the recipe a dataset (data.source)"
-            )
-        source: Any = resolve_env(samples)
-        return source.make_samples(n, seed, split, **(samples_args or {}))
-
-    def demonstration(self, sample: Sample) -> list[Message]:
-        if self._source is None:
-            raise ValueError("env 'mcp' has no demonstrations without env.args.samples (or sft.data)")
-        return self._source.demonstration(sample)
 
     def reset(self, sample: Sample) -> list[Message] | Awaitable[list[Message]]:
         if self._source is not None:
@@ -349,13 +322,7 @@ class MCPEnv(ToolEnv):
 def _tools(connection: _Connection, keep: list[str] | dict[str, str] | None, timeout_s: float) -> list[Tool]:
     """The server's tools as `Tool`s, kept and renamed as `env.args.tools` says."""
     listed = {tool.name: tool for tool in connection.tools}
-    names = dict(keep) if isinstance(keep, dict) else {name: name for name in keep or listed}
-    unknown = [name for name in names if name not in listed]
-    if unknown:
-        raise ValueError(
-            f"env.args.tools names {unknown}, which the MCP server {connection.where} does not have; it has "
-            f"{sorted(listed)}"
-        )
+    names = select_tools(list(listed), keep, f"the MCP server {connection.where}")
     return [_tool(connection, listed[name], shown, timeout_s) for name, shown in names.items()]
 
 

@@ -50,10 +50,10 @@ from typing import Any, ClassVar
 
 from hone.envs.base import (
     Environment,
+    LendsSamples,
     Message,
     StepResult,
     register_env,
-    resolve_env,
     waiting_on_other_episodes,
 )
 from hone.envs.openenv_servers import (
@@ -80,11 +80,12 @@ def _function(spec: str, what: str) -> Callable[..., Any]:
 
 
 @register_env("openenv")
-class OpenEnv(Environment):
+class OpenEnv(LendsSamples, Environment):
     """An OpenEnv server's environment, one session per instance (one instance per trajectory, as Hone
     builds them); see the module docstring for the arguments and what maps to what."""
 
     _NAME: ClassVar[str] = "openenv"  # the registered name, for messages (`openenv_mcp` subclasses it)
+    _SAMPLES_HINT: ClassVar[str] = "a game whose samples the server plays, e.g. guess_number"
 
     def __init__(
         self,
@@ -121,12 +122,7 @@ class OpenEnv(Environment):
         self.reset_args = dict(reset_args or {})
         self._build_action = None if action is None else _function(action, "action")
         self._render = None if render is None else _function(render, "render")
-        self._source: Environment | None = None
-        if samples is not None:
-            self._source = resolve_env(samples)(**(samples_args or {}))
-            if not isinstance(self._source, Environment):
-                raise ValueError(f"env.args.samples {samples!r} is not an environment")
-            self.max_turns = self._source.max_turns
+        self._lend(samples, samples_args)
         if servers < 1 or (servers > 1 and url is not None):
             raise ValueError(
                 f"env.args.servers must be >= 1, and more than 1 only for a server Hone starts (app or "
@@ -171,32 +167,6 @@ class OpenEnv(Environment):
         fields = {"action": [] if self._build_action else [self.action_field]}
         fields["observation"] = [*([] if self._render else [self.observation_field]), *self.info_fields]
         _check_server(self.url, fields, timeout_s)
-
-    @classmethod
-    def make_samples(
-        cls,
-        n: int,
-        seed: int,
-        split: str,
-        samples: str | None = None,
-        samples_args: dict[str, Any] | None = None,
-        **args: Any,
-    ) -> list[Sample]:
-        """`samples`' own `make_samples` with `samples_args` (the run passes every env arg here)."""
-        if samples is None:
-            raise ValueError(
-                f"env {cls._NAME!r} makes no samples of its own: set env.args.samples (a game whose samples "
-                "the server plays, e.g. guess_number) or give the recipe a dataset (data.source)"
-            )
-        source: Any = resolve_env(samples)
-        return source.make_samples(n, seed, split, **(samples_args or {}))
-
-    def demonstration(self, sample: Sample) -> list[Message]:
-        if self._source is None:
-            raise ValueError(
-                f"env {self._NAME!r} has no demonstrations without env.args.samples (or sft.data)"
-            )
-        return self._source.demonstration(sample)
 
     async def reset(self, sample: Sample) -> list[Message]:
         from openenv.core.generic_client import GenericEnvClient

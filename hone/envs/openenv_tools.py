@@ -47,7 +47,7 @@ from hone.envs.base import Message, StepResult, register_env, register_release
 from hone.envs.openenv import OpenEnv
 from hone.envs.openenv_servers import _check_server
 from hone.envs.tool_env import ToolEnv
-from hone.envs.tools import Tool, ToolError
+from hone.envs.tools import Tool, ToolError, select_tools
 from hone.types import Sample
 
 # Each server's listed tools (by URL and reset args): every episode builds an adapter, and only the
@@ -201,13 +201,7 @@ class OpenEnvMCP(ToolEnv, OpenEnv):
 
     def _kept_tools(self, keep: list[str] | dict[str, str] | None, per_turn: int) -> list[Tool]:
         listed = {str(spec.get("name")): spec for spec in self._listed}
-        names = dict(keep) if isinstance(keep, dict) else {name: name for name in keep or listed}
-        unknown = [name for name in names if name not in listed]
-        if unknown:
-            raise ValueError(
-                f"env.args.tools names {unknown}, which the OpenEnv server at {self.url} does not list; it "
-                f"lists {sorted(listed)}"
-            )
+        names = select_tools(list(listed), keep, f"the OpenEnv server at {self.url}")
         # The calls of a turn wait for each other on the session: the client's `timeout_s` bounds each
         # one, and this outer bound only catches a call the client failed to bound.
         backstop = self.timeout_s * (per_turn + 1)

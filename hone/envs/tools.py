@@ -85,6 +85,18 @@ class Tool:
             _check_type(self.name, arg, value, properties[arg])
 
 
+def select_tools(listed: list[str], keep: list[str] | dict[str, str] | None, where: str) -> dict[str, str]:
+    """A tool server's tools as the recipe keeps them (`env.args.tools`): {server's name: name the policy
+    sees}: all of `listed` by default, those a list names, or a dict's renames; unknown names: one line."""
+    names = dict(keep) if isinstance(keep, dict) else {name: name for name in keep or listed}
+    unknown = [name for name in names if name not in listed]
+    if unknown:
+        raise ValueError(
+            f"env.args.tools names {unknown}, which {where} does not have; it has {sorted(listed)}"
+        )
+    return names
+
+
 def _check_type(tool: str, arg: str, value: Any, spec: dict[str, Any]) -> None:
     if value is None and spec.get("nullable"):
         return
