@@ -52,16 +52,17 @@ def _call(name: str, **arguments: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def _children() -> list[int]:
-    """Live processes whose parent is this one."""
+def _calculators() -> list[int]:
+    """Live calculator servers this process started (other tests of this worker may leave other children)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"mcp-server-calculator" in command:
                 pids.append(int(entry.name))
     return pids
 
@@ -248,9 +249,9 @@ def test_the_recipe_lists_its_tools_in_a_dry_run_and_trains_leaving_no_server(
     assert main(["train", "agent-mcp-calculator", *overrides, "--dry-run"]) == 0
     shown = capsys.readouterr().out
     assert '"name": "calculator"' in shown and "Calculates/evaluates the given expression." in shown
-    assert not _children()  # the dry run stopped the server it started
+    assert not _calculators()  # the dry run stopped the server it started
     result = train(load_config("agent-mcp-calculator", overrides))
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss/policy" in r]
     assert len(steps) == 2 and all(r["env/errors"] == 0.0 for r in steps)
-    assert not _CONNECTIONS and not _children()
+    assert not _CONNECTIONS and not _calculators()
