@@ -145,7 +145,9 @@ def test_student_moves_toward_teacher(tmp_path: Path, micro_model_dir: Path) -> 
         "distill.reward": "false",
         "trainer.lr": 1e-2,
     }
-    train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "opd", **settings)))
+    result = train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "opd", **settings)))
+    # The random student answers nothing right (every reward 0), yet every step had the teacher's signal.
+    assert (result.tally.updated, result.tally.no_signal) == (30, 0)
     rows = [json.loads(line) for line in (tmp_path / "opd" / "metrics.jsonl").read_text().splitlines()]
     kl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]
     assert len(kl) == 30
