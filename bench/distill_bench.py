@@ -15,8 +15,9 @@ three stages, each a `hone` command:
    has no reward signal but every token still has the teacher's.
 
 The arms run one after another with the same torch threads (`--threads`). Reported: accuracy at each eval
-against the step and the RL wall time (the sum of the steps' `time/step_s`; evals excluded), and for each
-arm the first step at which its accuracy reaches GRPO's final accuracy. The target (issue 35): OPD there in
+against the step and the RL wall time (the sum of the steps' `time/step_s`; evals excluded), the median
+step time (steadier than the sum on a shared machine), and for each arm the first step at which its
+accuracy reaches GRPO's final accuracy. The target (issue 35): OPD there in
 at most half of GRPO's steps.
 
     nice -n 5 .venv/bin/python bench/distill_bench.py                 # start + teacher + 3 arms
@@ -85,9 +86,11 @@ def summarise(metrics_path: Path) -> dict[str, Any]:
              for r in rows if "eval/accuracy" in r]  # fmt: skip
     kl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]
     tenth = max(1, len(kl) // 10)
+    step_s = sorted(r["time/step_s"] for r in rows if "time/step_s" in r)
     return {
-        "steps": sum("time/step_s" in r for r in rows),
+        "steps": len(step_s),
         "rl_s": round(clock, 1),
+        "median_step_s": round(step_s[len(step_s) // 2], 3) if step_s else None,
         "evals": evals,  # [step, RL seconds, accuracy]
         "reverse_kl": [sum(kl[:tenth]) / tenth, sum(kl[-tenth:]) / tenth] if kl else None,
     }
@@ -111,16 +114,18 @@ def table(results: dict[str, Any]) -> str:
         f"held-out accuracy {pct(results['teacher_accuracy'])}; "
         f"student start {pct(arms['grpo']['evals'][0][2])}; GRPO's final accuracy (the target) {pct(target)}",
         "",
-        "| arm | RL steps | RL s | accuracy by step (step: acc) | reaches GRPO's final at step (RL s) | "
-        "reverse KL first → last tenth |",
-        "|---|---|---|---|---|---|",
+        "| arm | RL steps | RL s | median s/step | accuracy by step (step: acc) | "
+        "reaches GRPO's final at step (RL s) | reverse KL first → last tenth |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm, s in arms.items():
         curve = ", ".join(f"{step}: {pct(acc)}" for step, _, acc in s["evals"])
         hit = reached(s["evals"], target)
         at = "not reached" if hit is None else f"{hit[0]} ({hit[1]:.0f} s)"
         kl = "—" if s["reverse_kl"] is None else f"{s['reverse_kl'][0]:.3f} → {s['reverse_kl'][1]:.3f}"
-        lines.append(f"| {arm} | {s['steps']} | {s['rl_s']:.0f} | {curve} | {at} | {kl} |")
+        lines.append(
+            f"| {arm} | {s['steps']} | {s['rl_s']:.0f} | {s['median_step_s']} | {curve} | {at} | {kl} |"
+        )
     opd = reached(arms["opd"]["evals"], target)
     met = opd is not None and opd[0] <= grpo_steps / 2
     lines += ["", f"target (OPD at GRPO's final accuracy in at most {grpo_steps // 2} steps): "
