@@ -22,6 +22,8 @@ at most half of GRPO's steps.
 
     nice -n 5 .venv/bin/python bench/distill_bench.py                 # start + teacher + 3 arms
     .venv/bin/python bench/distill_bench.py --report                  # reprint the table
+    nice -n 5 .venv/bin/python bench/distill_bench.py --seed 1 \
+        --results bench/results/distill_bench_seed1.json                # the arms, another seed
 
 Writes bench/results/distill_bench.json.
 """
@@ -68,9 +70,13 @@ def hone(args: argparse.Namespace, command: str, name: str, *overrides: str) -> 
 def arm_overrides(args: argparse.Namespace, arm: str, start: Path, teacher: Path) -> list[str]:
     distill = [] if arm == "grpo" else [f"distill.teacher={teacher}"]
     return [
-        f"model.path={start}", "sft.enabled=false", f"run.steps={args.steps}",
+        f"model.path={start}", "sft.enabled=false", f"run.steps={args.steps}", f"run.seed={args.seed}",
         f"run.eval_every={args.eval_every}", "run.save_every=0", *distill, *ARMS[arm],
     ]  # fmt: skip
+
+
+def arm_name(args: argparse.Namespace, arm: str) -> str:
+    return f"arm-{arm.replace('+', '-')}" + (f"-s{args.seed}" if args.seed else "")
 
 
 def summarise(metrics_path: Path) -> dict[str, Any]:
@@ -142,6 +148,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="RL steps per arm")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="the arms' run.seed (the start and teacher: 0)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON written (and --report read)")
     parser.add_argument("--report", action="store_true", help="reprint the saved results")
@@ -158,7 +165,7 @@ def main() -> None:
     teacher = runs / "teacher" / "checkpoints" / f"step-{args.teacher_steps}" / "model"
     teacher_evals = summarise(runs / "teacher" / "metrics.jsonl")["evals"]
     for arm in args.arms:
-        hone(args, "train", f"arm-{arm.replace('+', '-')}", *arm_overrides(args, arm, start, teacher))
+        hone(args, "train", arm_name(args, arm), *arm_overrides(args, arm, start, teacher))
     results = {
         "teacher_steps": args.teacher_steps,
         "teacher_accuracy": teacher_evals[-1][2],
