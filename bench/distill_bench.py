@@ -22,8 +22,7 @@ at most half of GRPO's steps.
 
     nice -n 5 .venv/bin/python bench/distill_bench.py                 # start + teacher + 3 arms
     .venv/bin/python bench/distill_bench.py --report                  # reprint the table
-    nice -n 5 .venv/bin/python bench/distill_bench.py --seed 1 \
-        --results bench/results/distill_bench_seed1.json                # the arms, another seed
+    .venv/bin/python bench/distill_bench.py --seed 1 --results bench/results/distill_bench_seed1.json
 
 Writes bench/results/distill_bench.json.
 """
