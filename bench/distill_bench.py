@@ -172,9 +172,8 @@ def main() -> None:
         "eval_every": args.eval_every,
         "threads": args.threads,
         "cores": os.cpu_count(),
-        "arms": {
-            arm: summarise(runs / f"arm-{arm.replace('+', '-')}" / "metrics.jsonl") for arm in args.arms
-        },
+        "seed": args.seed,
+        "arms": {arm: summarise(runs / arm_name(args, arm) / "metrics.jsonl") for arm in args.arms},
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(results, indent=1) + "\n")
