@@ -4,6 +4,7 @@ that fails or is killed ends the run with one line and leaves no process behind.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -47,6 +48,8 @@ STEPS = {
     **TOKEN_REWARD,
 }
 PPO = {"algorithm.advantage": "gae", "critic.lr": 1e-3, "algorithm.kl.coef": 0}
+# A distillation teacher (`tiny`: other weights, the same byte tokenizer) on every rank, beside the reference.
+DISTILL = {"distill.teacher": "tiny", "distill.coef": 0.5}
 LORA = {"model.lora.r": 4, "model.lora.alpha": 8}  # the KL reference: the base, the adapter disabled
 WARM = {  # SFT on the ranks first; the KL reference is its result, which every rank loads
     "sft.enabled": "true",
@@ -101,8 +104,9 @@ def largest_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float
         ("fsdp2", PPO, False),
         ("fsdp2", LORA, False),
         ("fsdp2", WARM, False),
+        ("fsdp2", DISTILL, False),
     ],
-    ids=["fsdp2", "ddp-torchrun", "fsdp2-ppo-critic", "fsdp2-lora", "fsdp2-sft-warm-start"],
+    ids=["fsdp2", "ddp-torchrun", "fsdp2-ppo-critic", "fsdp2-lora", "fsdp2-sft-warm-start", "fsdp2-distill"],
 )
 def test_two_ranks_train_as_one_process(
     tmp_path: Path, micro_model_dir: Path, strategy: str, extra: dict[str, object], torchrun: bool
@@ -129,6 +133,13 @@ def test_two_ranks_train_as_one_process(
         assert largest_gap(one, two) <= TOLERANCE
     if extra is PPO:
         assert largest_gap(critic_weights(tmp_path / "one"), critic_weights(tmp_path / "two")) <= TOLERANCE
+    if extra is DISTILL:  # the ranks' teacher scored what one process's did
+        kl = [
+            [row["distill/reverse_kl"] for row in map(json.loads, (tmp_path / run / "metrics.jsonl").open())
+             if "distill/reverse_kl" in row]
+            for run in ("one", "two")
+        ]  # fmt: skip
+        assert len(kl[0]) == 3 and kl[1] == pytest.approx(kl[0], abs=1e-4)
     if extra is LORA:  # the adapter as one process saves it, beside the merged weights
         assert any(k.startswith("adapter_model.safetensors/") and "lora_A" in k for k in two)
     assert "Traceback" not in done.stderr

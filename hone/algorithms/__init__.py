@@ -3,7 +3,8 @@
 Shapes: `B` sequences × `T` response positions, right-padded; `response_mask` is 1 on tokens that
 count in the loss. Classic control reuses them with `B` environments × `T` rollout steps (`gae` with
 episode boundaries); the off-policy actor-critic pieces (`qlearning`: SAC, TD3) and the offline RL
-losses (`offline`: BC, TD3+BC, IQL, AWR, CQL) take one row per transition.
+losses (`offline`: BC, TD3+BC, IQL, AWR, CQL) take one row per transition. On-policy distillation
+(`distill`) turns a teacher's log-probs of the sampled tokens into per-token advantages.
 """
 
 from hone.algorithms.advantages import (
@@ -13,6 +14,7 @@ from hone.algorithms.advantages import (
     register_advantage,
 )
 from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
+from hone.algorithms.distill import DISTILL_MODES, distill_advantages, register_distill
 from hone.algorithms.kl import KL_ESTIMATORS, register_kl
 from hone.algorithms.losses import POLICY_LOSSES, register_policy_loss
 from hone.algorithms.metrics import pass_at_k
@@ -59,6 +61,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
     "DEFAULT_BETA",
+    "DISTILL_MODES",
     "KL_ESTIMATORS",
     "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
@@ -72,6 +75,7 @@ __all__ = [
     "bradley_terry_loss",
     "cql_penalty",
     "discounted_returns",
+    "distill_advantages",
     "expectile_loss",
     "explained_variance",
     "group_stats",
@@ -83,6 +87,7 @@ __all__ = [
     "polyak_update",
     "q_loss",
     "register_advantage",
+    "register_distill",
     "register_kl",
     "register_off_policy",
     "register_policy_loss",

@@ -40,6 +40,7 @@ PATH_KEYS = (
     ("rm", "eval_data"),
     ("model", "path"),
     ("critic", "path"),
+    ("distill", "teacher"),
     ("control", "dataset_root"),
 )
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")

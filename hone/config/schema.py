@@ -685,6 +685,26 @@ class TrainerConfig(Section):
         return self
 
 
+class DistillConfig(Section):
+    """On-policy distillation (hone.algorithms.distill): a teacher scores the student's own samples."""
+
+    teacher: str | None = Field(
+        None,
+        description="the teacher: what model.path accepts (local dir, hub name, alias); its tokenizer must "
+        "be the student's; null = no distillation",
+    )
+    coef: float = Field(1.0, gt=0, description="weight of the per-token reverse KL in the advantage")
+    mode: Literal["reverse_kl"] = Field(
+        "reverse_kl",
+        description="reverse_kl: advantage -coef * (log p_student - log p_teacher) per sampled token",
+    )
+    reward: bool = Field(
+        True,
+        description="add the reward's advantage (algorithm.advantage) to the distillation term; false = "
+        "distillation alone (rewards are still scored, logged and evaluated)",
+    )
+
+
 class SFTConfig(Section):
     enabled: bool = Field(False, description="supervised warm-start before RL (teaches the answer format)")
     data: str | None = Field(None, description="jsonl of prompt/response pairs; null = task demonstrations")
@@ -872,6 +892,7 @@ class HoneConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
     pairs: PairsConfig = Field(default_factory=PairsConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     rm: RMConfig = Field(default_factory=RMConfig)
@@ -956,6 +977,26 @@ class HoneConfig(Section):
         if self.rollout.agent and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
             raise ValueError(
                 "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: local)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _distill_alone_trains_every_group(self) -> HoneConfig:
+        # Without the reward in the advantage every sampled token carries the teacher's signal: a filter on
+        # reward variance would drop groups that teach, and a critic would fit returns nothing reads.
+        d = self.distill
+        if d.teacher is None or d.reward:
+            return self
+        if self.algorithm.skip_zero_variance_groups or self.algorithm.dynamic_sampling.enabled:
+            raise ValueError(
+                "distill.reward: false trains on every group; set algorithm.skip_zero_variance_groups: false "
+                "and algorithm.dynamic_sampling.enabled: false"
+            )
+        if self.critic is not None:
+            raise ValueError("distill.reward: false reads no critic: drop the critic section (and gae)")
+        if self.algorithm.kl.coef > 0 and self.algorithm.kl.placement == "reward":
+            raise ValueError(
+                "distill.reward: false has no reward to take the KL from: use algorithm.kl.placement: loss"
             )
         return self
 

@@ -24,7 +24,7 @@ from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.engines import WeightSource, get_engine
 from hone.rollout.multiturn import EpisodeLimits, Episodes
-from hone.training.models import check_tokenizer, load_policy, pad_token_id
+from hone.training.models import check_teacher_tokenizer, check_tokenizer, load_policy, pad_token_id
 from hone.training.policy import Policy
 from hone.types import Sample
 
@@ -44,6 +44,7 @@ class RunComponents:
     model_path: str
     episodes: Episodes | None = None  # multi-turn runs: a fresh environment per episode, and limits
     agent: AgentEpisodes | None = None  # `rollout.agent`: it plays the episodes, through the endpoint
+    teacher: Policy | None = None  # `distill.teacher`, loaded with the reference when RL starts
 
 
 def build_components(cfg: HoneConfig) -> RunComponents:
@@ -63,6 +64,8 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     check_tokenizer(policy, model_path)
     tokenizer = policy.tokenizer
     assert tokenizer is not None  # check_tokenizer refuses a model without one
+    if cfg.distill.teacher is not None:  # before an SFT warm start or any sampling
+        check_teacher_tokenizer(cfg.distill, tokenizer, cfg.model.path)
     pad_id = pad_token_id(tokenizer)
     sampler = build_sampler(cfg, policy, model_path)
     source = weight_source(cfg, policy)

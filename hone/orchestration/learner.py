@@ -1,4 +1,4 @@
-"""The learner: scored groups → collate → old/ref log-probs → advantages → update → publish weights.
+"""The learner: scored groups → collate → old/ref/teacher log-probs → advantages → update → publish weights.
 
 It reads only what the producer hands it (`ScoredGroups`) and the policy it trains; the one thing it sends
 back is a weight publish, through the callable it was given (`RolloutSource.publish` in the loop).
@@ -21,8 +21,9 @@ from hone.algorithms import (
     turn_sums,
 )
 from hone.algorithms.advantages import hyperparameters
+from hone.algorithms.distill import distill_advantages
 from hone.algorithms.metrics import canary_metrics, offpolicy_ess
-from hone.config import AlgorithmConfig, TrainerConfig
+from hone.config import AlgorithmConfig, DistillConfig, TrainerConfig
 from hone.orchestration.canary import LogprobCanary
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
@@ -69,9 +70,19 @@ def compute_advantages(
     ref_logp: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     group_ids: torch.Tensor | None = None,
+    teacher_logp: torch.Tensor | None = None,
+    distill: DistillConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Advantages and returns `[B, T]` of `rollouts` from their rewards (minus a per-token KL penalty when
-    `algorithm.kl.placement` is reward), by `algorithm.advantage`; and their metrics."""
+    `algorithm.kl.placement` is reward), by `algorithm.advantage`; and their metrics. With the teacher's
+    log-probs (`distill.teacher`), plus on-policy distillation's per-token term
+    (`hone.algorithms.distill`, the student's log-probs being `old_logp`); with `distill.reward` false
+    that term alone (returns 0)."""
+    if teacher_logp is not None and distill is not None and not distill.reward:
+        advantages, distill_metrics = distill_advantages(
+            distill.mode, old_logp, teacher_logp, response_mask, distill.coef
+        )
+        return advantages, torch.zeros_like(advantages), distill_metrics
     scores = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=response_mask.device)
     token_rewards = scores_to_token_rewards(scores, response_mask)
     turns = {k: v.to(token_rewards.device) for k, v in turn_tensors(rollouts, token_rewards.shape[1]).items()}
@@ -93,6 +104,12 @@ def compute_advantages(
         values=values,
         **settings,
     )
+    if teacher_logp is not None and distill is not None:
+        extra, distill_metrics = distill_advantages(
+            distill.mode, old_logp, teacher_logp, response_mask, distill.coef
+        )
+        advantages = advantages + extra
+        metrics |= distill_metrics
     if values is not None:  # the critic before its update, against the targets it is fitted to
         metrics["value/explained_variance"] = explained_variance(values, returns, response_mask)
         metrics["value/mean"] = float(masked_mean(values, response_mask))
@@ -133,6 +150,8 @@ class Learner:
 
     policy: Policy
     ref_policy: Policy | None
+    teacher: Policy | None = None  # on-policy distillation's teacher (`distill`), scoring as the reference
+    distill: DistillConfig = field(default_factory=DistillConfig)
     trainer: RLTrainer
     algorithm: AlgorithmConfig
     trainer_cfg: TrainerConfig
@@ -174,8 +193,8 @@ class Learner:
     def batch(self, rollouts: list[Rollout]) -> tuple[TrainBatch, dict[str, float]]:
         """The `TrainBatch` of `rollouts`, every field made once: the sampler's (behaviour) log-probs, the
         old ones (recomputed in the update's precision when `algorithm.old_log_probs` is recompute, so the
-        trainer measures `mismatch/logprob_abs` between the two), the reference's, the critic's values,
-        the advantages and the loss mask; and the metrics of making them."""
+        trainer measures `mismatch/logprob_abs` between the two), the reference's, the teacher's, the critic's
+        values, the advantages and the loss mask; and the metrics of making them."""
         seqs = collate(rollouts, pad_id=self.pad_id).to(self.policy.device)
         assert seqs.sampler_log_probs is not None  # collate fills it
         micro = micro_batch_rows(self.trainer_cfg, seqs.input_ids.shape[1])
@@ -199,6 +218,9 @@ class Learner:
         ref_logp = None
         if self.ref_policy is not None:
             ref_logp = _log_probs(self.ref_policy, seqs, self.temperature, micro, shared, ranks)
+        teacher_logp = None
+        if self.teacher is not None:
+            teacher_logp = _log_probs(self.teacher, seqs, self.temperature, micro, shared, ranks)
         values = None
         if self.critic is not None:
             critic = self.critic
@@ -218,6 +240,8 @@ class Learner:
             ref_logp=ref_logp,
             values=values,
             group_ids=seqs.group_ids,
+            teacher_logp=teacher_logp,
+            distill=self.distill,
         )
         metrics |= canary
         per_token = advantages * seqs.response_mask

@@ -278,6 +278,8 @@ def follow(cfg: HoneConfig, ranks: Ranks) -> None:
     learner = Learner(
         policy=policy,
         ref_policy=models.ref_policy,
+        teacher=models.teacher,
+        distill=cfg.distill,
         trainer=models.trainer,
         algorithm=cfg.algorithm,
         trainer_cfg=cfg.trainer,

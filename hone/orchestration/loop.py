@@ -241,6 +241,8 @@ def _train(
     learner = Learner(
         policy=parts.policy,
         ref_policy=parts.ref_policy,
+        teacher=parts.teacher,
+        distill=cfg.distill,
         trainer=trainer,
         algorithm=cfg.algorithm,
         trainer_cfg=cfg.trainer,

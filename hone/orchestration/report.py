@@ -2,7 +2,8 @@
 summary, the progress line, the warning when nothing was learned), and the samples it logs.
 
 A step *had no signal* when it scored some responses but no group among those it trained on had rewards
-that differ (`groups/with_signal` 0): every advantage of a group-relative estimator is then 0. A step
+that differ (`groups/with_signal` 0): every advantage of a group-relative estimator is then 0 (unless the
+step distilled from a teacher, `distill/reverse_kl`: its per-token advantages need no reward). A step
 *updated the policy* when the learner published new weights (`train/policy_updated`: its groups were not
 all filtered out, and it was not a critic warm-up step) and it had a signal. Both are logged per step in
 metrics.jsonl, so a resumed run counts the steps before it too.
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from hone.orchestration.loop import RunResult
 
 UPDATED = "train/policy_updated"  # 1 when the step published new policy weights
+DISTILLED = "distill/reverse_kl"  # logged when a teacher scored the step's tokens: a signal without rewards
 WITH_SIGNAL = "groups/with_signal"  # the step's trained groups whose rewards differ
 
 
@@ -44,7 +46,7 @@ class StepTally:
     def add(self, metrics: Mapping[str, object]) -> None:
         self.steps += 1
         scored = metrics.get("reward/excluded_frac", 0.0) != 1.0  # else a reward outage: no grades at all
-        no_signal = WITH_SIGNAL in metrics and not metrics[WITH_SIGNAL]
+        no_signal = WITH_SIGNAL in metrics and not metrics[WITH_SIGNAL] and DISTILLED not in metrics
         # An update on equal-reward groups only (skip_zero_variance_groups off) has every advantage 0: it
         # does not count as updating the policy.
         self.updated += bool(metrics.get(UPDATED)) and not no_signal

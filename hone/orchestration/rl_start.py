@@ -42,7 +42,7 @@ from hone.training.distributed import (
     is_sharded,
     shard,
 )
-from hone.training.models import load_critic, load_reference
+from hone.training.models import load_critic, load_reference, load_teacher
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 
@@ -93,12 +93,14 @@ def learner_start(cfg: HoneConfig, parts: RunComponents, run_dir: Path, resume: 
 
 @dataclass
 class LearnerModels:
-    """The KL reference (and its checkpoint record), the policy's trainer and PPO's critic trainer."""
+    """The KL reference (and its checkpoint record), the policy's trainer, PPO's critic trainer and the
+    on-policy distillation teacher."""
 
     ref_policy: Policy | None
     reference: dict[str, str] | None
     trainer: RLTrainer
     critic: CriticTrainer | None
+    teacher: Policy | None = None
 
 
 def shard_policy(cfg: HoneConfig, policy: Policy, ranks: Ranks) -> None:
@@ -119,12 +121,17 @@ def learner_models(cfg: HoneConfig, policy: Policy, start: LearnerStart, ranks: 
     ref_policy, reference = None, None
     if cfg.algorithm.kl.coef > 0:  # before sharding: its record's digest reads whole tensors
         ref_policy, reference = load_reference(cfg.model, policy, start.start_dir, warm_started=start.warm)
+    # The distillation teacher is served as the reference is: a frozen model beside the policy on every
+    # learner rank (locally, on torchrun ranks, or on Ray's learner actors), scoring the same rows.
+    teacher = None if cfg.distill.teacher is None else load_teacher(cfg.distill, cfg.model, policy)
     if ranks.world > 1:
         if not is_sharded(policy.model):  # an SFT warm start on the ranks sharded it already
             shard_policy(cfg, policy, ranks)
         if ref_policy is not None and ref_policy.model is not policy.model:  # LoRA's is the policy's model
             copy_from_rank0(ref_policy.model, ranks)
             shard(ref_policy.model, strategy, ranks)
+        if teacher is not None:
+            shard(teacher.model, strategy, ranks)
     trainer = RLTrainer(
         policy,
         cfg.algorithm,
@@ -146,7 +153,7 @@ def learner_models(cfg: HoneConfig, policy: Policy, start: LearnerStart, ranks: 
         critic = CriticTrainer(
             model, cfg.critic, cfg.trainer, total_rl_steps=cfg.run.steps, seed=cfg.run.seed, ranks=ranks
         )
-    return LearnerModels(ref_policy, reference, trainer, critic)
+    return LearnerModels(ref_policy, reference, trainer, critic, teacher)
 
 
 @dataclass
@@ -180,11 +187,12 @@ def begin_learner(
     announce: Announce | None,
 ) -> LearnerModels:
     """Rank 0's side of `learner_models` (after `announce`, so the other ranks build theirs alongside);
-    the reference goes into `parts` too."""
+    the reference and the distillation teacher go into `parts` too."""
     if announce is not None:
         announce(start)
     models = learner_models(cfg, parts.policy, start, ranks)
     parts.ref_policy = models.ref_policy
+    parts.teacher = models.teacher
     return models
 
 

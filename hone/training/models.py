@@ -16,9 +16,20 @@ from hone.training.critic import ValueModel
 from hone.training.policy import ADAPTER_DIR, AdapterReference, DType, LoraSettings, Policy, weights_digest
 
 if TYPE_CHECKING:
-    from hone.config import CriticConfig, ModelConfig
+    from transformers import PreTrainedTokenizerBase
 
-__all__ = ["check_tokenizer", "load_critic", "load_policy", "load_reference", "pad_token_id"]
+    from hone.config import CriticConfig, DistillConfig, ModelConfig
+
+__all__ = [
+    "check_same_vocab",
+    "check_teacher_tokenizer",
+    "check_tokenizer",
+    "load_critic",
+    "load_policy",
+    "load_reference",
+    "load_teacher",
+    "pad_token_id",
+]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -59,6 +70,43 @@ def load_reference(
         ref.model.eval().requires_grad_(False)
         tensors = ref.model.state_dict()
     return ref, {"path": str(start_dir), "sha256": weights_digest(tensors)}
+
+
+def check_same_vocab(
+    student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, student_name: str, teacher_name: str
+) -> None:
+    """Refuse a teacher whose tokenizer is not the student's: on-policy distillation reads the teacher's
+    log-prob of the student's token ids, which means the same thing only under the same vocabulary (the
+    same token → id map and the same special tokens)."""
+    if student.get_vocab() != teacher.get_vocab() or student.all_special_tokens != teacher.all_special_tokens:
+        raise ValueError(
+            f"distill.teacher {teacher_name} has a different tokenizer from the student {student_name} "
+            f"({len(teacher)} vs {len(student)} tokens): on-policy distillation needs the same vocabulary"
+        )
+
+
+def check_teacher_tokenizer(
+    distill: DistillConfig, student: PreTrainedTokenizerBase, student_name: str
+) -> None:
+    """`check_same_vocab` on `distill.teacher`'s tokenizer alone (the teacher's weights load later, on the
+    learner): a mismatch fails at set-up, before an SFT warm start or any sampling."""
+    from transformers import AutoTokenizer
+
+    assert distill.teacher is not None
+    path = resolve_model(distill.teacher, what="distill.teacher")
+    check_same_vocab(student, AutoTokenizer.from_pretrained(path), student_name, distill.teacher)
+
+
+def load_teacher(distill: DistillConfig, model: ModelConfig, policy: Policy) -> Policy:
+    """The frozen teacher of on-policy distillation, from `distill.teacher` (what `model.path` accepts), in
+    `model.dtype` on the policy's device, served as the KL reference is: beside the policy on every
+    learner rank. Its tokenizer must be the policy's (`check_same_vocab`)."""
+    assert distill.teacher is not None
+    path = resolve_model(distill.teacher, what="distill.teacher")
+    teacher = Policy.from_pretrained(path, dtype=model.dtype, device=str(policy.device))
+    teacher.model.eval().requires_grad_(False)
+    check_same_vocab(policy.tokenizer, teacher.tokenizer, model.path, distill.teacher)
+    return teacher
 
 
 def load_critic(critic: CriticConfig, policy: Policy, start_dir: str, *, dtype: DType) -> ValueModel:
