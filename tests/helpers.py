@@ -219,8 +219,24 @@ def make_batch(policy: Policy) -> TrainBatch:
     )
 
 
+def record_generations(sampler: Any) -> list[tuple[list[int], Rollout]]:
+    """Wrap `sampler.generate` so that each (prompt ids, rollout) it returns is recorded in the list."""
+    seen: list[tuple[list[int], Rollout]] = []
+    generate = sampler.generate
+
+    def recording(requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
+        outs = generate(requests, params)
+        seen.extend((r.prompt_ids, o) for r, o in zip(requests, outs, strict=True))
+        return outs
+
+    sampler.generate = recording
+    return seen
+
+
 class Scripted:
-    """A sampler that answers turn k of every episode with `replies[k]` and `end` (default: the eos)."""
+    """A sampler that answers turn k of every episode with `replies[k]` and `end` (default: the eos): the
+    k-th generate call, or with `by_turn` each episode's own k-th turn (counted in its prompt's
+    "assistant:" headers, the micro model's template), for episodes a step samples in more than one call."""
 
     policy_version = 0
 
@@ -230,26 +246,32 @@ class Scripted:
         replies: list[str],
         end: int | None = None,
         eos_ids: frozenset[int] | None = None,
+        by_turn: bool = False,
     ) -> None:
-        self.tokenizer, self.replies, self.calls = tokenizer, replies, 0
+        self.tokenizer, self.replies, self.calls, self.by_turn = tokenizer, replies, 0, by_turn
         self.end = tokenizer.eos_token_id if end is None else end
         self.eos_token_ids = frozenset([tokenizer.eos_token_id]) if eos_ids is None else eos_ids
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
-        text, self.calls = self.replies[self.calls], self.calls + 1
+        call, self.calls = self.calls, self.calls + 1
+        return [self._reply(r, self._turn(r) if self.by_turn else call) for r in requests]
+
+    def _turn(self, request: GenerationRequest) -> int:
+        return self.tokenizer.decode(request.prompt_ids).count("assistant:") - 1
+
+    def _reply(self, request: GenerationRequest, k: int) -> Rollout:
+        text = self.replies[k]
         ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.end]
-        return [
-            Rollout(
-                r.sample_id,
-                r.group_id,
-                r.prompt_ids + ids,
-                len(r.prompt_ids),
-                [1] * len(ids),
-                [0.0] * len(ids),
-                text,
-            )
-            for r in requests
-        ]
+        prompt = request.prompt_ids
+        return Rollout(
+            request.sample_id,
+            request.group_id,
+            prompt + ids,
+            len(prompt),
+            [1] * len(ids),
+            [0.0] * len(ids),
+            text,
+        )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         raise NotImplementedError

@@ -33,7 +33,7 @@ from hone.rollout.endpoint import EndpointServer
 from hone.rollout.multiturn import demonstration_tokens
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
-from tests.helpers import tiny_overrides, wait_for
+from tests.helpers import record_generations, tiny_overrides, wait_for
 
 PARAMS = SamplingParams(n=1, temperature=1.0, max_new_tokens=96, seed=0)
 NOTHING_COUNTED = {"env/tool_choice_violations": 0.0, "env/dropped_tool_calls": 0.0}
@@ -539,15 +539,7 @@ def test_the_endpoint_serves_the_weights_last_published(tokenizer: PreTrainedTok
 def test_real_sampler_tokens_and_logprobs_land_in_the_trajectory(micro_model_dir: Path) -> None:
     policy = Policy.from_pretrained(str(micro_model_dir))
     sampler = HFSampler(policy.model, policy.tokenizer)
-    seen: list[tuple[list[int], Rollout]] = []
-    generate = sampler.generate
-
-    def recording(requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
-        outs = generate(requests, params)
-        seen.extend((r.prompt_ids, o) for r, o in zip(requests, outs, strict=True))
-        return outs
-
-    sampler.generate = recording  # type: ignore[method-assign]
+    seen = record_generations(sampler)
 
     async def two_turns(client: openai.AsyncOpenAI, sample: Sample) -> float:
         messages: list[dict[str, object]] = [{"role": "user", "content": "2+2?"}]

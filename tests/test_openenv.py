@@ -26,8 +26,7 @@ import yaml
 
 from hone.envs import Environment, GuessNumber, OpenEnv, StepResult, make_env
 from hone.envs.openenv_servers import _SERVERS
-from hone.rollout.base import GenerationRequest
-from hone.types import Rollout, Sample, SamplingParams
+from hone.types import Sample, SamplingParams
 from tests.helpers import Scripted, wait_for
 
 APP = "hone.envs.openenv_games:app"
@@ -262,29 +261,6 @@ def test_a_pool_of_started_one_session_servers_plays_episodes_side_by_side(
         make_env("openenv", {"url": "http://127.0.0.1:1", "servers": 2})
 
 
-class _ByTurn(Scripted):
-    """`Scripted` by each episode's own turn (the k-th reply for its k-th turn), not by the k-th call: with
-    fewer sessions than episodes, a turn's episodes are sampled in more than one call."""
-
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
-        out = []
-        for r in requests:
-            turn = self.tokenizer.decode(r.prompt_ids).count("assistant:") - 1
-            ids = [*self.tokenizer.encode(self.replies[turn], add_special_tokens=False), self.end]
-            out.append(
-                Rollout(
-                    r.sample_id,
-                    r.group_id,
-                    r.prompt_ids + ids,
-                    len(r.prompt_ids),
-                    [1] * len(ids),
-                    [0.0] * len(ids),
-                    self.replies[turn],
-                )
-            )
-        return out
-
-
 def test_the_app_openenv_init_generates_plays_token_for_token(tmp_path: Path, micro_model_dir: Path) -> None:
     """Held out: the environment `openenv init` writes (openenv-core's own echo app, one session by default,
     code nobody here wrote), started by Hone as a pool of two servers. Each reply is echoed back with reward
@@ -292,7 +268,6 @@ def test_the_app_openenv_init_generates_plays_token_for_token(tmp_path: Path, mi
     from hone.envs import openenv_servers as adapter
     from hone.rollout.multiturn import EpisodeLimits, run_episodes
     from hone.training.policy import Policy
-    from hone.types import SamplingParams
 
     init = [
         str(Path(sys.executable).with_name("openenv")),
@@ -316,7 +291,7 @@ def test_the_app_openenv_init_generates_plays_token_for_token(tmp_path: Path, mi
     samples = [Sample("a", prompt="unused"), Sample("b", prompt="unused")]
     try:
         rollouts = run_episodes(
-            _ByTurn(tok, ["hello", "hi"]), tok, make, samples, SamplingParams(n=2), limits
+            Scripted(tok, ["hello", "hi"], by_turn=True), tok, make, samples, SamplingParams(n=2), limits
         )
     finally:
         adapter.stop_servers()
@@ -471,8 +446,6 @@ class FailsOn(Environment):
 def test_an_environment_error_ends_that_episode_only_and_is_counted(micro_model_dir: Path, url: str) -> None:
     from hone.rollout.multiturn import EpisodeLimits, run_episodes
     from hone.training.policy import Policy
-    from hone.types import SamplingParams
-    from tests.helpers import Scripted
 
     tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
     samples = [Sample("ok", prompt="p"), Sample("broken", prompt="p"), Sample("steady", prompt="p")]
@@ -507,8 +480,6 @@ def test_a_run_most_of_whose_episodes_fail_stops_and_one_that_loses_a_few_goes_o
     from hone.rollout.episodes import play_sync
     from hone.rollout.multiturn import EpisodeLimits, Episodes, MostEpisodesFailedError
     from hone.training.policy import Policy
-    from hone.types import SamplingParams
-    from tests.helpers import Scripted
 
     tok = Policy.from_pretrained(str(micro_model_dir)).tokenizer
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=4, max_total_tokens=64)

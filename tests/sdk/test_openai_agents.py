@@ -27,14 +27,14 @@ from hone.envs.games import ToolArithmetic
 from hone.envs.tools import calculator as hone_calculator
 from hone.models.tiny import build_byte_tokenizer
 from hone.orchestration.loop import train
-from hone.rollout import GenerationRequest, HFSampler, endpoint
+from hone.rollout import HFSampler, endpoint
 from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.chat_request import ChatRequest, read_request
 from hone.rollout.endpoint import EndpointServer
 from hone.training.policy import Policy
-from hone.types import Rollout, Sample, SamplingParams
+from hone.types import Sample, SamplingParams
 from hone.verifiers.math import math_reward
-from tests.helpers import tiny_overrides
+from tests.helpers import record_generations, tiny_overrides
 from tests.test_agent_endpoint import ScriptedSampler, calculator_reply
 
 set_tracing_disabled(True)  # the SDK would post traces to OpenAI: no network here, nor wanted
@@ -119,15 +119,7 @@ def test_an_agents_sdk_program_on_a_real_sampler_records_its_tokens_and_logprobs
 ) -> None:
     policy = Policy.from_pretrained(str(micro_model_dir))
     sampler = HFSampler(policy.model, policy.tokenizer)
-    seen: list[tuple[list[int], Rollout]] = []
-    generate = sampler.generate
-
-    def recording(requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
-        outs = generate(requests, params)
-        seen.extend((r.prompt_ids, o) for r, o in zip(requests, outs, strict=True))
-        return outs
-
-    sampler.generate = recording  # type: ignore[method-assign]
+    seen = record_generations(sampler)
     samples = ToolArithmetic.make_samples(2, 0, "train")
     with EndpointServer(sampler, policy.tokenizer) as server:
         played = sdk_episodes(server).play(samples, SamplingParams(n=1, temperature=1.0, max_new_tokens=12))
