@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from metrics_log import read_metrics, rl_clock
 from side_by_side import run_side_by_side
 
 RESULTS = Path(__file__).parent / "results" / "curriculum_bench.json"
@@ -70,12 +71,8 @@ def run_name(arm: str, seed: int) -> str:
 
 def summarise(metrics_path: Path) -> dict[str, Any]:
     """Accuracy at quarters of the RL wall time, the zero-signal share per quarter, steps, s/step."""
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    clock, at_step = 0.0, {0: 0.0}
-    for row in rows:
-        if "time/step_s" in row:
-            clock += row["time/step_s"]
-            at_step[row["step"]] = clock
+    rows = read_metrics(metrics_path)
+    at_step, clock = rl_clock(rows)
     evals = [(at_step.get(r["step"], clock), r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     steps = [r for r in rows if "time/step_s" in r]
     total = clock

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from metrics_log import read_metrics, rl_clock
+
 RESULTS = Path(__file__).parent / "results" / "distill_bench.json"
 ARMS: dict[str, list[str]] = {
     "grpo": [],
@@ -81,12 +83,8 @@ def arm_name(args: argparse.Namespace, arm: str) -> str:
 def summarise(metrics_path: Path) -> dict[str, Any]:
     """Accuracy at every eval with its step and RL seconds so far; the mean reverse KL of the first and
     last tenth of the steps."""
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    clock, at_step = 0.0, {0: 0.0}
-    for row in rows:
-        if "time/step_s" in row:
-            clock += row["time/step_s"]
-            at_step[row["step"]] = clock
+    rows = read_metrics(metrics_path)
+    at_step, clock = rl_clock(rows)
     evals = [[r["step"], round(at_step.get(r["step"], clock), 1), r["eval/accuracy"]]
              for r in rows if "eval/accuracy" in r]  # fmt: skip
     kl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]

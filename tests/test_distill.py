@@ -3,6 +3,7 @@ sum with GRPO's, the config's rules, the tokenizer check, and a tiny student mov
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -56,32 +57,19 @@ def test_distillation_adds_to_the_grpo_advantage() -> None:
     rollouts = _rollouts([1.0, 0.0])
     group_ids = torch.tensor([0, 0])
     algo = AlgorithmConfig(advantage="grpo")
-    grpo, _, plain = compute_advantages(
-        rollouts, algo, response_mask=MASK, old_logp=STUDENT, group_ids=group_ids
+    advantages = functools.partial(
+        compute_advantages, rollouts, algo, response_mask=MASK, old_logp=STUDENT, group_ids=group_ids
     )
+    grpo, _, plain = advantages()
     a = 0.5 / (math.sqrt(0.5) + algo.eps)
     assert torch.allclose(grpo, torch.tensor([[a, a, a], [-a, -a, 0.0]]))
     assert "distill/reverse_kl" not in plain
-    both, _, metrics = compute_advantages(
-        rollouts,
-        algo,
-        response_mask=MASK,
-        old_logp=STUDENT,
-        group_ids=group_ids,
-        teacher_logp=TEACHER,
-        distill=DistillConfig(teacher="t", coef=2.0),
-    )
+    both, _, metrics = advantages(teacher_logp=TEACHER, distill=DistillConfig(teacher="t", coef=2.0))
     distill = torch.tensor([[-1.0, 3.0, 0.0], [-1.5, 4.0, 0.0]])
     assert torch.allclose(both, grpo + distill)
     assert metrics["distill/reverse_kl"] == pytest.approx(-0.45)
-    alone, returns, metrics = compute_advantages(
-        rollouts,
-        algo,
-        response_mask=MASK,
-        old_logp=STUDENT,
-        group_ids=group_ids,
-        teacher_logp=TEACHER,
-        distill=DistillConfig(teacher="t", coef=2.0, reward=False),
+    alone, returns, metrics = advantages(
+        teacher_logp=TEACHER, distill=DistillConfig(teacher="t", coef=2.0, reward=False)
     )
     assert torch.equal(alone, distill) and torch.equal(returns, torch.zeros_like(distill))
     assert metrics == {"distill/reverse_kl": pytest.approx(-0.45)}
