@@ -8,6 +8,7 @@ and `orchestration` collates scored rollouts into a training `Batch`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -20,6 +21,9 @@ class Sample:
     `prompt` is plain text fed to the model as is; `messages` is a chat to be rendered through the
     tokenizer's chat template. Exactly one of them is set. `answer` is the reference a verifier checks
     against; `meta` carries anything else a reward or environment needs (tests, numbers, target, ...).
+    `images` are the prompt's images in the order of its `{"type": "image"}` content parts (a plain-text
+    prompt's go before its text): PIL images, or paths / bytes that `hone.data.images.load_image` opens
+    when the prompt is encoded, not when the data is read.
     """
 
     id: str
@@ -27,6 +31,69 @@ class Sample:
     messages: list[dict[str, Any]] | None = None
     answer: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class VisionInputs:
+    """One prompt's images as the model's processor made them (Qwen2-VL layout): `pixel_values` [patches,
+    D] holds every image's patches in order, `image_grid_thw` [images, 3] each image's (t, h, w) patch
+    grid. `key` (sha256 of the pixel rows) is the images' identity: two prompts with the same token ids
+    but other images must never share a KV cache or a log-prob pass. The prompt's token ids hold each
+    image's placeholder already expanded to its `t*h*w / merge**2` image tokens."""
+
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    key: str
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_grid_thw.shape[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionBatch:
+    """The vision inputs of a batch's rows, concatenated in row order: `pixel_values` [P, D], `image_grid_thw`
+    [I, 3], and `images_per_row` [B] (0 for a text-only row), so any subset of rows can be cut out."""
+
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    images_per_row: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Sequence[VisionInputs | None]) -> VisionBatch | None:
+        """The batch of `rows`' inputs; None when no row has an image."""
+        present = [v for v in rows if v is not None]
+        if not present:
+            return None
+        return cls(
+            pixel_values=torch.cat([v.pixel_values for v in present]),
+            image_grid_thw=torch.cat([v.image_grid_thw for v in present]),
+            images_per_row=torch.tensor([0 if v is None else v.num_images for v in rows]),
+        )
+
+    def select(self, rows: torch.Tensor | slice) -> VisionBatch:
+        """The inputs of `rows` (an index tensor, boolean mask or slice over the batch's rows), in that order."""
+        per_row = self.images_per_row.cpu()
+        picked = torch.arange(len(per_row))[rows.cpu() if isinstance(rows, torch.Tensor) else rows]
+        image_starts = torch.cumsum(per_row, 0) - per_row
+        patches = self.image_grid_thw.cpu().prod(-1)
+        patch_starts = torch.cumsum(patches, 0) - patches
+        images = [torch.arange(s, s + n) for s, n in zip(image_starts[picked].tolist(), per_row[picked].tolist())]
+        image_index = torch.cat(images) if images else torch.zeros(0, dtype=torch.long)
+        patch_index = torch.cat(
+            [torch.arange(s, s + n) for s, n in zip(patch_starts[image_index].tolist(), patches[image_index].tolist())]
+            or [torch.zeros(0, dtype=torch.long)]
+        )
+        device = self.pixel_values.device
+        return VisionBatch(
+            pixel_values=self.pixel_values[patch_index.to(device)],
+            image_grid_thw=self.image_grid_thw[image_index.to(self.image_grid_thw.device)],
+            images_per_row=self.images_per_row[picked.to(self.images_per_row.device)],
+        )
+
+    def to(self, device: torch.device | str) -> VisionBatch:
+        return VisionBatch(**{name: t.to(device) for name, t in vars(self).items()})
 
 
 @dataclass(kw_only=True)
@@ -71,6 +138,7 @@ class Rollout:
     # Per response token, the weight version that sampled it, where a publish landed mid-generation
     # (`rollout.interruptible`); empty: every token is `policy_version`'s, the oldest version in it.
     token_versions: list[int] = field(default_factory=list)
+    vision: VisionInputs | None = None  # the prompt's images (shared by a group's rollouts, never copied)
 
     @property
     def response_ids(self) -> list[int]:
@@ -113,10 +181,11 @@ class Batch:
     sampler_log_probs: torch.Tensor  # [B, T] the sampler's own log-probs (π_behav)
     group_ids: torch.Tensor  # [B]
     prompt_lens: torch.Tensor  # [B] long: each row's prompt tokens (the rest is response)
+    vision: VisionBatch | None = None  # the rows' images, when any row has one
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""
-        return Batch(**{name: t.to(device) for name, t in vars(self).items()})
+        return Batch(**{name: None if t is None else t.to(device) for name, t in vars(self).items()})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +213,7 @@ class TrainBatch:
     prompt_lens: torch.Tensor | None = None  # [B] long: each row's prompt tokens (the rest is response)
     # [B] bool: rows sampled with the weights the learner holds now (the log-prob canary compares them)
     fresh: torch.Tensor | None = None
+    vision: VisionBatch | None = None  # the rows' images, when any row has one
 
     @property
     def rows(self) -> int:

