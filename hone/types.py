@@ -7,8 +7,8 @@ and `orchestration` collates scored rollouts into a training `Batch`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -38,17 +38,30 @@ class Sample:
 class VisionInputs:
     """One prompt's images as the model's processor made them (Qwen2-VL layout): `pixel_values` [patches,
     D] holds every image's patches in order, `image_grid_thw` [images, 3] each image's (t, h, w) patch
-    grid. `key` (sha256 of the pixel rows) is the images' identity: two prompts with the same token ids
-    but other images must never share a KV cache or a log-prob pass. The prompt's token ids hold each
-    image's placeholder already expanded to its `t*h*w / merge**2` image tokens."""
+    grid. `image_keys` (sha256 of each image's grid and pixel rows) are the images' identities: two prompts
+    with the same token ids but other images must never share a KV cache or a log-prob pass. The prompt's
+    token ids hold each image's placeholder already expanded to its `t*h*w / merge**2` image tokens."""
 
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
-    key: str
+    image_keys: tuple[str, ...]
+    tokens_per_image: tuple[int, ...]  # each image's placeholder tokens in the prompt's ids
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return self.image_keys
 
     @property
     def num_images(self) -> int:
         return int(self.image_grid_thw.shape[0])
+
+
+def _spans(starts: torch.Tensor, lengths: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """The indices of the picked spans (`starts[k]`, `lengths[k]` long), concatenated in pick order."""
+    pieces = [
+        torch.arange(s, s + n) for s, n in zip(starts[picked].tolist(), lengths[picked].tolist(), strict=True)
+    ]
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,21 +86,14 @@ class VisionBatch:
         )
 
     def select(self, rows: torch.Tensor | slice) -> VisionBatch:
-        """The inputs of `rows` (an index tensor, boolean mask or slice over the batch's rows), in that order."""
+        """The inputs of `rows` (an index tensor, boolean mask or slice over the rows), in that order."""
         per_row = self.images_per_row.cpu()
         picked = torch.arange(len(per_row))[rows.cpu() if isinstance(rows, torch.Tensor) else rows]
-        image_starts = torch.cumsum(per_row, 0) - per_row
         patches = self.image_grid_thw.cpu().prod(-1)
-        patch_starts = torch.cumsum(patches, 0) - patches
-        images = [torch.arange(s, s + n) for s, n in zip(image_starts[picked].tolist(), per_row[picked].tolist())]
-        image_index = torch.cat(images) if images else torch.zeros(0, dtype=torch.long)
-        patch_index = torch.cat(
-            [torch.arange(s, s + n) for s, n in zip(patch_starts[image_index].tolist(), patches[image_index].tolist())]
-            or [torch.zeros(0, dtype=torch.long)]
-        )
-        device = self.pixel_values.device
+        image_index = _spans(torch.cumsum(per_row, 0) - per_row, per_row, picked)
+        patch_index = _spans(torch.cumsum(patches, 0) - patches, patches, image_index)
         return VisionBatch(
-            pixel_values=self.pixel_values[patch_index.to(device)],
+            pixel_values=self.pixel_values[patch_index.to(self.pixel_values.device)],
             image_grid_thw=self.image_grid_thw[image_index.to(self.image_grid_thw.device)],
             images_per_row=self.images_per_row[picked.to(self.images_per_row.device)],
         )

@@ -18,9 +18,10 @@ from hone.cli import main
 from hone.config import load_config
 from hone.orchestration import learner
 from hone.orchestration.loop import SetupError, train
+from hone.training.adapter_reference import AdapterReference
 from hone.training.checkpoint import RNG, Checkpointer, Part, damage
 from hone.training.models import load_reference
-from hone.training.policy import AdapterReference, LoraSettings, Policy, weights_digest
+from hone.training.policy import LoraSettings, Policy, weights_digest
 from tests.conftest import char_tokenizer, tiny_qwen2
 
 

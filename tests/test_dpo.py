@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from hone.cli import main
 from hone.tracking import read_metrics
+from hone.training.adapter_reference import AdapterReference
 from hone.training.dpo import DPOSettings, encode_preference, reference_log_probs, run_dpo, sequence_log_probs
-from hone.training.policy import AdapterReference, LoraSettings, Policy
+from hone.training.policy import LoraSettings, Policy
 from tests.conftest import LETTERS, char_tokenizer, tiny_qwen2
 from tests.helpers import dpo_args, tiny_overrides
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import transformers
 
+from hone.training.adapter_reference import AdapterReference
 from hone.training.logprobs import chunked_entropy
 from hone.training.policy import (
-    AdapterReference,
     LoraSettings,
     Policy,
     disable_dropout,

@@ -25,7 +25,7 @@ def test_system_prompt_opens_a_chat_prompt(tokenizer) -> None:
     with_system = render_prompt(sample, tokenizer, True, SYSTEM)
     assert with_system == f"system: {SYSTEM}\nuser: 2+2=\nassistant: "
     # What the sampler is given (a single-turn episode's prompt) is exactly that text's tokens.
-    ids = encode_prompt(sample, tokenizer, True, SYSTEM)
+    ids, _ = encode_prompt(sample, tokenizer, True, SYSTEM)
     assert ids == tokenizer(with_system, add_special_tokens=False)["input_ids"]
 
 

@@ -80,7 +80,8 @@ class LoraConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field(
-        "tiny", description="local dir, hub name, or alias (tiny, tiny:<name>, smollm2-135m-instruct)"
+        "tiny",
+        description="local dir, hub name, or alias (tiny, tiny:<name>, tiny-vl, smollm2-135m-instruct)",
     )
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32",
@@ -90,6 +91,11 @@ class ModelConfig(Section):
     lora: LoraConfig | None = None
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass: less memory, ~30% more time"
+    )
+    freeze_vision: bool = Field(
+        False,
+        description="a vision-language model: train the language model only, the vision tower frozen "
+        "(LoRA always adapts the language model only)",
     )
 
 

@@ -115,7 +115,10 @@ def build_tiny_vl_model(
     )
     with _without_video_processor():
         processor = Qwen2_5_VLProcessor(
-            image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=CHAT_TEMPLATE
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=CHAT_TEMPLATE,
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

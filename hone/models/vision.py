@@ -81,7 +81,9 @@ def load_processor(path: str | Path) -> ProcessorMixin:
             raise
         processor = _assemble_processor(Path(path))
     if not isinstance(processor, ProcessorMixin):
-        raise TypeError(f"{path}: AutoProcessor gave a {type(processor).__name__}, not a multimodal processor")
+        raise TypeError(
+            f"{path}: AutoProcessor gave a {type(processor).__name__}, not a multimodal processor"
+        )
     return processor
 
 
@@ -128,17 +130,28 @@ def save_processor(processor: ProcessorMixin, directory: str | Path) -> None:
         (directory / "chat_template.jinja").write_text(str(processor.chat_template))
 
 
-def encode_images(processor: ProcessorMixin, text: str, images: Sequence[Any]) -> tuple[list[int], VisionInputs]:
+def encode_images(
+    processor: ProcessorMixin, text: str, images: Sequence[Any]
+) -> tuple[list[int], VisionInputs]:
     """The ids of the rendered prompt `text` (each image placeholder expanded to the image's tokens) and
     its images' `VisionInputs`. Raises ValueError when `text`'s placeholders and `images` disagree."""
     out = processor(text=[text], images=list(images), return_tensors="pt")  # type: ignore[operator]
     pixel_values = out["pixel_values"]
     grid = out["image_grid_thw"].long()
-    digest = hashlib.sha256()
-    digest.update(str(tuple(grid.reshape(-1).tolist())).encode())
-    digest.update(pixel_values.float().contiguous().numpy().tobytes())
+    keys, start = [], 0
+    for thw in grid.tolist():
+        patches = thw[0] * thw[1] * thw[2]
+        digest = hashlib.sha256(str(thw).encode())
+        digest.update(pixel_values[start : start + patches].float().contiguous().numpy().tobytes())
+        keys.append(digest.hexdigest())
+        start += patches
     ids = [int(i) for i in out["input_ids"][0]]
-    return ids, VisionInputs(pixel_values=pixel_values, image_grid_thw=grid, key=digest.hexdigest())
+    merge = int(getattr(processor.image_processor, "merge_size", 1))  # type: ignore[attr-defined]
+    counts = tuple(int(t * h * w) // merge**2 for t, h, w in grid.tolist())
+    vision = VisionInputs(
+        pixel_values=pixel_values, image_grid_thw=grid, image_keys=tuple(keys), tokens_per_image=counts
+    )
+    return ids, vision
 
 
 def image_placeholders(processor: ProcessorMixin, text: str) -> int:
@@ -156,7 +169,10 @@ def _rope_owner(model: nn.Module) -> nn.Module:
 
 
 def rope_positions(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    image_grid_thw: torch.Tensor | None,
 ) -> torch.Tensor:
     """The multimodal RoPE positions [3, B, L] of `input_ids` [B, L] (padding on either side, images as
     their expanded tokens, `image_grid_thw` the rows' images in order), by the model's own rule."""
@@ -191,8 +207,19 @@ def freeze_vision_tower(model: nn.Module) -> int:
             param.requires_grad_(False)
             frozen += param.numel()
     if not frozen:
-        raise ValueError(f"model.freeze_vision: {type(model).__name__} has no vision tower ('visual') to freeze")
+        raise ValueError(
+            f"model.freeze_vision: {type(model).__name__} has no vision tower ('visual') to freeze"
+        )
     return frozen
+
+
+def ban_tokens(logits: torch.Tensor, banned_ids: torch.Tensor) -> torch.Tensor:
+    """`logits` with the `banned_ids` columns at the dtype's lowest value (in place without a graph): their
+    probability is exactly 0, and unlike -inf, `p * z` in an entropy stays 0 rather than NaN. The sampler
+    bans with this very function."""
+    low = torch.finfo(logits.dtype).min
+    banned = banned_ids.to(logits.device)
+    return logits.index_fill(-1, banned, low) if logits.requires_grad else logits.index_fill_(-1, banned, low)
 
 
 def text_config(config: PreTrainedConfig) -> PreTrainedConfig:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
+from transformers.processing_utils import ProcessorMixin
 
 from hone.algorithms import pass_at_k
 from hone.algorithms.metrics import check_pass_at_ks
@@ -64,6 +65,7 @@ def evaluate(
     ks: Sequence[int] = (1,),
     episodes: Episodes | None = None,
     agent: AgentEpisodes | None = None,
+    processor: ProcessorMixin | None = None,
 ) -> dict[str, float]:
     """The metrics of `evaluate_rollouts` (which see)."""
     return evaluate_rollouts(
@@ -77,6 +79,7 @@ def evaluate(
         ks=ks,
         episodes=episodes,
         agent=agent,
+        processor=processor,
     ).metrics
 
 
@@ -92,6 +95,7 @@ def evaluate_rollouts(
     ks: Sequence[int] = (1,),
     episodes: Episodes | None = None,
     agent: AgentEpisodes | None = None,
+    processor: ProcessorMixin | None = None,
 ) -> EvalResult:
     """`eval/accuracy` (share of the scored responses whose correctness component earns full marks),
     `eval/reward` (their mean reward), `eval/pass@k` for each k ≤ n, and `eval/top_answer_share` (the
@@ -112,7 +116,7 @@ def evaluate_rollouts(
     one whose requests split into several sequences is scored by its last.
     """
     check_pass_at_ks(ks, params.n)
-    kind = episode_kind(agent, episodes, tokenizer, chat_template, system_prompt)  # as training's
+    kind = episode_kind(agent, episodes, tokenizer, chat_template, system_prompt, processor)  # as training's
     rollouts, played = play_sync(sampler, tokenizer, kind, samples, params, last_only=True)
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)
     graded = [r for r in rollouts if not failed(r)]
@@ -211,4 +215,5 @@ def run_eval_rollouts(parts: RunComponents, settings: EvalSettings) -> EvalResul
         ks=settings.ks,
         episodes=parts.episodes,
         agent=parts.agent,
+        processor=getattr(parts.policy, "processor", None),
     )

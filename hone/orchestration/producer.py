@@ -123,7 +123,12 @@ def episode_kind(parts: RunComponents, data: DataConfig) -> EpisodeKind:
     """How the run plays its samples, chosen once: the agent's episodes (`rollout.agent`), one
     environment episode per rollout (`env.name`), or single-turn generation."""
     return prompt_kind(
-        parts.agent, parts.episodes, parts.policy.tokenizer, data.chat_template, data.system_prompt
+        parts.agent,
+        parts.episodes,
+        parts.policy.tokenizer,
+        data.chat_template,
+        data.system_prompt,
+        getattr(parts.policy, "processor", None),  # a text-only stand-in policy has none
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from hone.types import Rollout, SamplingParams
+from hone.types import Rollout, SamplingParams, VisionInputs
 
 if TYPE_CHECKING:  # annotations only: validating a recipe's `rollout.engine` imports this, not transformers
     import torch
@@ -31,6 +31,8 @@ class GenerationRequest:
     # This request's own cap on new tokens (None: the `SamplingParams` value). Multi-turn episodes need it:
     # each has its own room left, and one shared cap would let the longest episode cut every other's turn.
     max_new_tokens: int | None = None
+    # The prompt's images (their tokens already expanded in `prompt_ids`); every rollout carries them on.
+    vision: VisionInputs | None = None
 
 
 @runtime_checkable

@@ -39,7 +39,7 @@ from hone.rollout.trajectory import (
     completion_of,
     render_prompt,
 )
-from hone.types import Rollout, Sample, SamplingParams
+from hone.types import Rollout, Sample, SamplingParams, VisionInputs
 
 log = logging.getLogger("hone")
 # Per-episode metric: 1 when the environment raised (in reset or step) and the episode ended there.
@@ -201,17 +201,24 @@ async def play(
 
 
 async def single_turn(
-    model: Model, sample: Sample, group_id: int, prompt_ids: list[int], params: SamplingParams
+    model: Model,
+    sample: Sample,
+    group_id: int,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    vision: VisionInputs | None = None,
 ) -> EpisodeResult:
     """One prompt's group: `params.n` responses in one request (as the engine batches them)."""
-    return EpisodeResult(await model.generate(GenerationRequest(sample.id, group_id, prompt_ids), params))
+    request = GenerationRequest(sample.id, group_id, prompt_ids, vision=vision)
+    return EpisodeResult(await model.generate(request, params))
 
 
 @dataclass
 class SingleTurn:
-    """Single-turn generation; `encode` gives a sample's prompt ids (chat template, system prompt)."""
+    """Single-turn generation; `encode` gives a sample's prompt ids (chat template, system prompt) and, for
+    a prompt with images, their vision inputs."""
 
-    encode: Callable[[Sample], list[int]]
+    encode: Callable[[Sample], tuple[list[int], VisionInputs | None]]
     multi_turn: bool = False
 
     def jobs(
@@ -219,8 +226,8 @@ class SingleTurn:
     ) -> list[Job]:
         prompts = [self.encode(s) for s in samples]
         return [
-            bind(single_turn, model, s, i, ids, params)
-            for i, (s, ids) in enumerate(zip(samples, prompts, strict=True))
+            bind(single_turn, model, s, i, ids, params, vision)
+            for i, (s, (ids, vision)) in enumerate(zip(samples, prompts, strict=True))
         ]
 
     def collect(self, results: list[EpisodeResult]) -> tuple[list[Rollout], dict[str, float]]:

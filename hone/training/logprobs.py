@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from hone.models.vision import ban_tokens
+
 # Positions per softmax when entropy is a metric: a [1024, V] float temporary instead of a [B, T, V] one.
 ENTROPY_CHUNK = 1024
 
@@ -39,11 +41,15 @@ def token_scores(
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool,
+    banned_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `targets` [B, T] under fp32 `logits` [B, T, V] / temperature (and entropies), zero where
-    `mask` is 0."""
+    `mask` is 0. `banned_ids`: tokens the sampler never draws (a VLM's vision tokens), out of the softmax
+    here as there, so both normalise over the same vocabulary."""
     if temperature != 1.0:  # in place when no graph needs the original: one [B, T, V] tensor less
         logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
+    if banned_ids is not None:
+        logits = ban_tokens(logits, banned_ids)
     target_mask = mask.to(logits.dtype)
     # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
     lse = torch.logsumexp(logits, dim=-1)

@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 
 from hone.models import resolve_model
 from hone.models.tokens import pad_token_id
+from hone.training.adapter_reference import AdapterReference
 from hone.training.critic import ValueModel
-from hone.training.policy import ADAPTER_DIR, AdapterReference, DType, LoraSettings, Policy, weights_digest
+from hone.training.policy import ADAPTER_DIR, DType, LoraSettings, Policy, weights_digest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,6 +45,7 @@ def load_policy(model: ModelConfig, path: str) -> Policy:
         lora=None if lora is None else LoraSettings(lora.r, lora.alpha, lora.dropout, lora.target_modules),
         gradient_checkpointing=model.gradient_checkpointing,
         device=model.device,
+        freeze_vision=model.freeze_vision,
     )
 
 

@@ -8,19 +8,35 @@ and the sampler-mismatch check all score tokens the same way.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.processing_utils import ProcessorMixin
 
 from hone.models.compat import cache_kwarg, checkpointing, output_cache
+from hone.models.vision import (
+    freeze_vision_tower,
+    is_vision_config,
+    language_lora_targets,
+    load_processor,
+    rope_positions,
+    save_processor,
+    vision_token_ids,
+)
 from hone.training.logprobs import token_scores
 from hone.training.lora_merge import merged_lora_weights
+from hone.types import VisionBatch
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -91,11 +107,21 @@ def first_response_column(response_mask: torch.Tensor) -> int:
 
 class Policy:
     """An HF causal LM (a peft model with LoRA) and its tokenizer, with the scoring, export and save
-    operations training needs. The tokenizer is required: rendering, sampling and saving all need it."""
+    operations training needs. The tokenizer is required: rendering, sampling and saving all need it.
+    A vision-language model also has its `processor` (images to pixel values, placeholders expanded)."""
 
-    def __init__(self, model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel | PeftModel,
+        tokenizer: PreTrainedTokenizerBase,
+        processor: ProcessorMixin | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.processor = processor
+        # A VLM's vision tokens are never sampled (`hone.models.vision`): scored under the same mask.
+        banned = vision_token_ids(model.config)
+        self.banned_ids = torch.tensor(banned, dtype=torch.long) if banned else None
 
     @classmethod
     def from_pretrained(
@@ -106,26 +132,41 @@ class Policy:
         lora: LoraSettings | None = None,
         gradient_checkpointing: bool = False,
         device: Device = "cpu",
+        freeze_vision: bool = False,
     ) -> Policy:
+        """Load a causal LM, or a vision-language model (its config has a `vision_config`: loaded by
+        `AutoModelForImageTextToText`, with its processor). On a VLM, LoRA's `all-linear` adapts the
+        language model only (the vision tower is trained whole, or frozen by `freeze_vision`)."""
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+        vision = is_vision_config(AutoConfig.from_pretrained(str(path)))
+        if freeze_vision and not vision:
+            raise ValueError(f"model.freeze_vision: {path} is a text-only model (it has no vision_config)")
+        loader = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        model = loader.from_pretrained(str(path), dtype=torch_dtype)
         # transformers types `PreTrainedModel.to` as a bare functools.wraps wrapper (device reads as self).
         model.to(_resolve_device(device))  # type: ignore[arg-type]
         model.config.use_cache = False  # training never reuses a KV cache; it only costs memory
+        if freeze_vision:
+            freeze_vision_tower(model)
         if gradient_checkpointing:
             enable_checkpointing(model)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        processor = load_processor(path) if vision else None
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
+            targets = lora.target_modules
+            if vision and targets == "all-linear":
+                targets = language_lora_targets(model)
             config = LoraConfig(
                 r=lora.r,
                 lora_alpha=lora.alpha,
                 lora_dropout=lora.dropout,
-                target_modules=lora.target_modules,
+                target_modules=targets,
                 task_type="CAUSAL_LM",
             )
-            return cls(get_peft_model(model, config), AutoTokenizer.from_pretrained(str(path)))
-        return cls(model, AutoTokenizer.from_pretrained(str(path)))
+            return cls(get_peft_model(model, config), tokenizer, processor)
+        return cls(model, tokenizer, processor)
 
     @property
     def is_lora(self) -> bool:
@@ -179,6 +220,7 @@ class Policy:
         entropy_grad: bool = False,
         from_column: int = 0,
         prompt_lens: torch.Tensor | None = None,
+        vision: VisionBatch | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs (and optionally entropies) of `input_ids` under the model, `[B, L-1]` float32.
 
@@ -195,6 +237,9 @@ class Policy:
         GRPO group) run it through the model once: its keys and values are copied to each row, which then
         forwards only its response (`_score_shared`). Exact up to float reassociation; the prompt's share
         of the compute (most of it for short answers to long prompts) drops by the group size.
+
+        `vision`: the rows' images (a VLM's batch): positions are then the model's multimodal RoPE ones
+        (`rope_positions`), and no prompt is shared (the same ids may hold other images; text-only for now).
         """
         if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
             raise ValueError(
@@ -208,11 +253,12 @@ class Policy:
             ids = input_ids[start : start + chunk].to(device)
             mask = attention_mask[start : start + chunk].to(device)
             shared = None
-            if prompt_lens is not None:
+            if prompt_lens is not None and vision is None:
                 lens = prompt_lens[start : start + chunk]
                 shared = self._score_shared(ids, mask, lens, temperature, with_entropy, entropy_grad)
             if shared is None:
-                shared = self._score(ids, mask, temperature, with_entropy, entropy_grad, from_column)
+                rows = None if vision is None else vision.select(slice(start, start + chunk)).to(device)
+                shared = self._score(ids, mask, temperature, with_entropy, entropy_grad, from_column, rows)
             lp, ent = shared
             log_probs.append(lp)
             if ent is not None:
@@ -227,6 +273,7 @@ class Policy:
         with_entropy: bool,
         entropy_grad: bool,
         from_column: int,
+        vision: VisionBatch | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         full_len = ids.shape[1]
         # Trailing columns that are padding in every row need no forward pass.
@@ -234,7 +281,12 @@ class Policy:
         keep = int(real_cols[-1]) + 1 if real_cols.numel() else 1
         ids, mask = ids[:, :keep], mask[:, :keep]
         first = min(max(from_column, 0), keep - 1)
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        images: dict[str, torch.Tensor] = {}
+        if vision is not None and vision.image_grid_thw.numel():
+            position_ids = rope_positions(self.model, ids, mask, vision.image_grid_thw)
+            images = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw}
+        else:
+            position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
         # Column t is scored by position t's logits: only positions first .. keep-2 go through the LM head.
         logits = self.model(
             input_ids=ids,
@@ -242,9 +294,16 @@ class Policy:
             position_ids=position_ids,
             use_cache=False,
             logits_to_keep=keep - first,
+            **images,
         ).logits[:, :-1]
         lp, ent = token_scores(
-            logits.float(), ids[:, first + 1 :], mask[:, first + 1 :], temperature, with_entropy, entropy_grad
+            logits.float(),
+            ids[:, first + 1 :],
+            mask[:, first + 1 :],
+            temperature,
+            with_entropy,
+            entropy_grad,
+            self.banned_ids,
         )
         pad = (first, full_len - keep)
         if any(pad):
@@ -317,7 +376,9 @@ class Policy:
             **{cache_kwarg(self.model): cache},
         ).logits[:, :-1]
         logits = torch.cat([first_logits.unsqueeze(1), rest.float()], dim=1)  # [B, answer, V]
-        lp, ent = token_scores(logits, answer_ids, answer_mask, temperature, with_entropy, entropy_grad)
+        lp, ent = token_scores(
+            logits, answer_ids, answer_mask, temperature, with_entropy, entropy_grad, self.banned_ids
+        )
         # Back to `_score`'s layout: answer token j of row i is column lens[i] - 1 + j of [B, L-1].
         columns = torch.tensor(lens, device=device).unsqueeze(1) - 1 + torch.arange(answer, device=device)
         columns = columns.clamp(max=full_len - 2)  # padding past the row's end is masked to 0 anyway
@@ -364,6 +425,8 @@ class Policy:
         else:
             self.base_model().save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        if self.processor is not None:
+            save_processor(self.processor, directory)
         return directory
 
     def load_weights(self, directory: str | Path) -> None:
@@ -385,43 +448,3 @@ class Policy:
         untied = [k for k in missing if current[k].data_ptr() not in loaded_ptrs]
         if unexpected or untied:
             raise ValueError(f"weights in {directory} do not fit: missing {untied}, unexpected {unexpected}")
-
-
-class AdapterReference(Policy):
-    """The reference policy of a LoRA run, scored by the policy's own model (no second copy of the base).
-
-    With `adapter=None` it is the base model: every forward runs under peft's `disable_adapter()`. With
-    an adapter state (the warm-start SFT's adapter, where RL started) that state is swapped into the
-    adapter for the forward and the trained one swapped back after, bit for bit. Scoring only, never
-    under grad: the swap writes the trainable tensors in place.
-    """
-
-    def __init__(self, policy: Policy, adapter: dict[str, torch.Tensor] | None = None) -> None:
-        if not policy.is_lora:
-            raise ValueError("AdapterReference needs a LoRA policy")
-        super().__init__(policy.model, policy.tokenizer)
-        self.adapter = adapter
-
-    @contextmanager
-    def _active(self) -> Iterator[None]:
-        if self.adapter is None:
-            with self.peft_model().disable_adapter():
-                yield
-            return
-        trained = self.adapter_state()
-        self.load_adapter_state(self.adapter, "the reference")
-        try:
-            yield
-        finally:
-            self.load_adapter_state(trained, "the trained policy")
-
-    def token_log_probs(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if torch.is_grad_enabled():
-            raise RuntimeError("the LoRA reference scores under torch.no_grad() only")
-        with self._active():
-            return super().token_log_probs(*args, **kwargs)
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The tensors that define the reference: the frozen base, plus the swapped-in adapter if any."""
-        base = {k: v for k, v in self.model.state_dict().items() if ".lora_" not in k}
-        return base | {f"adapter.{k}": v for k, v in (self.adapter or {}).items()}

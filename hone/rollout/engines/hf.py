@@ -38,10 +38,13 @@ from transformers.cache_utils import DynamicLayer
 
 from hone.models.compat import cache_kwarg
 from hone.models.tokens import pad_token_id
+from hone.models.vision import vision_token_ids
 from hone.rollout.base import GenerationInterrupted, GenerationRequest, eos_token_ids
+from hone.rollout.engines.hf_vision import cache_tokens, vision_prefill
 from hone.rollout.engines.prefix_cache import PrefixStore
+from hone.rollout.engines.token_sampling import check_params, sample_next
 from hone.rollout.fingerprint import Fingerprint, fingerprint
-from hone.types import Rollout, SamplingParams
+from hone.types import Rollout, SamplingParams, VisionInputs
 
 if TYPE_CHECKING:
     from hone.config import RolloutConfig
@@ -97,6 +100,11 @@ class HFSampler:
         self._prefixes: PrefixStore | None = None  # what the last call fed, valid for `_prefixes_for`
         self._prefixes_for: tuple[int, tuple[object, ...]] | None = None  # (version, weights fingerprint)
         self._cache_kwarg = cache_kwarg(model)
+        # A vision-language model: its vision tokens are never sampled, and it takes mRoPE positions.
+        config = _config(model)
+        banned = vision_token_ids(config)
+        self._banned = torch.tensor(banned, dtype=torch.long) if banned else None
+        self._image_token_id: int | None = getattr(config, "image_token_id", None) if banned else None
         # `interrupt` marks the call running when it is made; `_decode` checks the mark at every token.
         self._call = self._interrupted_call = 0
         # Interruptible rollouts (`rollout.interruptible`): called before every token; True when it has
@@ -109,13 +117,16 @@ class HFSampler:
         self._interrupted_call = self._call
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]:
-        _check_params(params)
+        check_params(params)
         self._call += 1
         if any(not r.prompt_ids for r in requests):
             raise ValueError("every request needs at least one prompt token")
         if any(r.max_new_tokens is not None and r.max_new_tokens < 1 for r in requests):
             raise ValueError("a request's max_new_tokens must be >= 1 (or None for the params' value)")
         prompts = [r.prompt_ids for r in requests for _ in range(params.n)]
+        visions = [r.vision for r in requests for _ in range(params.n)]
+        if self._image_token_id is None and any(v is not None for v in visions):
+            raise ValueError("a request has images but the sampler's model is text-only")
         budgets = [params.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens for r in requests]
         budgets = [b for b in budgets for _ in range(params.n)]
         device = next(self.model.parameters()).device
@@ -135,9 +146,10 @@ class HFSampler:
             size = self.max_batch_size // params.n * params.n or self.max_batch_size
             for start in range(0, len(prompts), size):
                 chunk, limits = prompts[start : start + size], budgets[start : start + size]
+                images = visions[start : start + size]
                 if self.policy_version != started_at:  # weights changed in an earlier chunk: nothing stored
                     previous = store = None
-                sequences += self._decode(chunk, limits, params, generator, device, previous, store)
+                sequences += self._decode(chunk, images, limits, params, generator, device, previous, store)
         if self.policy_version == started_at:  # KV of one version only: reusable by the next call
             self._prefixes, self._prefixes_for = store, key
         texts = self.tokenizer.batch_decode([s.tokens for s in sequences], skip_special_tokens=True)
@@ -157,6 +169,7 @@ class HFSampler:
                     policy_version=min(seq.versions, default=started_at),
                     turns=[(0, len(seq.tokens))],
                     token_versions=seq.versions if len(set(seq.versions)) > 1 else [],
+                    vision=request.vision,
                 )
             )
         return rollouts
@@ -201,27 +214,48 @@ class HFSampler:
         return (id(self.model), *((p.data_ptr(), p.dtype, p._version) for p in params))
 
     def _prefill(
-        self, prompts: list[list[int]], previous: PrefixStore | None, pad: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+        self,
+        prompts: list[list[int]],
+        visions: list[VisionInputs | None],
+        previous: PrefixStore | None,
+        pad: int,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor]:
         """Run `prompts` through the model into a new cache, reusing `previous` KV where a prompt extends a
-        stored sequence; return the last position's logits, the attention mask and the cache."""
+        stored sequence; return the last position's logits, the attention mask, the cache and each row's
+        next position. Image prompts: see `hone.rollout.engines.hf_vision`."""
         # At least the last prompt token is always fed: its logits pick the first new token.
-        hits = [previous.longest(p[:-1]) if previous else None for p in prompts]
+        keys = [cache_tokens(p, v, self._image_token_id) for p, v in zip(prompts, visions, strict=True)]
+        hits = [previous.longest(k[:-1]) if previous else None for k in keys]
         reused = [len(h.columns) if h else 0 for h in hits]
         suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
         cached_width, width = max(reused), max(len(s) for s in suffixes)
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in suffixes], device=device)
         new_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes], device=device)
-        # Left padding shifts every prompt right; positions must still count from 0 at its first real token.
-        position_ids = torch.tensor(reused, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0)
         old_mask = torch.tensor([[0] * (cached_width - n) + [1] * n for n in reused], device=device)
         cache = DynamicCache(PrefixStore.stack(hits, cached_width) or None, config=_config(self.model))
         mask = torch.cat([old_mask, new_mask], dim=1)
-        return self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1), mask, cache
+        images: dict[str, torch.Tensor] = {}
+        if self._image_token_id is not None:
+            fed = vision_prefill(
+                self.model, prompts, visions, reused, width, pad, self._image_token_id, device
+            )
+            position_ids, next_positions = fed.position_ids, fed.next_positions
+            if fed.pixel_values is not None and fed.image_grid_thw is not None:
+                images = {"pixel_values": fed.pixel_values, "image_grid_thw": fed.image_grid_thw}
+        else:
+            # Left padding shifts every prompt right; positions must count from 0 at its first real token.
+            position_ids = torch.tensor(reused, device=device)[:, None] + (new_mask.cumsum(-1) - 1).clamp(
+                min=0
+            )
+            next_positions = mask.sum(-1)
+        logits = self._forward(input_ids, mask, position_ids, cache, logits_to_keep=1, **images)
+        return logits, mask, cache, next_positions
 
     def _decode(
         self,
         prompts: list[list[int]],
+        visions: list[VisionInputs | None],
         budgets: list[int],
         params: SamplingParams,
         generator: torch.Generator | None,
@@ -235,13 +269,19 @@ class HFSampler:
         pad = pad_token_id(self.tokenizer)
         # A group's n rows repeat one prompt back to back: prefill each distinct prompt once, then copy its
         # KV cache to its rows (prefix sharing, as vLLM's prefix cache does; prefill is n times cheaper).
-        distinct = [i for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
+        # Images count: two rows are one prompt only if their images are the same (by pixels) too.
+        distinct = [
+            i
+            for i, p in enumerate(prompts)
+            if i == 0 or p != prompts[i - 1] or _image_keys(visions[i]) != _image_keys(visions[i - 1])
+        ]
         unique = [prompts[i] for i in distinct]
-        logits, mask, cache = self._prefill(unique, previous, pad, device)
+        logits, mask, cache, next_positions = self._prefill(
+            unique, [visions[i] for i in distinct], previous, pad, device
+        )
         # Only plain full-attention caches hold every token (a sliding-window layer drops old ones).
         if store is not None and not all(type(layer) is DynamicLayer for layer in cache.layers):
             store = None
-        next_positions = mask.sum(-1)
         if len(unique) < len(prompts):
             copies = [end - start for start, end in zip(distinct, [*distinct[1:], len(prompts)], strict=True)]
             rows = torch.repeat_interleave(
@@ -263,12 +303,16 @@ class HFSampler:
                 # interruptible generation re-prefills too), and what ends from here on is not stored.
                 live = [i for i in owner if i is not None]
                 owner = list(live)
-                logits, mask, cache = self._prefill(
-                    [prompts[i] + sequences[i].tokens for i in live], None, pad, device
+                logits, mask, cache, next_positions = self._prefill(
+                    [prompts[i] + sequences[i].tokens for i in live],
+                    [visions[i] for i in live],
+                    None,
+                    pad,
+                    device,
                 )
-                next_positions, store = mask.sum(-1), None
+                store = None
             was = list(owner) if store is not None else []  # who was live, to store the rows that end
-            tokens, logprobs = sample_next(logits, params, generator)
+            tokens, logprobs = sample_next(logits, params, generator, self._banned)
             for row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 if (i := owner[row]) is not None:
                     sequences[i].tokens.append(token)
@@ -290,7 +334,10 @@ class HFSampler:
             ended = [(row, i) for row, i in enumerate(was) if i is not None and owner[row] is None]
             if store is not None and ended:
                 # An ending row has fed its prompt and all its tokens but the last (sampled, never fed).
-                fed = [prompts[i] + sequences[i].tokens[:-1] for _, i in ended]
+                fed = [
+                    cache_tokens(prompts[i], visions[i], self._image_token_id) + sequences[i].tokens[:-1]
+                    for _, i in ended
+                ]
                 store.keep(fed, [row for row, _ in ended], cache, mask)
             keep = [row for row, i in enumerate(owner) if i is not None]
             if not keep:
@@ -301,7 +348,10 @@ class HFSampler:
                 mask, next_positions, tokens = mask[index], next_positions[index], tokens[index]
                 owner = [owner[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones(len(owner), 1)], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_positions[:, None], cache)
+            positions = next_positions[:, None]
+            if self._image_token_id is not None:  # mRoPE: a text token's three position rows are equal
+                positions = positions[None].expand(3, -1, -1)
+            logits = self._forward(tokens[:, None], mask, positions, cache)
             next_positions = next_positions + 1
         return sequences
 
@@ -311,7 +361,7 @@ class HFSampler:
         mask: torch.Tensor,
         position_ids: torch.Tensor,
         cache: DynamicCache,
-        **kwargs: int,
+        **kwargs: int | torch.Tensor,
     ) -> torch.Tensor:
         """Run the model, extending `cache` in place; return the last position's logits [B, V]."""
         out = self.model(
@@ -371,48 +421,8 @@ def sampler_tensors(policy: TrainedModel) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in policy.model.named_parameters() if p.requires_grad}
 
 
-def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row of `logits` [B, V]; return the tokens and their untruncated log-probs."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32; float64 stays
-    if params.temperature == 0:
-        tokens = logits.argmax(-1)
-        logprobs = torch.log_softmax(logits, -1)
-    else:
-        logits = logits / params.temperature
-        logprobs = torch.log_softmax(logits, -1)
-        probs = torch.softmax(_truncate(logits, params.top_k, params.top_p), -1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask logits outside the top-k and outside the smallest set holding `top_p` of the mass."""
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens ranked above it already hold top_p; the first is always kept.
-        drop_sorted = probs.cumsum(-1) - probs >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def _check_params(params: SamplingParams) -> None:
-    if params.n < 1:
-        raise ValueError(f"n must be >= 1, got {params.n}")
-    if params.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {params.top_k}")
-    if params.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+def _image_keys(vision: VisionInputs | None) -> tuple[str, ...]:
+    return () if vision is None else vision.image_keys
 
 
 @contextmanager

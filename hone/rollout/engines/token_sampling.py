@@ -1,0 +1,67 @@
+"""Drawing one token per row from logits: temperature, top-k / top-p truncation, and the log-prob the
+trainer recomputes (over the full vocabulary, before truncation)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from hone.models.vision import ban_tokens
+from hone.types import SamplingParams
+
+
+def sample_next(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    banned_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of `logits` [B, V]; return the tokens and their untruncated log-probs.
+    `banned_ids` are never picked (a VLM's vision tokens), and out of the log-softmax as the trainer's."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32; float64 stays
+    if banned_ids is not None:  # after the temperature, as `token_scores` does (the lowest value either way)
+        logits = ban_tokens(logits if params.temperature == 0 else logits / params.temperature, banned_ids)
+        params = _unit_temperature(params)
+    if params.temperature == 0:
+        tokens = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits, -1)
+    else:
+        logits = logits / params.temperature
+        logprobs = torch.log_softmax(logits, -1)
+        probs = torch.softmax(_truncate(logits, params.top_k, params.top_p), -1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _unit_temperature(params: SamplingParams) -> SamplingParams:
+    """`params` with temperature 1 where it was positive (the logits are already divided by it)."""
+    return params if params.temperature == 0 else replace(params, temperature=1.0)
+
+
+def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside the top-k and outside the smallest set holding `top_p` of the mass."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # Drop a token when the tokens ranked above it already hold top_p; the first is always kept.
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def check_params(params: SamplingParams) -> None:
+    if params.n < 1:
+        raise ValueError(f"n must be >= 1, got {params.n}")
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {params.top_k}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
