@@ -56,13 +56,13 @@ def build_tiny_vl_model(
     model. `mrope_section` splits the rotary half-dimension 1:1.5:1.5 over (t, h, w) as Qwen's [16, 24, 24]
     does for head dim 128. The same arguments always give the same weights.
     """
-    if head_dim % 8:
-        raise ValueError(f"head_dim must be a multiple of 8 for the (t, h, w) rotary split, got {head_dim}")
+    if head_dim % 16:
+        raise ValueError(f"head_dim must be a multiple of 16 for the (t, h, w) rotary split, got {head_dim}")
     tokenizer = build_byte_tokenizer(max_position_embeddings)
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE
     start, end, image, video = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
-    quarter = head_dim // 8
+    unit = head_dim // 16  # the rotary half-dimension in eighths
     config = Qwen2_5_VLConfig(
         text_config={
             "vocab_size": len(tokenizer),
@@ -76,7 +76,7 @@ def build_tiny_vl_model(
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 10000.0,
-                "mrope_section": [2 * quarter, 3 * quarter, 3 * quarter],
+                "mrope_section": [2 * unit, 3 * unit, 3 * unit],
             },
             "pad_token_id": tokenizer.pad_token_id,
             "bos_token_id": tokenizer.bos_token_id,

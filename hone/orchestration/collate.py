@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hone.types import Batch, Rollout
+from hone.types import Batch, Rollout, VisionBatch
 
 
 def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
@@ -42,6 +42,7 @@ def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
         sampler_log_probs=sampler_log_probs,
         group_ids=torch.tensor([r.group_id for r in rollouts]),
         prompt_lens=torch.tensor([r.prompt_len for r in rollouts]),
+        vision=VisionBatch.of([r.vision for r in rollouts]),
     )
 
 

@@ -55,6 +55,7 @@ def _log_probs(
             micro_batch_size=micro,
             from_column=first,
             prompt_lens=pick(seqs.prompt_lens) if shared else None,
+            vision=None if seqs.vision is None else seqs.vision.select(slice(None) if rows is None else rows),
         )
         return log_probs
 
@@ -227,8 +228,11 @@ class Learner:
 
             def value(rows: torch.Tensor | None) -> torch.Tensor:
                 pick = (lambda t: t) if rows is None else (lambda t: t[rows.to(t.device)])
+                vision = (
+                    None if seqs.vision is None else seqs.vision.select(slice(None) if rows is None else rows)
+                )
                 return critic.values(
-                    pick(seqs.input_ids), pick(seqs.attention_mask), pick(seqs.response_mask)
+                    pick(seqs.input_ids), pick(seqs.attention_mask), pick(seqs.response_mask), vision
                 )
 
             values = ranks.by_rows(len(seqs.input_ids), value)
@@ -262,5 +266,6 @@ class Learner:
             group_ids=seqs.group_ids,
             prompt_lens=seqs.prompt_lens,
             fresh=fresh.to(seqs.response_mask.dtype),
+            vision=seqs.vision,
         )
         return batch, metrics

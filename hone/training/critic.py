@@ -26,11 +26,12 @@ from transformers import AutoModel, PreTrainedModel
 
 from hone.algorithms import value_loss
 from hone.config import CriticConfig, TrainerConfig
+from hone.models.vision import rope_positions, text_config
 from hone.training.distributed import Ranks
 from hone.training.optim import OptimizerStepper, RLSchedule
 from hone.training.policy import DType, disable_dropout
 from hone.training.ppo import Optimizee
-from hone.types import TrainBatch
+from hone.types import TrainBatch, VisionBatch
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -52,7 +53,7 @@ class ValueModel(nn.Module):
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         trunk = AutoModel.from_pretrained(str(path), dtype=torch_dtype)
         trunk.config.use_cache = False
-        head = nn.Linear(trunk.config.hidden_size, 1, dtype=trunk.dtype)
+        head = nn.Linear(text_config(trunk.config).hidden_size, 1, dtype=trunk.dtype)
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
         model = cls(trunk, head).to(device)
@@ -65,19 +66,35 @@ class ValueModel(nn.Module):
     def device(self) -> torch.device:
         return self.head.weight.device
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: VisionBatch | None = None
+    ) -> torch.Tensor:
+        images: dict[str, torch.Tensor] = {}
+        if vision is not None and vision.image_grid_thw.numel():  # a VLM trunk: as `Policy._score`
+            vision = vision.to(input_ids.device)
+            position_ids = rope_positions(self.trunk, input_ids, attention_mask, vision.image_grid_thw)
+            images = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw}
+        else:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden = self.trunk(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **images,
         ).last_hidden_state
         return self.head(hidden).squeeze(-1).float()
 
     def values(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mask: torch.Tensor,
+        vision: VisionBatch | None = None,
     ) -> torch.Tensor:
         """V(s_t), `[b, T]` aligned with a batch's response columns: column t is the value of the state
-        that produces token t + 1 (the prefix up to position t); 0 off `mask`."""
-        return self(input_ids, attention_mask)[:, :-1] * mask
+        that produces token t + 1 (the prefix up to position t); 0 off `mask`. `vision`: the rows' images."""
+        return self(input_ids, attention_mask, vision)[:, :-1] * mask
 
     def save_pretrained(
         self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None
@@ -144,14 +161,23 @@ class CriticTrainer(Optimizee):
 
     @torch.no_grad()
     def values(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_mask: torch.Tensor,
+        vision: VisionBatch | None = None,
     ) -> torch.Tensor:
         """V(s_t) `[B, T]` for every response position (`response_mask`) of a batch (0 elsewhere)."""
         self.model.eval()
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         return torch.cat(
             [
-                self.model.values(input_ids[r], attention_mask[r], response_mask[r])
+                self.model.values(
+                    input_ids[r],
+                    attention_mask[r],
+                    response_mask[r],
+                    None if vision is None else vision.select(r),
+                )
                 for r in self._micro_rows(rows)
             ]
         )
@@ -167,7 +193,12 @@ class CriticTrainer(Optimizee):
         for rows, padding in self.ranks.micro_batches(mini, size):  # on N ranks: this rank's share
             mask = batch.loss_mask[rows]
             loss, metrics = value_loss(
-                self.model.values(batch.input_ids[rows], batch.attention_mask[rows], mask),
+                self.model.values(
+                    batch.input_ids[rows],
+                    batch.attention_mask[rows],
+                    mask,
+                    None if batch.vision is None else batch.vision.select(rows),
+                ),
                 batch.values[rows],
                 batch.returns[rows],
                 mask,

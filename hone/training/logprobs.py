@@ -48,12 +48,15 @@ def token_scores(
     here as there, so both normalise over the same vocabulary."""
     if temperature != 1.0:  # in place when no graph needs the original: one [B, T, V] tensor less
         logits = logits / temperature if logits.requires_grad else logits.div_(temperature)
+    # The targets' logits before any ban: a banned target is an image token of the prompt, never a scored
+    # response token, and its (masked-out) log-prob stays finite rather than the dtype's lowest value.
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if banned_ids is not None:
         logits = ban_tokens(logits, banned_ids)
     target_mask = mask.to(logits.dtype)
     # gather + logsumexp: avoids a second full-vocab tensor that log_softmax would allocate.
     lse = torch.logsumexp(logits, dim=-1)
-    lp = (logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse) * target_mask
+    lp = (picked - lse) * target_mask
     ent = None
     if with_entropy and entropy_grad and torch.is_grad_enabled():
         # An entropy bonus needs the graph, which keeps the [B, T, V] softmax whatever we do.

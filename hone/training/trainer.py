@@ -197,6 +197,7 @@ class RLTrainer(Optimizee):
                     entropy_grad=bool(self.algo.entropy_coef),
                     from_column=first_response_column(mask),
                     prompt_lens=None if prompt_lens is None else prompt_lens[rows],
+                    vision=None if batch.vision is None else batch.vision.select(rows),
                 )
             weights = None if token_weights is None else token_weights[rows]
             micro = MicroBatch(batch, rows, mask, log_probs, entropy, counts, weights)
