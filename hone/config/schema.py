@@ -146,6 +146,13 @@ class DataConfig(Section):
     messages_field: str | None = Field(
         None, description="a column of chat messages to use as the prompt instead of prompt_field"
     )
+    image_field: str | None = Field(
+        None,
+        description="a column of the prompt's images for a vision-language model: a path (relative to the "
+        "data file) or a list of paths, or an HF datasets Image column; in order, one per {type: image} "
+        "part of the chat messages (a plain-text prompt's go before its text); null = none, or only images "
+        "that message parts carry themselves",
+    )
     chat_template: bool = Field(False, description="render prompts through the tokenizer's chat template")
     system_prompt: str | None = Field(
         None,

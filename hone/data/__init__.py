@@ -5,6 +5,9 @@ from hone.data.errors import HoneDataError
 from hone.data.preferences import PreferencePair, load_preferences
 from hone.data.tasks import TASKS, Arithmetic, Countdown, Task, WordProblems, get_task, register_task
 
+# Imported for its registration: `vlm_count` is in TASKS wherever hone.data (or any submodule) is imported.
+from hone.data.vision_tasks import VlmCount
+
 __all__ = [
     "TASKS",
     "Arithmetic",
@@ -12,6 +15,7 @@ __all__ = [
     "HoneDataError",
     "PreferencePair",
     "Task",
+    "VlmCount",
     "WordProblems",
     "get_task",
     "load_preferences",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hone.data.errors import HoneDataError
+from hone.data.images import PART_TYPES, fill_images, image_refs
 from hone.types import Sample
 
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -24,6 +25,7 @@ def load_samples(
     answer_field: str = "answer",
     messages_field: str | None = None,
     id_field: str | None = None,
+    image_field: str | None = None,
     split: str = "train",
     subset: str | None = None,
     require_answer: bool = True,
@@ -36,11 +38,22 @@ def load_samples(
     prompt/messages/answer/id go to `Sample.meta`. Without `id_field`, ids are `<source name>-<row>`.
     `subset` is the hub dataset configuration (e.g. "main" for gsm8k); `split` also picks the split of
     a saved `DatasetDict`.
+
+    `image_field` names a column of images (a path, relative to the data file's directory, or a list of
+    them; bytes; an HF `datasets` Image column) for `Sample.images`; image parts of messages that carry
+    their own image (`{"type": "image", "image": <ref>}`) are collected too. References are checked (the
+    file exists, its header is an image) but not decoded: `hone.data.images.load_image` does that.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     name, rows = read_rows(source, split=split, subset=subset)
-    fields = _Fields(prompt_field, answer_field, messages_field, id_field, require_answer)
+    local = Path(source).expanduser()
+    # Relative image paths are relative to the directory holding the data (file or saved dataset), so a
+    # dataset and its images move together; a hub dataset's are relative to the working directory.
+    base_dir = local.resolve().parent if local.exists() else None
+    fields = _Fields(
+        prompt_field, answer_field, messages_field, id_field, require_answer, image_field, base_dir
+    )
     samples: list[Sample] = []
     seen_ids: dict[str, str] = {}
     for where, row in rows:
@@ -75,10 +88,17 @@ class _Fields:
     """Column names and the per-row conversion; `where` in messages is e.g. "data.jsonl line 3"."""
 
     def __init__(
-        self, prompt: str, answer: str, messages: str | None, id_: str | None, require_answer: bool
+        self,
+        prompt: str,
+        answer: str,
+        messages: str | None,
+        id_: str | None,
+        require_answer: bool,
+        image: str | None = None,
+        base_dir: Path | None = None,
     ) -> None:
         self.prompt, self.answer, self.messages, self.id = prompt, answer, messages, id_
-        self.require_answer = require_answer
+        self.require_answer, self.image, self.base_dir = require_answer, image, base_dir
 
     def to_sample(self, row: Any, where: str, default_id: str) -> Sample:
         if not isinstance(row, Mapping):
@@ -94,13 +114,28 @@ class _Fields:
             prompt = value
         else:
             raise HoneDataError(f"{where}: field {prompt_key!r} must be a string, got {type(value).__name__}")
+        images = self._images(row, where)
+        if messages is not None:
+            messages, images = fill_images(
+                messages, images, self.base_dir, where, messages_field=prompt_key, image_field=self.image
+            )
         return Sample(
             id=self._id(row, where, default_id),
             prompt=prompt,
             messages=messages,
             answer=self._answer(row, where),
-            meta={k: v for k, v in row.items() if k not in {prompt_key, self.answer, self.id}},
+            meta={k: v for k, v in row.items() if k not in {prompt_key, self.answer, self.id, self.image}},
+            images=images or None,  # None, not []: a text-only sample stays as it was before images
         )
+
+    def _images(self, row: Mapping[str, Any], where: str) -> list[Any]:
+        """The image column's references, resolved and header-checked; a row may hold None (no images),
+        but a missing column is an error: a misspelt `image_field` must not silently drop every image."""
+        if self.image is None:
+            return []
+        if self.image not in row:
+            raise HoneDataError(f"{where}: missing field {self.image!r} (fields: {sorted(row)})")
+        return image_refs(row[self.image], self.base_dir, f"{where} field {self.image!r}")
 
     def _id(self, row: Mapping[str, Any], where: str, default_id: str) -> str:
         if self.id is None:
@@ -124,16 +159,47 @@ class _Fields:
 
 
 def check_messages(value: Any, where: str, field: str) -> list[dict[str, Any]]:
+    """Copies of chat messages, each with a string `role` and a `content` that is a string or a list of
+    content parts (the HF processor chat format): `{"type": "text", "text": str}` or `{"type": "image"}`,
+    the latter optionally with its own image (`image` or `path` key)."""
     if not isinstance(value, list) or not value:
         raise HoneDataError(f"{where}: field {field!r} must be a non-empty list of messages")
+    out: list[dict[str, Any]] = []
     for i, message in enumerate(value):
         if not (
             isinstance(message, Mapping)
             and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
+            and isinstance(message.get("content"), str | list)
         ):
-            raise HoneDataError(f"{where}: field {field!r} message {i} needs string 'role' and 'content'")
-    return [dict(m) for m in value]
+            raise HoneDataError(
+                f"{where}: field {field!r} message {i} needs string 'role' and 'content' (a string or a list "
+                "of content parts)"
+            )
+        copy = dict(message)
+        if isinstance(copy["content"], list):
+            copy["content"] = [
+                _check_part(p, where, f"field {field!r} message {i} part {j}")
+                for j, p in enumerate(copy["content"])
+            ]
+        out.append(copy)
+    return out
+
+
+def _check_part(part: Any, where: str, at: str) -> dict[str, Any]:
+    if not isinstance(part, Mapping) or part.get("type") not in PART_TYPES:
+        got = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        raise HoneDataError(
+            f"{where}: {at} must be a {{'type': 'text', 'text': ...}} or {{'type': 'image'}} part, "
+            f"got {got!r}"
+        )
+    # Arrow-backed rows (parquet, HF datasets) give every part every key, absent ones as None: dropped, so
+    # the chat template sees the parts a JSON file would give (no `image: None` on a text part).
+    kept = {k: v for k, v in part.items() if v is not None}
+    if kept["type"] == "text" and not isinstance(kept.get("text"), str):
+        raise HoneDataError(f"{where}: {at} is a text part without a string 'text'")
+    if kept["type"] == "image" and "text" in kept:
+        raise HoneDataError(f"{where}: {at} is an image part with 'text'; put the text in a part of its own")
+    return kept
 
 
 def _read_local(path: Path, split: str) -> Iterator[tuple[str, Any]]:

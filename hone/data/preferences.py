@@ -21,6 +21,7 @@ from typing import Any
 
 from hone.data.datasets import check_messages, read_rows
 from hone.data.errors import HoneDataError
+from hone.data.images import image_parts
 from hone.types import Sample
 
 
@@ -105,7 +106,12 @@ class _PreferenceFields:
 
     def _prompt(self, value: Any, where: str) -> dict[str, Any]:
         if isinstance(value, list):
-            return {"messages": check_messages(value, where, self.prompt)}
+            messages = check_messages(value, where, self.prompt)
+            if image_parts(messages):  # DPO and reward models here are text-only: an image would be dropped
+                raise HoneDataError(
+                    f"{where}: field {self.prompt!r} has image parts; preference data is text-only"
+                )
+            return {"messages": messages}
         if not isinstance(value, str):
             raise HoneDataError(f"{where}: field {self.prompt!r} must be a string or a list of messages")
         if not value.strip():

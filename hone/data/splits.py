@@ -21,6 +21,7 @@ from hone.data.datasets import load_samples
 from hone.data.errors import HoneDataError
 from hone.data.gym import PREFIX as GYM_PREFIX
 from hone.data.gym import ReasoningGymTask
+from hone.data.images import image_key
 from hone.data.tasks import Task, get_task
 from hone.types import Sample
 
@@ -168,10 +169,14 @@ def validation_samples(
     return (stream or eval_set)[:val_size]
 
 
-def problem_key(sample: Sample) -> tuple[str | None, str | None, str | None]:
-    """What makes two samples the same problem: the question and its reference answer (not the id)."""
+def problem_key(sample: Sample) -> tuple[str | None, ...]:
+    """What makes two samples the same problem: the question, its images and its reference answer (not the
+    id). Images count: "How many shapes?" over two pictures is two problems. A text-only sample's key has
+    no images element, so its hash (and which rows a file holds out) is what it was before images."""
     messages = None if sample.messages is None else json.dumps(sample.messages, sort_keys=True, default=str)
-    return sample.prompt, messages, sample.answer
+    if not sample.images:
+        return sample.prompt, messages, sample.answer
+    return sample.prompt, messages, sample.answer, json.dumps([image_key(i) for i in sample.images])
 
 
 def _dataset_fields(data: DataConfig) -> dict[str, Any]:
@@ -179,6 +184,7 @@ def _dataset_fields(data: DataConfig) -> dict[str, Any]:
         prompt_field=data.prompt_field,
         answer_field=data.answer_field,
         messages_field=data.messages_field,
+        image_field=data.image_field,
         subset=data.subset,
     )
 
