@@ -22,14 +22,14 @@ from hone.data import Task, load_samples
 from hone.data.splits import validation_samples
 from hone.orchestration.components import RunComponents
 from hone.orchestration.evaluate import evaluate
-from hone.orchestration.prompts import render_prompt
+from hone.orchestration.prompts import encode_prompt, render_prompt
 from hone.orchestration.weights import WeightChannel
 from hone.rewards import RewardFn, RewardScorer
 from hone.rollout import Sampler
 from hone.rollout.multiturn import Episodes, demonstration_tokens
 from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.policy import Policy
-from hone.training.sft import run_sft
+from hone.training.sft import ImageExample, run_sft
 from hone.types import Sample, SamplingParams
 
 log = logging.getLogger("hone")
@@ -41,7 +41,7 @@ class SFTData:
     the held-out problems it validates on."""
 
     pairs: list[tuple[Sample, str]] = field(default_factory=list)
-    examples: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    examples: list[tuple[list[int], list[int]] | ImageExample] = field(default_factory=list)
     val: list[Sample] = field(default_factory=list)
 
 
@@ -173,6 +173,20 @@ def train_sft(
     )
 
 
+def image_example(sample: Sample, response: str, policy: Policy, settings: SFTSettings) -> ImageExample:
+    """A demonstration with images: the prompt as sampling encodes it (images expanded), the response's
+    tokens and the eos after it trained on."""
+    ids, vision = encode_prompt(
+        sample, policy.tokenizer, settings.chat_template, settings.system_prompt, policy.processor
+    )
+    assert vision is not None  # the sample has images
+    eos = policy.tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("SFT needs a tokenizer with an eos token so the model learns to stop")
+    answer = policy.tokenizer(response, add_special_tokens=False).input_ids
+    return ImageExample([*ids, *answer, eos], len(ids), vision)
+
+
 def warm_start_sft(
     settings: SFTSettings,
     policy: Policy,
@@ -194,7 +208,11 @@ def warm_start_sft(
     texts = [
         (render_prompt(s, policy.tokenizer, settings.chat_template, settings.system_prompt), r)
         for s, r in data.pairs
+        if not s.images
     ]
+    images = [image_example(s, r, policy, settings) for s, r in data.pairs if s.images]
+    if images:  # prompts with images are encoded with the processor here, and travel as examples
+        data = SFTData(pairs=data.pairs, examples=[*data.examples, *images], val=data.val)
     if on_ranks is not None:
         weights = on_ranks.begin_sft(texts, data, settings)
 
@@ -210,6 +228,7 @@ def warm_start_sft(
             chat_template=settings.chat_template,
             system_prompt=settings.system_prompt,
             episodes=episodes,
+            processor=policy.processor,
         )["eval/accuracy"]
         return score if on_ranks is None else on_ranks.share_score(score)
 

@@ -8,6 +8,7 @@ exactly where the prompt ends, as at sampling time when the sampler continues th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,6 +18,22 @@ from hone.models.tokens import pad_token_id
 from hone.training.distributed import ONE_RANK, Ranks
 from hone.training.fit import FitPlan, Stats, fit
 from hone.training.policy import Policy
+from hone.types import VisionBatch, VisionInputs
+
+Encoded = tuple[list[int], int | list[int]]  # (ids, prompt length) or (ids, a 0/1 train mask per token)
+
+
+@dataclass(frozen=True)
+class ImageExample:
+    """A demonstration whose prompt has images: `ids` (image placeholders expanded), what is trained
+    (the prompt length, or a mask as `collate_sft`'s), and the images' `vision` inputs."""
+
+    ids: list[int]
+    trained: int | list[int]
+    vision: VisionInputs
+
+    def encoded(self) -> Encoded:
+        return self.ids, self.trained
 
 
 def encode_pair(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> tuple[list[int], int]:
@@ -63,10 +80,14 @@ def collate_sft(
 
 
 def sft_loss(
-    policy: Policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    policy: Policy,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    vision: VisionBatch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed response-token NLL and the number of response tokens (divide once per optimizer step)."""
-    log_probs, _ = policy.token_log_probs(input_ids, attention_mask)
+    log_probs, _ = policy.token_log_probs(input_ids, attention_mask, vision=vision)
     loss_mask = loss_mask.to(log_probs.device)
     return -(log_probs * loss_mask).sum(), loss_mask.sum()
 
@@ -75,7 +96,7 @@ def run_sft(
     policy: Policy,
     pairs: Sequence[tuple[str, str]] = (),
     *,
-    examples: Sequence[tuple[list[int], list[int]]] = (),
+    examples: Sequence[tuple[list[int], list[int]] | ImageExample] = (),
     batch_size: int = 8,
     micro_batch_size: int | None = None,
     lr: float = 1e-4,
@@ -94,8 +115,8 @@ def run_sft(
     ranks: Ranks = ONE_RANK,
 ) -> dict[str, Any]:
     """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
-    per token, e.g. multi-turn demonstrations) for up to `max_steps` optimizer steps of the offline loop
-    (`hone.training.fit`).
+    per token, e.g. multi-turn demonstrations; or `ImageExample`s, prompts with images) for up to
+    `max_steps` optimizer steps of the offline loop (`hone.training.fit`).
 
     The learning rate warms up linearly over `warmup_steps`, then follows `schedule` ("cosine", "linear"
     or "constant") over `max_steps`. Each step takes `batch_size` pairs (reshuffled every epoch with
@@ -116,12 +137,14 @@ def run_sft(
         raise ValueError("run_sft needs at least one (prompt, response) pair or tokenised example")
     tokenizer = policy.tokenizer
     pad_id = pad_token_id(tokenizer)
-    encoded: list[tuple[list[int], int | list[int]]] = [encode_pair(tokenizer, p, r) for p, r in pairs]
-    encoded += list(examples)
+    encoded: list[Encoded] = [encode_pair(tokenizer, p, r) for p, r in pairs]
+    encoded += [e.encoded() if isinstance(e, ImageExample) else e for e in examples]
+    visions = [None] * len(pairs) + [e.vision if isinstance(e, ImageExample) else None for e in examples]
     scores: list[float] = []
 
     def losses(indices: list[int], stats: Stats) -> Iterator[torch.Tensor]:
-        return _batch_losses(policy, [encoded[i] for i in indices], pad_id, micro_batch_size, stats, ranks)
+        batch, images = [encoded[i] for i in indices], [visions[i] for i in indices]
+        return _batch_losses(policy, batch, pad_id, micro_batch_size, stats, ranks, images)
 
     def metrics(indices: list[int], stats: Stats, lr_now: float, grad_norm: float) -> dict[str, float]:
         tokens = float(_response_tokens([encoded[i] for i in indices]))
@@ -187,6 +210,7 @@ def _batch_losses(
     micro_batch_size: int | None,
     stats: Stats,
     ranks: Ranks = ONE_RANK,
+    visions: Sequence[VisionInputs | None] = (),
 ) -> Iterator[torch.Tensor]:
     """Each micro-batch's summed response-token NLL divided by the whole batch's token count, so the losses
     sum to the batch's token-mean NLL whatever the micro-batch size; one forward at a time (lazily, for
@@ -196,7 +220,8 @@ def _batch_losses(
     total_tokens = _response_tokens(batch)
     for rows, padding in ranks.micro_batches(torch.arange(len(batch)), chunk):
         input_ids, attention_mask, loss_mask = collate_sft([batch[i] for i in rows.tolist()], pad_id)
-        nll, _ = sft_loss(policy, input_ids, attention_mask, loss_mask)
+        vision = VisionBatch.of([visions[i] for i in rows.tolist()]) if visions else None
+        nll, _ = sft_loss(policy, input_ids, attention_mask, loss_mask, vision)
         if not padding:
             stats.append({"nll": nll.item()})
         yield ranks.weigh(nll / total_tokens, padding)
