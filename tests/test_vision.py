@@ -253,3 +253,29 @@ def test_image_prompts_say_what_is_wrong(policy: Policy) -> None:
         encode_prompt(plain, policy.tokenizer, False, None, policy.processor)
     ids, vision = encode_prompt(plain, policy.tokenizer, True, None, policy.processor)
     assert vision is not None and ids.count(policy.model.config.image_token_id) == 4
+
+
+def test_sft_trains_the_vision_tower_on_image_demonstrations(vl_dir: Path) -> None:
+    from hone.training.sft import ImageExample, run_sft
+
+    policy = Policy.from_pretrained(vl_dir)
+    eos = policy.tokenizer.eos_token_id
+    examples = []
+    for k, (count, color) in enumerate([(1, "red"), (3, "blue"), (2, "green"), (4, "red")]):
+        request = ask(policy, str(k), shapes(count, color))
+        assert request.vision is not None
+        answer = policy.tokenizer(str(count), add_special_tokens=False).input_ids
+        examples.append(
+            ImageExample([*request.prompt_ids, *answer, eos], len(request.prompt_ids), request.vision)
+        )
+    tower = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "visual" in n}
+    rows: list[dict[str, float]] = []
+    run_sft(
+        policy, examples=examples, batch_size=4, lr=1e-2, max_steps=30, log=rows.append, schedule="constant"
+    )
+    losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
+    # The four prompts have the same ids (same text, same image size): only the images tell the answers apart.
+    assert len({tuple(e.ids[: e.trained]) for e in examples if isinstance(e.trained, int)}) == 1
+    assert losses[-1] < 0.5 * losses[0]
+    moved = [n for n, p in policy.model.named_parameters() if "visual" in n and not torch.equal(p, tower[n])]
+    assert moved  # the images' gradient reached the vision tower
