@@ -46,6 +46,7 @@ class VisionInputs:
     image_grid_thw: torch.Tensor
     image_keys: tuple[str, ...]
     tokens_per_image: tuple[int, ...]  # each image's placeholder tokens in the prompt's ids
+    images: tuple[bytes, ...] = ()  # the original images as PNG bytes, in order (the vLLM engine's input)
 
     @property
     def key(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ them out and the trainer scores with the same mask, so the two log-probs stay co
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -148,8 +149,17 @@ def encode_images(
     ids = [int(i) for i in out["input_ids"][0]]
     merge = int(getattr(processor.image_processor, "merge_size", 1))  # type: ignore[attr-defined]
     counts = tuple(int(t * h * w) // merge**2 for t, h, w in grid.tolist())
+    pngs = []
+    for image in images:  # the originals, for an engine that runs its own processor (vLLM)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        pngs.append(buffer.getvalue())
     vision = VisionInputs(
-        pixel_values=pixel_values, image_grid_thw=grid, image_keys=tuple(keys), tokens_per_image=counts
+        pixel_values=pixel_values,
+        image_grid_thw=grid,
+        image_keys=tuple(keys),
+        tokens_per_image=counts,
+        images=tuple(pngs),
     )
     return ids, vision
 

@@ -17,6 +17,15 @@ recomputation); with neither set (every shipped recipe) the two are the same qua
 samples of a prompt is its own request with its own seed (derived from the call's seed), so a call is
 reproducible; vLLM's prefix caching shares their prompt's prefill.
 
+Image prompts (a vision-language model, the Qwen2-VL family): a request's `prompt_ids` hold each image's
+placeholder expanded to its image tokens (`VisionInputs.tokens_per_image`), while vLLM expands each
+placeholder itself from its own run of the model's processor. So each image's run is collapsed to one
+placeholder on the way out, the original images travel as PNG bytes (`VisionInputs.images`), and the ids
+vLLM expanded them to must equal the request's (else the call raises: the engine would be sampling for
+another prompt than the trainer scores). The vision tokens are never sampled (as in `HFSampler`): vLLM
+masks them before the temperature, so the log-probs are of the same renormalised distribution. The vLLM
+environment has no torchvision; `vllm_engine/hone_vllm_shim.py` serves the Qwen2-VL processor without it.
+
 The engine process never outlives the run: `close()` stops it, and if the trainer dies (SIGKILL
 included) the kernel's parent-death signal and the closed socket make the server kill its process group.
 """
@@ -34,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Collection
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -44,16 +54,17 @@ from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
 from hone.errors import HoneError
+from hone.models.vision import vision_token_ids
 from hone.rollout.base import GenerationRequest, eos_token_ids
 from hone.rollout.fingerprint import Fingerprint
 from hone.seeding import derive_seed
-from hone.types import Rollout, SamplingParams
+from hone.types import Rollout, SamplingParams, VisionInputs
 
 if TYPE_CHECKING:
     from hone.config import RolloutConfig
     from hone.rollout.engines.base import TrainedModel, WeightSource
 
-PROTOCOL = 2
+PROTOCOL = 3
 SERVER = Path(__file__).parent / "vllm_engine" / "server.py"
 # Where the engine's Python lives unless `rollout.vllm_python` says: `make setup-vllm` builds it here.
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
@@ -96,7 +107,8 @@ class VLLMSampler:
     `model_dir` is a local HF model directory the engine starts from (weights of version 0);
     `eos_token_ids` the ids a response stops on (`hone.rollout.eos_token_ids` of the policy, so both
     engines stop alike). `timeout_s` bounds every request (a generate call included), `start_timeout_s`
-    the engine start (30-60 s on a CPU)."""
+    the engine start (30-60 s on a CPU). `max_images_per_prompt` bounds a vision model's images per prompt
+    (vLLM's `limit_mm_per_prompt`, which sizes its encoder budget)."""
 
     def __init__(
         self,
@@ -111,6 +123,7 @@ class VLLMSampler:
         timeout_s: float = 600.0,
         start_timeout_s: float = 300.0,
         weights_root: str | Path | None = None,
+        max_images_per_prompt: int = 4,
     ) -> None:
         python = Path(python)
         if not python.exists():
@@ -121,7 +134,12 @@ class VLLMSampler:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         config = Path(model_dir) / "config.json"
-        self._tied = config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings", False)
+        settings = json.loads(config.read_text()) if config.is_file() else {}
+        self._tied = settings.get("tie_word_embeddings", False)
+        self._vision = "vision_config" in settings
+        self._image_token_id = settings.get("image_token_id")
+        self._banned_ids = vision_token_ids(types.SimpleNamespace(**settings)) if self._vision else []
+        self.max_images_per_prompt = max_images_per_prompt
         self.policy_version = 0
         self.timeout_s = timeout_s
         self.last_load_s = 0.0
@@ -136,6 +154,8 @@ class VLLMSampler:
             "seed": 0,
             "max_model_len": max_model_len,
         }
+        if self._vision:
+            engine_args["limit_mm_per_prompt"] = {"image": max_images_per_prompt, "video": 0}
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env |= {
@@ -203,13 +223,15 @@ class VLLMSampler:
             raise ValueError(f"invalid sampling parameters: {params}")
         if any(not r.prompt_ids for r in requests):
             raise ValueError("every request needs at least one prompt token")
+        sent = {id(r): self._engine_prompt(r) for r in requests}
         rows = [(r, i) for r in requests for i in range(params.n)]
         seeds = [
             None if params.seed is None else derive_seed(params.seed, "vllm", k) for k in range(len(rows))
         ]
         message = {
             "op": "generate",
-            "prompts": [r.prompt_ids for r, _ in rows],
+            "prompts": [sent[id(r)][0] for r, _ in rows],
+            "images": [sent[id(r)][1] for r, _ in rows],
             "max_tokens": [r.max_new_tokens or params.max_new_tokens for r, _ in rows],
             "seeds": seeds,
             "params": {
@@ -218,9 +240,18 @@ class VLLMSampler:
                 "top_k": params.top_k,
                 "stop": list(params.stop),
                 "stop_token_ids": sorted(self.eos_token_ids),
+                "banned_token_ids": self._banned_ids,
             },
         }
         outputs = self._call(message, f"generating {len(rows)} responses")["outputs"]
+        for (request, _), out in zip(rows, outputs, strict=True):
+            expanded = out.get("prompt_token_ids")
+            if expanded is not None and expanded != request.prompt_ids:
+                raise VLLMEngineError(
+                    f"request {request.sample_id}: vLLM expanded the image placeholders to other ids than "
+                    f"the request's ({len(expanded)} vs {len(request.prompt_ids)} prompt tokens): "
+                    "its processor resized the image otherwise than the trainer's"
+                )
         texts = self.tokenizer.batch_decode([o["token_ids"] for o in outputs], skip_special_tokens=True)
         return [
             Rollout(
@@ -234,9 +265,54 @@ class VLLMSampler:
                 finish_reason=out["finish_reason"],
                 policy_version=self.policy_version,
                 turns=[(0, len(out["token_ids"]))],
+                vision=request.vision,
             )
             for (request, _), out, text in zip(rows, outputs, texts, strict=True)
         ]
+
+    def _engine_prompt(self, request: GenerationRequest) -> tuple[list[int], list[bytes] | None]:
+        """The ids and images vLLM is given for `request`: each image's run of image tokens collapsed to
+        one placeholder, and the images' PNG bytes; a text request's ids as they are."""
+        vision: VisionInputs | None = request.vision
+        if vision is None or vision.num_images == 0:
+            return request.prompt_ids, None
+        if not self._vision:
+            raise VLLMEngineError(
+                f"request {request.sample_id} has images and the vLLM engine's model is not a vision model"
+            )
+        images = getattr(vision, "images", ())
+        if len(images) != vision.num_images:
+            raise VLLMEngineError(
+                f"request {request.sample_id}: the vLLM engine needs the original images "
+                f"(VisionInputs.images, PNG bytes; {len(images)} for {vision.num_images} images): "
+                "build the request with hone.models.vision.encode_images"
+            )
+        if vision.num_images > self.max_images_per_prompt:
+            raise VLLMEngineError(
+                f"request {request.sample_id} has {vision.num_images} images, more than the vLLM engine "
+                f"was started for (max_images_per_prompt={self.max_images_per_prompt})"
+            )
+        ids, counts, k, i = [], vision.tokens_per_image, 0, 0
+        while i < len(request.prompt_ids):
+            token = request.prompt_ids[i]
+            if token != self._image_token_id:
+                ids.append(token)
+                i += 1
+                continue
+            run = counts[k] if k < len(counts) else 0
+            if not run or request.prompt_ids[i : i + run] != [token] * run:
+                raise VLLMEngineError(
+                    f"request {request.sample_id}: its image tokens do not match "
+                    f"VisionInputs.tokens_per_image {list(counts)}"
+                )
+            ids.append(token)
+            i += run
+            k += 1
+        if k != len(counts):
+            raise VLLMEngineError(
+                f"request {request.sample_id}: {k} image placeholders in its ids, {len(counts)} images"
+            )
+        return ids, list(images)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load the full HF-named state dict into the running engine as `version` (its prefix cache is

@@ -59,7 +59,10 @@ class HoneWorkerExtension:
             for method, own in wrapped:
                 if not own and "process_weights_after_loading" in vars(method):
                     del method.process_weights_after_loading
-        lm_head = getattr(model, "lm_head", None)
+        # A vision-language model keeps its decoder (and head) under `language_model`.
+        lm_head = getattr(model, "lm_head", None) or getattr(
+            getattr(model, "language_model", None), "lm_head", None
+        )
         tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
         if lm_head is not None and tied:
             method = getattr(lm_head, "quant_method", None)
