@@ -11,6 +11,7 @@ tower), a text-only model refuses an image in one line, verifiers' `image_url` p
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 from typing import Any
 
@@ -19,7 +20,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from hone.data.images import load_image, take_images
-from hone.envs import Environment, Message, StepResult, ZoomDigit, make_env
+from hone.envs import Environment, Message, PlayingEnvironment, StepResult, ZoomDigit, make_env
+from hone.envs.base import Chat
 from hone.envs.games.zoom import crop_box
 from hone.models.vision import encode_images
 from hone.orchestration.collate import collate
@@ -148,6 +150,28 @@ def test_a_text_only_model_refuses_an_image_in_one_line(policy: Policy) -> None:
             run_episodes(text_only, policy.tokenizer, TwoLooks, [sample], SamplingParams(), LIMITS)
         message = str(info.value)
         assert "\n" not in message and "text-only" in message and where in message and sample.id in message
+
+
+class ShowsAndSwallows(PlayingEnvironment):
+    """Plays itself, sends an image, and catches every `Exception` of its own code (as verifiers does)."""
+
+    async def play(self, sample: Sample, chat: Chat) -> StepResult:
+        with contextlib.suppress(Exception):
+            await chat([{"role": "user", "content": [{"type": "image", "image": FIRST}]}], {})
+        return StepResult([], done=True)
+
+
+def test_a_text_only_model_stops_the_run_even_out_of_an_environments_own_play(policy: Policy) -> None:
+    sample = Sample(id="p", prompt="x")
+    with pytest.raises(ImageObservationError, match=r"sample 'p': the opening messages .*text-only"):
+        run_episodes(
+            Scripted(policy.tokenizer, ["a"]),
+            policy.tokenizer,
+            ShowsAndSwallows,
+            [sample],
+            SamplingParams(),
+            LIMITS,
+        )
 
 
 def test_the_zoom_game_answers_a_crop_with_an_enlarged_image() -> None:

@@ -27,8 +27,8 @@ whole conversation for rewards that want more.
 
 Images (a vision-language model, `Model.processor`): `reset` and `step` may return messages whose content
 is a list of parts, `{"type": "image", "image": <PIL image | bytes | path>}` beside text parts (the HF
-processor's chat format; MGPO-style crops, a screenshot, a rendered board; `hone.envs.zoom` is an example).
-The opening's bare `{"type": "image"}` parts take the sample's `images`. Each image is expanded by the
+processor's chat format; MGPO-style crops, a screenshot, a rendered board: `hone.envs.games.zoom`). The
+opening's bare `{"type": "image"}` parts take the sample's `images`. Each image is expanded by the
 processor, its pixels go with every later turn's request (`Trajectory.vision`, reused from the engine's
 prefix cache) and with the rollout for training; `messages` records image parts bare. A text-only model
 given an image stops the run with one line (`ImageObservationError`): not the environment's error.
@@ -267,6 +267,8 @@ async def _played(episode: _EnvTurns, play: Callable[..., Awaitable[StepResult]]
             episode.turn_rewards.append(0.0)  # the turn it failed to answer
         episode.fail(error)
         return episode.result()
+    if episode.fatal is not None:  # raised out of `chat` and swallowed by the environment's own code
+        raise episode.fatal
     if episode.trajectory is None:  # it ended without a turn: its opening is the sample's prompt
         episode.start(_sample_messages(episode.sample))
         episode.done = True
