@@ -26,7 +26,7 @@ from hone.envs.games.zoom import crop_box
 from hone.models.vision import encode_images
 from hone.orchestration.collate import collate
 from hone.rollout.engines.hf import HFSampler
-from hone.rollout.multiturn import EpisodeLimits, run_episodes
+from hone.rollout.multiturn import EpisodeLimits, demonstration_tokens, run_episodes
 from hone.rollout.trajectory import ImageObservationError
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
@@ -172,6 +172,12 @@ def test_a_text_only_model_stops_the_run_even_out_of_an_environments_own_play(po
             SamplingParams(),
             LIMITS,
         )
+
+
+def test_sft_demonstrations_with_images_are_refused_not_rendered_without_pixels(policy: Policy) -> None:
+    messages = [*image_sample().messages, {"role": "assistant", "content": "2"}]  # type: ignore[misc]
+    with pytest.raises(ImageObservationError, match="demonstrations with images"):
+        demonstration_tokens(policy.tokenizer, messages)
 
 
 def test_the_zoom_game_answers_a_crop_with_an_enlarged_image() -> None:

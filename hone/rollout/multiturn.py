@@ -46,6 +46,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 from transformers.processing_utils import ProcessorMixin
 
+from hone.data.images import has_images
 from hone.envs import Environment, Message, StepResult
 from hone.errors import HoneError
 from hone.rollout.base import GenerationRequest, Sampler
@@ -403,6 +404,8 @@ def demonstration_tokens(
     An assistant message with `"weight": 0` (OpenAI's chat fine-tuning convention) stays in the context
     but is not trained on: e.g. a wrong first try that shows the model how to recover, not how to err.
     """
+    if has_images(messages):  # rendered as text, an image part would be a placeholder without its pixels
+        raise ImageObservationError("multi-turn SFT demonstrations with images are not supported yet")
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
         raise ValueError("a demonstration needs initial messages followed by at least one assistant turn")
