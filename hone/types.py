@@ -56,6 +56,19 @@ class VisionInputs:
     def num_images(self) -> int:
         return int(self.image_grid_thw.shape[0])
 
+    @staticmethod
+    def join(first: VisionInputs | None, then: VisionInputs | None) -> VisionInputs | None:
+        """The images of a sequence that holds `first`'s placeholders, then `then`'s (a multi-turn episode's
+        images as its turns add them): every field concatenated in order. None when neither has any."""
+        if first is None or then is None:
+            return first if then is None else then
+        return VisionInputs(
+            pixel_values=torch.cat([first.pixel_values, then.pixel_values]),
+            image_grid_thw=torch.cat([first.image_grid_thw, then.image_grid_thw]),
+            image_keys=first.image_keys + then.image_keys,
+            tokens_per_image=first.tokens_per_image + then.tokens_per_image,
+        )
+
 
 def _spans(starts: torch.Tensor, lengths: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
     """The indices of the picked spans (`starts[k]`, `lengths[k]` long), concatenated in pick order."""

@@ -60,13 +60,15 @@ def test_a_prompt_written_as_a_list_of_messages_loads_and_round_trips() -> None:
     assert data.prompt[0].role == "user"  # type: ignore[union-attr]
 
 
-def test_image_content_is_refused_in_one_line_naming_the_task() -> None:
-    env = type(make_env(SINGLE, {"n": 8, "image": True})())
-    with pytest.raises(
-        ValueError, match=r"task 'verifiers-train-0-0': a user message holds an image"
-    ) as info:
-        env.make_samples(4, 0, "train")
-    assert "\n" not in str(info.value)
+def test_unreadable_image_content_is_refused_in_one_line_naming_the_task() -> None:
+    # Image content is read (tests/test_vision_agents.py); an empty data: URL or a remote one is refused.
+    for url, why in [("data:,", "holds no data"), ("https://example.com/a.png", "not a data: URL")]:
+        env = type(make_env(SINGLE, {"n": 8, "image": True, "image_url": url})())
+        with pytest.raises(
+            ValueError, match=rf"task 'verifiers-train-0-0': a user message's image: .*{why}"
+        ) as info:
+            env.make_samples(4, 0, "train")
+        assert "\n" not in str(info.value)
 
 
 async def _verifiers_own_score(sample: Sample, reply: str) -> tuple[dict[str, float], float]:

@@ -25,9 +25,10 @@ class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
 class SumConfig(vf.TasksetConfig):
     n: int = 40
     # The prompt as verifiers' own multi-turn examples write it (color_codeword): a list of messages,
-    # each with its default `role`; `image` adds an image part to it.
+    # each with its default `role`; `image` adds an image part to it, `image_url` its URL.
     messages: bool = False
     image: bool = False
+    image_url: str = "data:,"
 
 
 class SumTaskset(vf.Taskset[SumTask, SumConfig]):
@@ -40,7 +41,9 @@ class SumTaskset(vf.Taskset[SumTask, SumConfig]):
                 if self.config.image:
                     content = [
                         vf.types.TextContentPart(text=question),
-                        vf.types.ImageUrlContentPart(image_url=vf.types.ImageUrlSource(url="data:,")),
+                        vf.types.ImageUrlContentPart(
+                            image_url=vf.types.ImageUrlSource(url=self.config.image_url)
+                        ),
                     ]
                 prompt = [vf.UserMessage(content=content)]
             data = SumData(prompt=prompt, system_prompt="Answer with a number.", answer=str(i + 1))

@@ -9,13 +9,18 @@ the processor's (its min/max pixel rules), not done here.
 
 Chat messages carry images as content parts in the HF processor's chat format: `{"type": "image"}` is a
 placeholder filled from the data's image column in order, and `{"type": "image", "image": <ref>}` (or
-`"path"`) carries its own image.
+`"path"`) carries its own image. Messages that come from elsewhere (an environment's observation, an
+OpenAI-format client such as verifiers) may also carry `{"type": "image_url", "image_url": {"url":
+"data:image/png;base64,..."}}`: `take_images` reads both kinds (`decode_data_url` the URL's bytes).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import io
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,6 +144,79 @@ def fill_images(
             "exactly one placeholder"
         )
     return out, images
+
+
+def decode_data_url(url: str, where: str = "") -> bytes:
+    """The bytes of an image `data:` URL (`data:image/png;base64,...`, as OpenAI clients send images).
+    A remote URL (http...) is refused: Hone fetches nothing during a rollout. Raises `HoneDataError`."""
+    prefix = f"{where}: " if where else ""
+    if not url.startswith("data:"):
+        shown = url if len(url) <= 60 else url[:57] + "..."
+        raise HoneDataError(f"{prefix}image URL {shown!r} is not a data: URL (remote images are not fetched)")
+    header, comma, payload = url[5:].partition(",")
+    if not comma or not payload:
+        raise HoneDataError(f"{prefix}image data: URL holds no data")
+    try:
+        if header.endswith(";base64"):
+            return base64.b64decode(payload, validate=True)
+        return urllib.parse.unquote_to_bytes(payload)
+    except (binascii.Error, ValueError) as e:
+        raise HoneDataError(f"{prefix}image data: URL is not valid base64 ({e})") from e
+
+
+def take_images(
+    messages: Sequence[Mapping[str, Any]], where: str, fill: Sequence[Any] = ()
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`messages` with every image part reduced to a bare `{"type": "image"}` placeholder (what a chat
+    template renders), and the parts' images in order, unopened: a part's own (`image` / `path` key, or an
+    OpenAI `image_url` part's data URL, decoded to bytes), else the next of `fill` (a sample's images).
+    Unlike `fill_images` (data files), nothing is resolved against a directory. Every image of `fill` must
+    be placed and every placeholder filled; a mismatch raises `HoneDataError` naming `where`."""
+    images: list[Any] = []
+    taken = 0
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list) or not any(_is_image(p) for p in content):
+            out.append(dict(message))
+            continue
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            if not _is_image(part):
+                parts.append(part)
+                continue
+            at = f"{where} message {i} part {j}"
+            own = [k for k in INLINE_KEYS if part.get(k) is not None]
+            if part.get("type") == "image_url":
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, Mapping) else url
+                images.append(decode_data_url(str(url or ""), at))
+            elif own:
+                images.append(part[own[0]])
+            elif taken < len(fill):
+                images.append(fill[taken])
+                taken += 1
+            else:
+                raise HoneDataError(
+                    f"{at}: an image placeholder with no image (no 'image' key, none left to fill)"
+                )
+            parts.append({"type": "image"})
+        out.append({**message, "content": parts})
+    if taken != len(fill):
+        raise HoneDataError(
+            f'{where}: {len(fill)} image(s) for {taken} image placeholder(s) ({{"type": "image"}} parts '
+            "without their own image); each image needs exactly one placeholder"
+        )
+    return out, images
+
+
+def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether `messages` hold an image part, either kind (`image` or OpenAI `image_url`)."""
+    return any(_is_image(part) for part in _parts(messages))
+
+
+def _is_image(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") in ("image", "image_url")
 
 
 def image_key(ref: Any) -> str:

@@ -3,10 +3,10 @@
 `Environment.reset(sample) -> messages` starts an episode; `step(assistant_message) -> StepResult`
 answers each assistant turn. `ToolEnv` adds tools (Python functions turned into JSON schemas, called
 in the Hermes `<tool_call>` format, run concurrently with timeouts). Built-in environments, by name:
-`tool_arithmetic`, `guess_number`, `frozen_lake` (see `hone.envs.games`), `openenv`, an OpenEnv
-server's environment (`hone.envs.openenv`), `openenv_mcp`, an MCP-style OpenEnv server's tools
-(`hone.envs.openenv_tools`), and `mcp`, a Model Context Protocol server's tools
-(`hone.envs.mcp_tools`). A recipe names one of them, any class by dotted path
+`tool_arithmetic`, `guess_number`, `frozen_lake`, `zoom_digit` (image observations; see
+`hone.envs.games`), `openenv`, an OpenEnv server's environment (`hone.envs.openenv`), `openenv_mcp`, an
+MCP-style OpenEnv server's tools (`hone.envs.openenv_tools`), and `mcp`, a Model Context Protocol
+server's tools (`hone.envs.mcp_tools`). A recipe names one of them, any class by dotted path
 (`mypkg.envs:UnitsEnv`), or a verifiers environment (`verifiers:<id>`, see `hone.envs.verifiers_env`);
 `make_env` builds the per-rollout factory.
 
@@ -64,7 +64,7 @@ from hone.envs.base import (
     release_envs,
     resolve_env,
 )
-from hone.envs.games import FrozenLake, GuessNumber, ToolArithmetic  # registers the built-in games
+from hone.envs.games import FrozenLake, GuessNumber, ToolArithmetic, ZoomDigit  # registers the games
 from hone.envs.mcp_tools import MCPEnv  # registers `mcp` (the MCP SDK is imported when a server starts)
 from hone.envs.openenv import OpenEnv  # registers `openenv` (openenv-core is imported when one plays)
 from hone.envs.openenv_tools import OpenEnvMCP  # registers `openenv_mcp`, an MCP-style OpenEnv server's tools
@@ -101,6 +101,7 @@ __all__ = [
     "ToolCallParser",
     "ToolEnv",
     "ToolError",
+    "ZoomDigit",
     "calculator",
     "calculator_tool",
     "get_parser",

@@ -36,6 +36,10 @@ class StepResult:
     `messages` are appended to the conversation (e.g. `{"role": "user", "content": "higher"}` or
     `{"role": "tool", "name": "calculator", "content": "42"}`); ignored once `done`. `reward` is this
     turn's reward. `info` holds numbers the rollout loop sums over the episode into metrics.
+
+    An observation may show images (for a vision-language model): content as a list of parts,
+    `{"role": "user", "content": [{"type": "image", "image": <PIL image | bytes | path>}, {"type": "text",
+    "text": "..."}]}` (`reset`'s messages too; see `hone.rollout.multiturn` and the `zoom_digit` game).
     """
 
     messages: list[Message]

@@ -24,6 +24,10 @@ What maps to what:
   message graph); the episode's last `StepResult` carries the trace's weighted sum (`Trace.reward`) and
   each reward unweighted as `info["reward/<name>"]`, which `reward.fn: env` logs as `reward/<name>`.
   `@vf.metric`s become `env/<name>`.
+* Image content (`image_url` parts with `data:` URLs, how verifiers sends images, in a task's prompt or an
+  observation) becomes `{"type": "image", "image": <bytes>}` parts, which a vision-language model's
+  processor expands (`hone.rollout.multiturn`); a task's prompt images go to `Sample.images`. A text model
+  refuses them in one line; a remote (http) image URL is refused, not fetched.
 
 Limits: one agent seat per environment (Hone trains one policy on one conversation); no tools (verifiers
 serves tools as MCP servers to its harness programs; a taskset or task declaring toolsets is refused at
@@ -271,17 +275,34 @@ class VerifiersEnv(PlayingEnvironment):
         ) from exc
 
 
+def _image_bytes(url: str, where: str) -> bytes:
+    """An image `data:` URL's bytes, checked to be an image (its header), or `ImageContentError`."""
+    from hone.data.errors import HoneDataError
+    from hone.data.images import decode_data_url, resolve_image
+
+    try:
+        data: bytes = resolve_image(decode_data_url(url, where), None, where)
+    except HoneDataError as exc:
+        raise ImageContentError(str(exc)) from None
+    return data
+
+
 def _is_eval(key: str) -> bool:
     digest = hashlib.sha256(f"verifiers\0{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < EVAL_FRACTION
 
 
 def _sample(task: Any, sample_id: str) -> Sample:
+    from hone.data.images import take_images
+
     data = task.data
     answer = getattr(data, "answer", None)
+    # Images as a data file's are kept: bare `{"type": "image"}` parts in the messages, `images` in order.
+    messages, images = take_images([_to_hone(m, sample_id) for m in _opening(data)], f"task {sample_id!r}")
     return Sample(
         id=sample_id,
-        messages=[_to_hone(m, sample_id) for m in _opening(data)],
+        messages=messages,
+        images=images or None,
         answer=answer if isinstance(answer, str) else None,
         # Every field, defaults included: a message's `role` is a default, and it is what verifiers'
         # message union is discriminated by (`exclude_defaults` dropped it: a list-of-messages prompt
@@ -302,20 +323,28 @@ def _opening(data: Any) -> list[Any]:
 
 
 class ImageContentError(ValueError):
-    """A task or observation holds image content, which Hone cannot feed a model yet (one line)."""
+    """A task or observation holds image content that cannot be read (one line, naming the task)."""
 
 
 def _to_hone(message: Any, sample_id: str = "") -> Message:
+    """A verifiers message as a Hone one. Image content (OpenAI `image_url` parts with a `data:` URL, as
+    verifiers sends images) becomes the HF processor's `{"type": "image", "image": <bytes>}` parts beside
+    the text parts, in order, which a vision-language model's processor expands (`hone.rollout.multiturn`);
+    a text model refuses them in one line. A remote URL or unreadable image raises `ImageContentError`."""
     import verifiers.v1 as vf
-    from verifiers.v1.types import ImageUrlContentPart, content_text
+    from verifiers.v1.types import ImageUrlContentPart, TextContentPart, content_text
 
-    if isinstance(message.content, list) and any(isinstance(p, ImageUrlContentPart) for p in message.content):
-        # Dropping the image would train on a question the policy cannot see; refused until vision inputs.
-        raise ImageContentError(
-            f"task {sample_id!r}: a {message.role} message holds an image; Hone has no image inputs yet, so "
-            "image content is refused rather than dropped"
-        )
-    out: Message = {"role": message.role, "content": content_text(message.content) or ""}
+    content = message.content
+    out: Message = {"role": message.role, "content": content_text(content) or ""}
+    if isinstance(content, list) and any(isinstance(p, ImageUrlContentPart) for p in content):
+        where = f"task {sample_id!r}: a {message.role} message's image" if sample_id else "an image"
+        out["content"] = [
+            {"type": "text", "text": p.text}
+            if isinstance(p, TextContentPart)
+            else {"type": "image", "image": _image_bytes(p.image_url.url, where)}
+            for p in content
+            if isinstance(p, TextContentPart | ImageUrlContentPart)
+        ]
     if isinstance(message, vf.ToolMessage) and message.name:
         out["name"] = message.name
     return out

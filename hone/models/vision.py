@@ -132,11 +132,14 @@ def save_processor(processor: ProcessorMixin, directory: str | Path) -> None:
 
 
 def encode_images(
-    processor: ProcessorMixin, text: str, images: Sequence[Any]
+    processor: ProcessorMixin, text: str, images: Sequence[Any], *, add_special_tokens: bool = True
 ) -> tuple[list[int], VisionInputs]:
     """The ids of the rendered prompt `text` (each image placeholder expanded to the image's tokens) and
-    its images' `VisionInputs`. Raises ValueError when `text`'s placeholders and `images` disagree."""
-    out = processor(text=[text], images=list(images), return_tensors="pt")  # type: ignore[operator]
+    its images' `VisionInputs`. Raises ValueError when `text`'s placeholders and `images` disagree.
+    `add_special_tokens=False` for a piece in the middle of a sequence (a multi-turn observation): no BOS."""
+    out = processor(  # type: ignore[operator]
+        text=[text], images=list(images), return_tensors="pt", add_special_tokens=add_special_tokens
+    )
     pixel_values = out["pixel_values"]
     grid = out["image_grid_thw"].long()
     keys, start = [], 0

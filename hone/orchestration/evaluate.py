@@ -117,7 +117,9 @@ def evaluate_rollouts(
     """
     check_pass_at_ks(ks, params.n)
     kind = episode_kind(agent, episodes, tokenizer, chat_template, system_prompt, processor)  # as training's
-    rollouts, played = play_sync(sampler, tokenizer, kind, samples, params, last_only=True)
+    rollouts, played = play_sync(
+        sampler, tokenizer, kind, samples, params, last_only=True, processor=processor
+    )
     metrics = score_rollouts(rollouts, {s.id: s for s in samples}, reward)
     graded = [r for r in rollouts if not failed(r)]
     scored, correct = [0] * len(samples), [0] * len(samples)

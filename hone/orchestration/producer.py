@@ -137,7 +137,8 @@ def collect_rollouts(
 ) -> list[Rollout]:
     """The run's episodes of `samples`, unscored (failed agent episodes are dropped)."""
     kind = episode_kind(parts, data)
-    return play_sync(parts.sampler, parts.policy.tokenizer, kind, samples, params)[0]
+    processor = getattr(parts.policy, "processor", None)
+    return play_sync(parts.sampler, parts.policy.tokenizer, kind, samples, params, processor=processor)[0]
 
 
 def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
@@ -173,7 +174,8 @@ class Producer:
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
         if self.replay is not None:
             self.replay.begin(prompts.step)
-        model = Model(Batcher(self.parts.sampler, pool=engine), self.parts.policy.tokenizer)
+        processor = getattr(self.parts.policy, "processor", None)  # a vision-language model's: env images
+        model = Model(Batcher(self.parts.sampler, pool=engine), self.parts.policy.tokenizer, processor)
         try:
             rollouts, metrics = await self._sample_and_score(model, prompts.samples, params, timing)
             metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not

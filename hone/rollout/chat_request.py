@@ -15,7 +15,9 @@ What a request may ask and what it gets (`docs/how-to/agents.md`, "What the endp
   token as sampled (the next request's copy of the reply, with its one call, is rendered as the text
   the model wrote, so the episode stays one sequence).
 * `logprobs: true` returns each sampled token's log-prob from the sampler; `top_logprobs`,
-  `response_format` other than text, `stream`, `n` > 1 and non-text content parts are refused (400).
+  `response_format` other than text, `stream`, `n` > 1 and non-text content parts (`image_url`: images
+  reach a vision-language model through an environment's observations, not this endpoint yet) are refused
+  (400).
 """
 
 from __future__ import annotations
@@ -93,8 +95,12 @@ def read_request(body: Any) -> ChatRequest:
             isinstance(p, dict) and p.get("type") != "text" for p in content
         ):
             kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict)} - {"text"})
+            # Images are not dropped silently: the endpoint's token-exact splicing is text-only so far
+            # (an environment's observations may hold images: hone.rollout.multiturn).
             raise RequestError(
-                400, f"message content of type {', '.join(kinds)} is not supported (text only)"
+                400,
+                f"message content of type {', '.join(kinds)} is not supported (text only): the agent "
+                "endpoint does not take images yet; an environment (env.name) may return image observations",
             )
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     if cap is not None and (not isinstance(cap, int) or cap < 1):

@@ -26,8 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
+from transformers.processing_utils import ProcessorMixin
 
 from hone.aio import run_serving
+from hone.data.images import has_images
 from hone.envs.base import EPISODE_WAITS
 from hone.models.chat import chat_text
 from hone.rollout.base import GenerationRequest, Sampler
@@ -53,10 +55,14 @@ class ChatTemplateError(ValueError):
 
 
 class Model:
-    """What an episode samples through: the run's batcher, tokenizer and end-of-turn ids."""
+    """What an episode samples through: the run's batcher, tokenizer and end-of-turn ids, and a
+    vision-language model's `processor` (`Policy.processor`; None for a text model), which expands the
+    images an environment episode's messages hold (`hone.rollout.multiturn`)."""
 
-    def __init__(self, batcher: Batcher, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.batcher, self.tokenizer = batcher, tokenizer
+    def __init__(
+        self, batcher: Batcher, tokenizer: PreTrainedTokenizerBase, processor: ProcessorMixin | None = None
+    ) -> None:
+        self.batcher, self.tokenizer, self.processor = batcher, tokenizer, processor
         self.eos_token_ids: frozenset[int] = batcher.sampler.eos_token_ids
 
     @property
@@ -81,7 +87,10 @@ class Model:
         A rendering that extends, as text, what an earlier completion left in the context is *not*
         re-tokenised: the sampler gets that context's exact ids plus the tokens of the new text only. One
         that extends none (the caller rewrote its history, or the template rewrites past turns) starts a
-        new sequence. A template that cannot render the messages raises `ChatTemplateError`."""
+        new sequence. A template that cannot render the messages raises `ChatTemplateError`, and so do
+        image parts: text only here (environment episodes take images, `hone.rollout.multiturn`)."""
+        if has_images(messages):  # never rendered as a bare placeholder without its pixels
+            raise ChatTemplateError("image content is not supported by Model.chat (text only)")
         try:
             text = chat_text(self.tokenizer, messages, tools=tools, add_generation_prompt=True)
         except Exception as e:  # the template rejects the conversation (a role it lacks, bad tools)
@@ -252,12 +261,13 @@ def play_sync(
     params: SamplingParams,
     *,
     last_only: bool = False,
+    processor: ProcessorMixin | None = None,
 ) -> tuple[list[Rollout], dict[str, float]]:
     """`play` from synchronous code, on a loop and a batcher of its own; the model calls run on this thread
-    (`run_serving`)."""
+    (`run_serving`). `processor`: a vision-language model's, for episodes whose messages hold images."""
 
     def episodes(engine: Executor) -> Coroutine[Any, Any, tuple[list[Rollout], dict[str, float]]]:
-        model = Model(Batcher(sampler, pool=engine), tokenizer)
+        model = Model(Batcher(sampler, pool=engine), tokenizer, processor)
         return play_once(model, kind, samples, params, last_only=last_only)
 
     return run_serving(episodes)

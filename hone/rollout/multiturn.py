@@ -24,23 +24,41 @@ however it ended.
 
 A rollout's `response_text`, what text rewards score, is the final assistant message; `messages` holds the
 whole conversation for rewards that want more.
+
+Images (a vision-language model, `Model.processor`): `reset` and `step` may return messages whose content
+is a list of parts, `{"type": "image", "image": <PIL image | bytes | path>}` beside text parts (the HF
+processor's chat format; MGPO-style crops, a screenshot, a rendered board: `hone.envs.games.zoom`). The
+opening's bare `{"type": "image"}` parts take the sample's `images`. Each image is expanded by the
+processor, its pixels go with every later turn's request (`Trajectory.vision`, reused from the engine's
+prefix cache) and with the rollout for training; `messages` records image parts bare. A text-only model
+given an image stops the run with one line (`ImageObservationError`): not the environment's error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+from transformers.processing_utils import ProcessorMixin
 
+from hone.data.images import has_images
 from hone.envs import Environment, Message, StepResult
 from hone.errors import HoneError
 from hone.rollout.base import GenerationRequest, Sampler
 from hone.rollout.episodes import EpisodeResult, Job, Model, bind, play_sync
-from hone.rollout.trajectory import ObservationRenderer, Trajectory, completion_of, render_prompt
+from hone.rollout.trajectory import (
+    ImageObservationError,
+    ObservationRenderer,
+    Trajectory,
+    completion_of,
+    render_opening,
+    render_prompt,
+)
 from hone.seeding import derive_seed
 from hone.types import Rollout, Sample, SamplingParams
 
@@ -86,11 +104,24 @@ class _EnvTurns:
         self.done = self.truncated = False
         self.error: Exception | None = None
         self.ended = False  # the last turn stopped on an eos token
+        self.fatal: ImageObservationError | None = None  # the model cannot take the episode's images
 
     def start(self, messages: list[Message]) -> None:
-        """The initial messages: the prompt."""
-        self.messages = list(messages)
-        self.trajectory = Trajectory(render_prompt(self.model.tokenizer, self.messages, self.tools))
+        """The initial messages: the prompt (their images too: the sample's fill bare image parts)."""
+        model, where = self.model, f"sample {self.sample.id!r}: the opening messages"
+        with self._seeing():
+            ids, self.messages, vision = render_opening(
+                model.tokenizer, messages, self.tools, model.processor, self.sample.images, where
+            )
+        self.trajectory = Trajectory(ids, vision=vision)
+
+    @contextlib.contextmanager
+    def _seeing(self) -> Iterator[None]:
+        try:
+            yield
+        except ImageObservationError as error:  # kept: it ends the run, even out of an env's own `play`
+            self.fatal = error
+            raise
 
     def fail(self, error: Exception) -> None:
         """End the episode on its environment's error, counted in `env/errors`."""
@@ -109,7 +140,8 @@ class _EnvTurns:
             return None
         # Each episode's own room: a shared cap would let the longest episode cut every other's turn.
         budget = min(self.limits.max_tokens_per_turn, room)
-        request = GenerationRequest(self.sample.id, self.group_id, self.trajectory.context, budget)
+        context, vision = self.trajectory.context, self.trajectory.vision
+        request = GenerationRequest(self.sample.id, self.group_id, context, budget, vision=vision)
         turn_params = _turn_params(self.params, self.limits.max_tokens_per_turn, self.turn)
         [out] = await self.model.generate(request, turn_params)
         completion = completion_of(out, request.prompt_ids, self.model.tokenizer)
@@ -133,12 +165,16 @@ class _EnvTurns:
         if turn + 1 >= self.limits.max_turns:
             self.done = self.truncated = True
             return
-        obs_ids = self.render(result.messages, ended_with_eos=self.ended, tools=self.tools)
-        self.messages += result.messages
+        where = f"sample {self.sample.id!r}: the observation after turn {turn + 1}"
+        with self._seeing():
+            obs_ids, observation, vision = self.render.observe(
+                result.messages, ended_with_eos=self.ended, tools=self.tools, where=where
+            )
+        self.messages += observation
         if len(obs_ids) >= self.limits.max_total_tokens - len(self.trajectory.context):  # no room left
             self.done = self.truncated = True
             return
-        self.trajectory.add_context(obs_ids)
+        self.trajectory.add_context(obs_ids, vision)
 
     async def chat(self, messages: list[Message], info: dict[str, float] | None = None) -> str:
         """For an environment's own code: the first call's `messages` open the conversation; a later
@@ -224,12 +260,16 @@ async def _played(episode: _EnvTurns, play: Callable[..., Awaitable[StepResult]]
     except _Cut:  # a limit ended it (recorded as truncated, or its turns ran out)
         return episode.result()
     except Exception as error:  # its code failed: the episode ends there, counted in env/errors
+        if episode.fatal is not None:  # the model cannot see its images: no environment's fault
+            raise episode.fatal from None
         if episode.trajectory is None:
             episode.start(_sample_messages(episode.sample))
         elif len(episode.turn_rewards) < len(episode.trajectory.turns):
             episode.turn_rewards.append(0.0)  # the turn it failed to answer
         episode.fail(error)
         return episode.result()
+    if episode.fatal is not None:  # raised out of `chat` and swallowed by the environment's own code
+        raise episode.fatal
     if episode.trajectory is None:  # it ended without a turn: its opening is the sample's prompt
         episode.start(_sample_messages(episode.sample))
         episode.done = True
@@ -265,7 +305,7 @@ class Episodes:
     ) -> list[Job]:
         """`params.n` episodes per sample; every environment is made first, in order (a factory may count)."""
         envs = [(i, s, self.make_env()) for i, s in enumerate(samples) for _ in range(params.n)]
-        render = ObservationRenderer(model.tokenizer, model.eos_token_ids)
+        render = ObservationRenderer(model.tokenizer, model.eos_token_ids, model.processor)
 
         async def job(i: int, s: Sample, env: Environment) -> EpisodeResult:
             try:
@@ -322,7 +362,9 @@ async def _attempt(method: Callable[..., Any], *args: Any) -> Any:
 def _sample_messages(sample: Sample) -> list[Message]:
     if sample.messages:
         return [dict(m) for m in sample.messages]
-    return [{"role": "user", "content": sample.prompt or ""}]
+    images = [{"type": "image"} for _ in sample.images or ()]  # filled with the sample's, in order
+    text = sample.prompt or ""
+    return [{"role": "user", "content": [*images, {"type": "text", "text": text}] if images else text}]
 
 
 def _turn_params(params: SamplingParams, budget: int, turn: int) -> SamplingParams:
@@ -338,9 +380,12 @@ def run_episodes(
     samples: Sequence[Sample],
     params: SamplingParams,
     limits: EpisodeLimits,
+    processor: ProcessorMixin | None = None,
 ) -> list[Rollout]:
-    """`params.n` trajectories per sample (group id = the sample's index), in sample order."""
-    return play_sync(sampler, tokenizer, Episodes(make_env, limits), samples, params)[0]
+    """`params.n` trajectories per sample (group id = the sample's index), in sample order; `processor`
+    (a vision-language model's) for environments whose messages hold images."""
+    kind = Episodes(make_env, limits)
+    return play_sync(sampler, tokenizer, kind, samples, params, processor=processor)[0]
 
 
 def demonstration_tokens(
@@ -359,6 +404,8 @@ def demonstration_tokens(
     An assistant message with `"weight": 0` (OpenAI's chat fine-tuning convention) stays in the context
     but is not trained on: e.g. a wrong first try that shows the model how to recover, not how to err.
     """
+    if has_images(messages):  # rendered as text, an image part would be a placeholder without its pixels
+        raise ImageObservationError("multi-turn SFT demonstrations with images are not supported yet")
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
         raise ValueError("a demonstration needs initial messages followed by at least one assistant turn")

@@ -13,6 +13,9 @@
   rewards are deterministic); S and G are placed at random rather than in opposite corners, so the
   policy must read the board instead of memorising "down, right"; the player is drawn as `P`;
   one action per turn.
+* `zoom_digit` — a vision game (a vision-language model plays it): read a digit a few pixels tall in an
+  image by asking for crops (`crop X Y`), each answered with the enlarged region as a new image
+  observation (MGPO-style), then `answer D`. The example of an environment that returns images.
 
 Samples come from `make_samples(n, seed, split, **args)` (args: the constructor's). Train and eval
 splits are disjoint by a hash of the problem itself, as in `hone.data.tasks`; unlike there, both
@@ -23,5 +26,6 @@ from hone.envs.games.guess import GuessNumber
 from hone.envs.games.lake import FrozenLake
 from hone.envs.games.retry import ArithmeticRetry
 from hone.envs.games.tool_arithmetic import ToolArithmetic
+from hone.envs.games.zoom import ZoomDigit
 
-__all__ = ["ArithmeticRetry", "FrozenLake", "GuessNumber", "ToolArithmetic"]
+__all__ = ["ArithmeticRetry", "FrozenLake", "GuessNumber", "ToolArithmetic", "ZoomDigit"]
