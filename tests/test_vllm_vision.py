@@ -146,8 +146,7 @@ def test_after_a_publish_image_prompts_use_the_new_weights(engine: tuple[Policy,
     with torch.no_grad():
         for param in policy.model.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * 0.02)
-    # Not verified: the engine's fingerprint names a VLM's tensors otherwise than the learner (see docs).
-    LocalWeightChannel(policy.state_dict_for_sampler, sampler, timeout_s=120, verify=False).publish(1)
+    LocalWeightChannel(policy.state_dict_for_sampler, sampler, timeout_s=120).publish(1)  # verified
     rollouts = sampler.generate(requests, params)
     batch = collate(rollouts, pad_id=policy.tokenizer.pad_token_id)
     with torch.no_grad():
@@ -155,3 +154,42 @@ def test_after_a_publish_image_prompts_use_the_new_weights(engine: tuple[Policy,
     diff = ((trained - batch.sampler_log_probs) * batch.response_mask).abs().max().item()
     print(f"after a publish: max |sampler - trainer| log-prob = {diff:.2e}")
     assert diff < LOGPROB_ATOL
+
+
+def test_a_verified_publish_passes_and_a_corrupted_vision_tensor_is_caught(
+    engine: tuple[Policy, VLLMSampler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine reports its fingerprint under the learner's names (vLLM loads `model.visual.*` as
+    `visual.*` and `model.language_model.*` as `language_model.model.*`, and fuses a vision block's
+    gate/up), so a verified publish of the VLM passes; one flipped bit in one vision-tower tensor, on
+    the way to the engine, is named."""
+    from hone.orchestration.weights import LocalWeightChannel
+    from hone.rollout.engines import vllm as vllm_engine
+    from hone.rollout.fingerprint import WeightMismatchError
+
+    policy, sampler = engine
+    channel = LocalWeightChannel(policy.state_dict_for_sampler, sampler, timeout_s=120)  # verified
+    version = sampler.policy_version + 1
+    channel.publish(version)
+    held = sampler.weights_fingerprint([])
+    for key in (
+        "model.visual.patch_embed.proj.weight",
+        "model.visual.blocks.1",
+        "model.language_model.layers.1",
+    ):
+        assert key in held.sums
+    real_save = vllm_engine.save_file
+    corrupted = "model.visual.blocks.1.mlp.up_proj.weight"  # fused with gate_proj into gate_up_proj
+
+    def flip_one_bit(tensors: dict[str, torch.Tensor], path: str) -> None:
+        tensor = tensors[corrupted].clone()
+        tensor.view(torch.int32).view(-1)[7] ^= 1 << 2
+        real_save(tensors | {corrupted: tensor}, path)
+
+    monkeypatch.setattr(vllm_engine, "save_file", flip_one_bit)
+    with pytest.raises(
+        WeightMismatchError, match=r"1 of \d+ tensor\(s\) differ, e\.g\. model\.visual\.blocks\.1 "
+    ):
+        channel.publish(version + 1)
+    monkeypatch.setattr(vllm_engine, "save_file", real_save)
+    channel.publish(version + 2)  # an honest load puts the engine right again

@@ -29,7 +29,7 @@ from hone.errors import HoneError
 
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements widened to int64 at once: bounds the extra memory of a large embedding
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+_LAYER = re.compile(r"^(.*?\.(?:layers|blocks)\.\d+)\.")  # a decoder layer or a vision-tower block
 _MASK = (1 << 64) - 1
 
 
@@ -52,7 +52,8 @@ class Fingerprinted(Protocol):
 
 def group_key(name: str, by_layer: bool) -> str:
     """The key `name` is summed under: itself, or its layer's prefix (`model.layers.3.mlp.up_proj.weight`
-    -> `model.layers.3`) where the engine packs a layer's tensors together."""
+    -> `model.layers.3`; a vision tower's `...blocks.3` alike) where the engine packs a layer's tensors
+    together."""
     if by_layer and (match := _LAYER.match(name)):
         return match.group(1)
     return name

@@ -12,6 +12,13 @@ is read as the loader left it, just before packing (the fused, re-laid-out weigh
 recorded by wrapping each layer's `process_weights_after_loading` during the load). The packing itself,
 a layout change, is covered by the log-prob canary. `_bit_sum` mirrors `rollout.fingerprint.bit_sum`:
 this file runs in vLLM's environment, which does not have Hone.
+
+The sums are keyed by the learner's (HF) names, which the trainer compares with: vLLM renames some
+models' tensors on load (a vision-language model's `model.visual.*` -> `visual.*`,
+`model.language_model.*` -> `language_model.model.*`, by the model class's `hf_to_vllm_mapper`, which
+vLLM 0.32 cannot invert). So each load maps every published name forward with that mapper, groups both
+names by layer (or vision block: vLLM fuses a block's gate/up), and the fingerprint reports each vLLM
+key under the HF key that was loaded into it (a key no published tensor mapped to keeps vLLM's name).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from safetensors.torch import load_file
 
 _MASK = (1 << 64) - 1
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+_LAYER = re.compile(r"^(.*?\.(?:layers|blocks)\.\d+)\.")
 
 
 def _bit_sum(tensor: torch.Tensor) -> int:
@@ -39,10 +46,23 @@ def _key(name: str) -> str:
     return match.group(1) if match else name
 
 
+def _hf_keys(model: torch.nn.Module, names: Any) -> dict[str, str]:
+    """{vLLM key: HF key} for the published `names`, by `model`'s `hf_to_vllm_mapper` (identity without
+    one). A mapper's stacked entries (q/k/v -> qkv) rename within a layer, which the keys do not see."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    keys: dict[str, str] = {}
+    for name in names:
+        mapped = mapper.map_name(name) if mapper is not None else name
+        if mapped is not None and _key(mapped) != _key(name):
+            keys.setdefault(_key(mapped), _key(name))
+    return keys
+
+
 class HoneWorkerExtension:
     def hone_load_weights(self, path: str) -> None:
         tensors = load_file(f"{path}/model.safetensors")
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        self._hone_hf_keys = _hf_keys(model, tensors)
         self._hone_prepacked: dict[str, tuple[str, int]] = {}
         wrapped = []
         for module_name, module in model.named_modules():
@@ -89,8 +109,10 @@ class HoneWorkerExtension:
         for name, param in model.named_parameters():
             if param.numel():
                 held[name] = (str(param.dtype), _bit_sum(param))
+        hf_keys = getattr(self, "_hone_hf_keys", {})
         sums: dict[str, list] = {}
         for name, (dtype, value) in held.items():
-            entry = sums.setdefault(_key(name), [dtype.removeprefix("torch."), 0])
+            key = _key(name)
+            entry = sums.setdefault(hf_keys.get(key, key), [dtype.removeprefix("torch."), 0])
             entry[1] = (entry[1] + value) & _MASK
         return sums
