@@ -366,3 +366,32 @@ def test_what_ranks_cannot_do_yet_is_one_line_before_any_starts(
     assert main([*command, f"run.dir={tmp_path}", "run.steps=0"]) == 2  # were it to start: nothing here
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.fixture(scope="module")
+def vl_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hone.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(tmp_path_factory.mktemp("tiny-vl") / "m", num_layers=2)
+
+
+@pytest.mark.parametrize("extra", [{}, PPO], ids=["grpo", "ppo-critic"])
+def test_two_ranks_train_a_vision_model_as_one_process(
+    tmp_path: Path, vl_model_dir: Path, extra: dict[str, object]
+) -> None:
+    """Image prompts on two ranks: each rank cuts its rows' images out of the batch (`VisionBatch.select`)
+    for the old/reference log-probs, the critic's values and every micro-batch, as one process does."""
+    vision = STEPS | extra | {"data.task": "vlm_count", "data.task_args": "{kinds: [count]}"}
+    train(load_config(None, tiny_overrides(tmp_path, vl_model_dir, "one", **vision)))
+    done = hone_cli(
+        ["train", *tiny_overrides(tmp_path, vl_model_dir, "two", **vision, **{"trainer.world_size": 2})],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    start = {f"model.safetensors/{k}": v for k, v in load_file(vl_model_dir / "model.safetensors").items()}
+    tower = [k for k in start if "/visual." in k]  # saved in the original checkpoint layout
+    assert tower and largest_gap({k: one[k] for k in tower}, {k: start[k] for k in tower}) > 10 * TOLERANCE
+    assert largest_gap(one, two) <= TOLERANCE
+    if extra is PPO:
+        assert largest_gap(critic_weights(tmp_path / "one"), critic_weights(tmp_path / "two")) <= TOLERANCE

@@ -12,13 +12,13 @@ from PIL import Image
 from hone.data import HoneDataError, get_task, load_samples
 from hone.data.images import image_parts, load_image
 from hone.data.tasks import TASKS
-from hone.data.vision_tasks import COLORS, KINDS, VlmCount, draw, scene
+from hone.data.vision_tasks import BACKGROUND, COLORS, KINDS, VlmCount, draw, scene
 from hone.types import Sample
 from tests.helpers import write_jsonl
 
 
 def blobs(image: Image.Image) -> list[tuple[str, int]]:
-    """The image's connected non-white regions (4-neighbour flood fill), each as (colour name, pixels):
+    """The image's connected non-background regions (4-neighbour flood fill), each as (colour name, pixels):
     read off the pixels alone, so it checks the drawing, not the meta the task wrote beside it."""
     width, height = image.size
     pixels = image.load()
@@ -27,17 +27,17 @@ def blobs(image: Image.Image) -> list[tuple[str, int]]:
     seen: set[tuple[int, int]] = set()
     found: list[tuple[str, int]] = []
     for start in ((x, y) for y in range(height) for x in range(width)):
-        if start in seen or pixels[start] == (255, 255, 255):
+        if start in seen or pixels[start] == BACKGROUND:
             continue
         colors: Counter[str] = Counter()
         stack = [start]
         seen.add(start)
         while stack:
             x, y = stack.pop()
-            colors[names[pixels[x, y]]] += 1  # KeyError: a pixel neither white nor a palette colour
+            colors[names[pixels[x, y]]] += 1  # KeyError: a pixel neither background nor a palette colour
             for nx, ny in ((x + 1, y), (x - 1, y), (x, y + 1), (x, y - 1)):
                 inside = 0 <= nx < width and 0 <= ny < height
-                if inside and (nx, ny) not in seen and pixels[nx, ny] != (255, 255, 255):
+                if inside and (nx, ny) not in seen and pixels[nx, ny] != BACKGROUND:
                     seen.add((nx, ny))
                     stack.append((nx, ny))
         assert len(colors) == 1, "two shapes touch"

@@ -2,7 +2,7 @@
 
 Why generated: like the text tasks, it needs no download and is verifiable exactly, so the whole VLM RL
 loop (images through the processor, rollouts, rewards) can be tested offline on a tiny model. Each problem
-draws 1..`max_count` squares, circles and triangles in a few saturated colours on a white `size`x`size`
+draws 1..`max_count` squares, circles and triangles in a few saturated colours on a grey `size`x`size`
 canvas, spaced apart so they never touch (each shape is one connected blob a test can count), and asks:
 
 - "count": how many shapes → a digit;
@@ -41,6 +41,8 @@ QUESTIONS = {
     "compare": "More red or blue shapes?",
     "color": "What color is the shape?",
 }
+BACKGROUND = (122, 116, 104)  # CLIP's mean colour: the processor normalises it to ~0, so a ViT patch of
+# background embeds to ~0 and a shape's patch stands out (on white, 3 of 4 tokens carried a constant)
 _GAP = 2  # pixels between the boxes of two shapes: they never touch, so each is one blob
 _PLACEMENT_TRIES = 200  # per shape, before the whole scene is drawn again
 _SCENE_TRIES = 200  # whole scenes at the smallest shapes before max_count is declared too many for size
@@ -59,9 +61,9 @@ class Shape:
 
 
 def draw(shapes: Sequence[Shape], size: int) -> Image.Image:
-    """The scene as an RGB image: the shapes filled in their colours on white (no anti-aliasing, so pixels
-    are exactly white or a shape's colour)."""
-    image = Image.new("RGB", (size, size), (255, 255, 255))
+    """The scene as an RGB image: the shapes filled in their colours on `BACKGROUND` (no anti-aliasing, so
+    pixels are exactly the background or a shape's colour)."""
+    image = Image.new("RGB", (size, size), BACKGROUND)
     pen = ImageDraw.Draw(image)
     for s in shapes:
         fill = COLORS[s.color]
@@ -180,4 +182,4 @@ def scene(sample: Sample) -> list[Shape]:
     return [Shape(**s) for s in shapes]
 
 
-__all__ = ["COLORS", "KINDS", "QUESTIONS", "SHAPES", "Shape", "VlmCount", "draw", "scene"]
+__all__ = ["BACKGROUND", "COLORS", "KINDS", "QUESTIONS", "SHAPES", "Shape", "VlmCount", "draw", "scene"]
