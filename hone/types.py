@@ -8,7 +8,7 @@ and `orchestration` collates scored rollouts into a training `Batch`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -205,7 +205,8 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch with every tensor on `device` (collate builds on CPU; training may be on GPU)."""
-        return Batch(**{name: None if t is None else t.to(device) for name, t in vars(self).items()})
+        tensors = {name: t.to(device) for name, t in vars(self).items() if isinstance(t, torch.Tensor)}
+        return replace(self, **tensors, vision=None if self.vision is None else self.vision.to(device))
 
 
 @dataclass(frozen=True, kw_only=True)

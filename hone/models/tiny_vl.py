@@ -61,7 +61,8 @@ def build_tiny_vl_model(
     tokenizer = build_byte_tokenizer(max_position_embeddings)
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE
-    start, end, image, video = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+    start, end, image, video = (len(tokenizer) - len(VISION_TOKENS) + k for k in range(len(VISION_TOKENS)))
+    assert tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)) == [start, end, image, video]
     unit = head_dim // 16  # the rotary half-dimension in eighths
     config = Qwen2_5_VLConfig(
         text_config={

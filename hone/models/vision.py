@@ -109,7 +109,7 @@ def _assemble_processor(path: Path) -> ProcessorMixin:
             video_processor=None,
             chat_template=template,
         )
-    return built  # type: ignore[no-any-return]
+    return built
 
 
 def save_processor(processor: ProcessorMixin, directory: str | Path) -> None:
@@ -122,8 +122,8 @@ def save_processor(processor: ProcessorMixin, directory: str | Path) -> None:
         return
     except (AttributeError, ImportError):
         pass
-    processor.image_processor.save_pretrained(str(directory))  # type: ignore[attr-defined]
-    processor.tokenizer.save_pretrained(str(directory))  # type: ignore[attr-defined]
+    processor.image_processor.save_pretrained(str(directory))
+    processor.tokenizer.save_pretrained(str(directory))
     (directory / "processor_config.json").write_text(
         json.dumps({"processor_class": type(processor).__name__}, indent=2) + "\n"
     )
@@ -137,7 +137,7 @@ def encode_images(
     """The ids of the rendered prompt `text` (each image placeholder expanded to the image's tokens) and
     its images' `VisionInputs`. Raises ValueError when `text`'s placeholders and `images` disagree.
     `add_special_tokens=False` for a piece in the middle of a sequence (a multi-turn observation): no BOS."""
-    out = processor(  # type: ignore[operator]
+    out = processor(
         text=[text], images=list(images), return_tensors="pt", add_special_tokens=add_special_tokens
     )
     pixel_values = out["pixel_values"]
@@ -150,7 +150,7 @@ def encode_images(
         keys.append(digest.hexdigest())
         start += patches
     ids = [int(i) for i in out["input_ids"][0]]
-    merge = int(getattr(processor.image_processor, "merge_size", 1))  # type: ignore[attr-defined]
+    merge = int(getattr(processor.image_processor, "merge_size", 1))
     counts = tuple(int(t * h * w) // merge**2 for t, h, w in grid.tolist())
     pngs = []
     for image in images:  # the originals, for an engine that runs its own processor (vLLM)

@@ -63,7 +63,7 @@ def sft_data(cfg: HoneConfig, parts: RunComponents) -> SFTData:
         return SFTData(pairs=sft_pairs(cfg, parts.task), val=val)
     env = episodes.make_env()
     demos = type(env).make_samples(cfg.sft.examples, cfg.run.seed + 7, "train", **cfg.env.args)
-    examples = []
+    examples: list[tuple[list[int], list[int]] | ImageExample] = []
     for sample in demos:
         player = episodes.make_env()
         examples.append(

@@ -49,7 +49,7 @@ def apply() -> None:
 
     pil.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
     sys.modules["transformers.models.qwen2_vl.image_processing_qwen2_vl"] = pil
-    qwen2_vl.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
+    qwen2_vl.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil  # type: ignore[misc,assignment]
 
     check = ProcessorMixin.check_argument_for_proper_class
     ProcessorMixin.check_argument_for_proper_class = (  # type: ignore[method-assign]

@@ -46,7 +46,7 @@ PROTOCOL = 3
 # Qwen2-VL models without torchvision (see hone_vllm_shim.py). At import, not in main(): vLLM's engine
 # process is spawned and re-imports this file as its main module, so it gets the shim too.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import hone_vllm_shim  # noqa: E402
+import hone_vllm_shim  # type: ignore[import-not-found]  # noqa: E402
 
 hone_vllm_shim.apply()
 
