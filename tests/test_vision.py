@@ -279,3 +279,28 @@ def test_sft_trains_the_vision_tower_on_image_demonstrations(vl_dir: Path) -> No
     assert losses[-1] < 0.5 * losses[0]
     moved = [n for n, p in policy.model.named_parameters() if "visual" in n and not torch.equal(p, tower[n])]
     assert moved  # the images' gradient reached the vision tower
+
+
+def test_a_hub_name_loads_a_cached_vision_model_offline(tmp_path: Path, vl_dir: Path) -> None:
+    """The hub path, as a real checkpoint takes it (no pretrained VLM can be downloaded here): a hub name
+    resolved from the hub cache with HF_HUB_OFFLINE=1, the processor assembled without torchvision."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    repo = tmp_path / "hub" / "models--hone-test--tiny-vl"
+    shutil.copytree(vl_dir, repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    code = (
+        "from hone.models import resolve_model; from hone.training.policy import Policy; "
+        "p = Policy.from_pretrained(resolve_model('hone-test/tiny-vl')); "
+        "print(type(p.model).__name__, type(p.processor).__name__, p.processor.image_token)"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Qwen2_5_VLForConditionalGeneration Qwen2_5_VLProcessor <|image_pad|>" in done.stdout

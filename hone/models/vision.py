@@ -80,12 +80,22 @@ def load_processor(path: str | Path) -> ProcessorMixin:
     except ImportError as e:
         if "torchvision" not in str(e).lower():
             raise
-        processor = _assemble_processor(Path(path))
+        processor = _assemble_processor(_local_dir(path))
     if not isinstance(processor, ProcessorMixin):
         raise TypeError(
             f"{path}: AutoProcessor gave a {type(processor).__name__}, not a multimodal processor"
         )
     return processor
+
+
+def _local_dir(path: str | Path) -> Path:
+    """A model directory, or a hub name's snapshot of the processor's files (the hub cache offline)."""
+    if Path(path).is_dir():
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.jinja", "*.txt", "*.model"]
+    return Path(snapshot_download(str(path), allow_patterns=patterns))
 
 
 def _assemble_processor(path: Path) -> ProcessorMixin:
