@@ -20,9 +20,9 @@ def sample_next(
     """Pick one token per row of `logits` [B, V]; return the tokens and their untruncated log-probs.
     `banned_ids` are never picked (a VLM's vision tokens), and out of the log-softmax as the trainer's."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32; float64 stays
-    if banned_ids is not None:  # after the temperature, as `token_scores` does (the lowest value either way)
-        logits = ban_tokens(logits if params.temperature == 0 else logits / params.temperature, banned_ids)
-        params = _unit_temperature(params)
+    if banned_ids is not None:  # after the temperature, as `token_scores` does; on a copy (banned in place)
+        scaled = logits / params.temperature if params.temperature else logits.clone()
+        logits, params = ban_tokens(scaled, banned_ids), _unit_temperature(params)
     if params.temperature == 0:
         tokens = logits.argmax(-1)
         logprobs = torch.log_softmax(logits, -1)
