@@ -304,3 +304,19 @@ def test_a_hub_name_loads_a_cached_vision_model_offline(tmp_path: Path, vl_dir: 
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Qwen2_5_VLForConditionalGeneration Qwen2_5_VLProcessor <|image_pad|>" in done.stdout
+
+
+def test_replay_with_a_vision_model_is_one_line_before_training(tmp_path: Path, vl_dir: Path) -> None:
+    from hone.config import load_config
+    from hone.orchestration.loop import train
+    from hone.orchestration.replay import ReplayImagesError
+    from tests.helpers import tiny_overrides
+
+    overrides = {
+        "data.task": "vlm_count",
+        "data.task_args": "{kinds: [count]}",
+        "algorithm.replay.enabled": "true",
+    }
+    with pytest.raises(ReplayImagesError, match="algorithm.replay does not take a vision-language model"):
+        train(load_config(None, tiny_overrides(tmp_path, vl_dir, "r", **overrides)))
+    assert not (tmp_path / "r" / "checkpoints").exists()

@@ -42,7 +42,7 @@ from hone.orchestration.lifecycle import (
 )
 from hone.orchestration.placement import rollout_source
 from hone.orchestration.producer import ScoredGroups
-from hone.orchestration.replay import ReplayBuffer
+from hone.orchestration.replay import ReplayBuffer, ReplayImagesError
 from hone.orchestration.report import StepTally, sample_records, step_signal
 from hone.orchestration.rl_start import RLStart, checkpoint_parts, resume_rl, start_rl
 from hone.orchestration.rollouts import RolloutSource
@@ -222,6 +222,8 @@ def _train(
     lead: LeadRanks | None,
 ) -> RunResult:
     ranks = ONE_RANK if lead is None else lead.ranks
+    if cfg.algorithm.replay.enabled and getattr(parts.policy, "processor", None) is not None:
+        raise ReplayImagesError("algorithm.replay does not take a vision-language model's rollouts yet")
     if resumed is None:
         announce = None if lead is None else lead.announce
         begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started, ranks, announce, lead)

@@ -15,9 +15,15 @@ import threading
 from typing import Any
 
 from hone.config import ReplayConfig
+from hone.errors import HoneError
 from hone.types import Rollout
 
 REPLAY = "replay"  # `Rollout.metrics` key marking a replayed rollout
+
+
+class ReplayImagesError(HoneError, ValueError):
+    """`algorithm.replay` with a vision-language model: the buffer's checkpoint state is JSON, which a
+    stored rollout's images would not survive (a resumed run would replay other data)."""
 
 
 def is_replayed(rollout: Rollout) -> bool:
