@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from PIL import Image, ImageDraw
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
@@ -471,3 +472,12 @@ def dpo_args(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[st
         "logging.tensorboard=false",
         *extra,
     ]
+
+
+def shapes(n: int, color: str = "red", size: tuple[int, int] = (56, 56)) -> Image.Image:
+    """A test image: `n` small squares of `color` on white (images that differ by count, colour or size)."""
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    for k in range(n):
+        draw.rectangle((4 + 12 * k, 4 + 6 * k, 12 + 12 * k, 12 + 6 * k), fill=color)
+    return image

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from hone.models.vision import rope_positions, vision_token_ids
 from hone.orchestration.collate import collate
@@ -22,6 +22,7 @@ from hone.rollout.base import GenerationRequest
 from hone.rollout.engines.hf import HFSampler
 from hone.training.policy import LoraSettings, Policy
 from hone.types import Sample, SamplingParams, VisionBatch
+from tests.helpers import shapes
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +35,6 @@ def vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def policy(vl_dir: Path) -> Policy:
     return Policy.from_pretrained(vl_dir)
-
-
-def shapes(n: int, color: str = "red", size: tuple[int, int] = (56, 56)) -> Image.Image:
-    image = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(image)
-    for k in range(n):
-        draw.rectangle((4 + 12 * k, 4 + 6 * k, 12 + 12 * k, 12 + 6 * k), fill=color)
-    return image
 
 
 def ask(policy: Policy, sample_id: str, *images: Image.Image, text: str = "How many?") -> GenerationRequest:
@@ -317,6 +310,6 @@ def test_replay_with_a_vision_model_is_one_line_before_training(tmp_path: Path, 
         "data.task_args": "{kinds: [count]}",
         "algorithm.replay.enabled": "true",
     }
-    with pytest.raises(ReplayImagesError, match="algorithm.replay does not take a vision-language model"):
+    with pytest.raises(ReplayImagesError, match=r"algorithm\.replay does not take a vision-language model"):
         train(load_config(None, tiny_overrides(tmp_path, vl_dir, "r", **overrides)))
     assert not (tmp_path / "r" / "checkpoints").exists()

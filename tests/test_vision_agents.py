@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from hone.data.images import load_image, take_images
 from hone.envs import Environment, Message, PlayingEnvironment, StepResult, ZoomDigit, make_env
@@ -30,7 +30,7 @@ from hone.rollout.multiturn import EpisodeLimits, demonstration_tokens, run_epis
 from hone.rollout.trajectory import ImageObservationError
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
-from tests.helpers import Scripted
+from tests.helpers import Scripted, shapes
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +38,6 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Policy:
     from hone.models.tiny_vl import build_tiny_vl_model
 
     return Policy.from_pretrained(build_tiny_vl_model(tmp_path_factory.mktemp("tiny-vl") / "m"))
-
-
-def shapes(n: int, color: str = "red", size: tuple[int, int] = (56, 56)) -> Image.Image:
-    image = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(image)
-    for k in range(n):
-        draw.rectangle((4 + 12 * k, 4 + 6 * k, 12 + 12 * k, 12 + 6 * k), fill=color)
-    return image
 
 
 FIRST, SECOND = shapes(2), shapes(3, "blue", (56, 28))  # other grids: 4x4 and 2x4 patches
