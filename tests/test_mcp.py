@@ -255,3 +255,16 @@ def test_the_recipe_lists_its_tools_in_a_dry_run_and_trains_leaving_no_server(
     steps = [r for r in rows if "loss/policy" in r]
     assert len(steps) == 2 and all(r["env/errors"] == 0.0 for r in steps)
     assert not _CONNECTIONS and not _calculators()
+
+
+def test_the_sdks_own_request_timeout_is_a_timeout_not_a_lost_server() -> None:
+    """The SDK's read timeout is a backstop past `timeout_s`; if it fires anyway, the call timed out: the
+    server is not restarted (the race that made a slow call read as a lost server under load)."""
+    from mcp.shared.exceptions import MCPError
+
+    from hone.envs.mcp_tools import _SDK_TIMEOUT_GRACE_S, _is_request_timeout
+
+    assert _is_request_timeout(MCPError(code=-32001, message="Request 'tools/call' timed out"))
+    assert not _is_request_timeout(MCPError(code=-32603, message="internal error"))
+    assert not _is_request_timeout(ConnectionError("closed"))
+    assert _SDK_TIMEOUT_GRACE_S > 0

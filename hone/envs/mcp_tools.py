@@ -52,6 +52,11 @@ log = logging.getLogger("hone")
 logging.getLogger("mcp").setLevel(logging.CRITICAL)
 _RESTARTS = 3  # a server that dies more often than this in one run stays down (its calls are errors)
 _TAIL_CHARS = 600
+# The SDK's own read timeout is a backstop past the tool's `timeout_s`, which `ToolEnv` enforces: two
+# timers of the same length raced, and when the SDK's fired first (a loaded machine) a slow call read as a
+# lost server and restarted it.
+_SDK_TIMEOUT_GRACE_S = 5.0
+_SDK_TIMEOUT_CODES = (-32001, 408)
 # Runs between fork and exec of a stdio server: the kernel sends it SIGTERM when the thread that started
 # it (the connection's thread, alive for the whole run) exits, the trainer's death included; a parent that
 # died before the prctl is caught by the ppid check. Then the real command replaces the shim.
@@ -164,7 +169,8 @@ class _Connection:
         """`tools/call` on the connection's loop; a lost session is restarted once per call."""
         session = self._session or await asyncio.to_thread(self._restart)
         future = asyncio.run_coroutine_threadsafe(
-            session.call_tool(name, arguments, read_timeout_seconds=timeout_s), self._loop
+            session.call_tool(name, arguments, read_timeout_seconds=timeout_s + _SDK_TIMEOUT_GRACE_S),
+            self._loop,
         )
         try:
             return await asyncio.wrap_future(future)
@@ -326,6 +332,13 @@ def _tools(connection: _Connection, keep: list[str] | dict[str, str] | None, tim
     return [_tool(connection, listed[name], shown, timeout_s) for name, shown in names.items()]
 
 
+def _is_request_timeout(error: Exception) -> bool:
+    """The MCP SDK's own request timeout, not a failed transport: its error code is -32001 in mcp 2 (408,
+    HTTP's, in mcp 1)."""
+    data = getattr(error, "error", None)
+    return getattr(data, "code", None) in _SDK_TIMEOUT_CODES
+
+
 def _tool(connection: _Connection, spec: Any, shown: str, timeout_s: float) -> Tool:
     server_name = spec.name
     description = spec.description or ""
@@ -341,6 +354,8 @@ def _tool(connection: _Connection, spec: Any, shown: str, timeout_s: float) -> T
         except (ToolError, TimeoutError, asyncio.CancelledError):
             raise
         except Exception as error:  # the transport failed: the server died or hung up
+            if _is_request_timeout(error):  # the SDK's backstop: slow, not lost
+                raise TimeoutError(f"{shown} timed out") from error
             connection.lost()
             raise ToolError(f"{shown}: the MCP server failed: {_reason(error)}") from error
         text = _text(result)
