@@ -47,6 +47,7 @@ from hone.algorithms.qlearning import (
     td3_actor_loss,
     td3_target,
 )
+from hone.algorithms.turns import gigpo, turn_grpo, turn_reinforce, turn_returns
 from hone.algorithms.utils import (
     masked_mean,
     masked_sum,
@@ -78,6 +79,7 @@ __all__ = [
     "distill_advantages",
     "expectile_loss",
     "explained_variance",
+    "gigpo",
     "group_stats",
     "iql_q_target",
     "masked_mean",
@@ -102,6 +104,9 @@ __all__ = [
     "td3_actor_loss",
     "td3_bc_actor_loss",
     "td3_target",
+    "turn_grpo",
+    "turn_reinforce",
+    "turn_returns",
     "turn_sums",
     "value_loss",
     "weighted_regression_loss",

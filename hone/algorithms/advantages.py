@@ -36,6 +36,7 @@ BATCH_INPUTS = frozenset(
         "turn_rewards",
         "turn_mask",
         "token_turns",
+        "turn_anchors",
         "next_values",
         "dones",
         "terminated",
@@ -91,7 +92,7 @@ def _broadcast(per_seq: torch.Tensor, response_mask: torch.Tensor) -> torch.Tens
     return per_seq.unsqueeze(-1) * response_mask.to(per_seq.dtype)
 
 
-def _require_groups(group_ids: torch.Tensor | None, name: str) -> torch.Tensor:
+def require_groups(group_ids: torch.Tensor | None, name: str) -> torch.Tensor:
     if group_ids is None:
         raise ValueError(f"advantage estimator {name!r} needs group_ids (the n rollouts of one prompt)")
     return group_ids
@@ -112,7 +113,7 @@ def grpo(
     std is the unbiased (n-1) std, as in the paper's reference code; a singleton group gets A = 0.
     With `norm_by_std=False` this is Dr.GRPO's advantage. returns == advantages (no critic).
     """
-    group_ids = _require_groups(group_ids, "grpo")
+    group_ids = require_groups(group_ids, "grpo")
     scores = sequence_scores(token_rewards, response_mask)
     stats = group_stats(scores, group_ids)
     adv = scores - stats.mean
@@ -154,7 +155,7 @@ def rloo(
 
     Equivalently n/(n-1) * (r_i - mean(r_group)). A singleton group has no baseline: A = 0.
     """
-    group_ids = _require_groups(group_ids, "rloo")
+    group_ids = require_groups(group_ids, "rloo")
     scores = sequence_scores(token_rewards, response_mask)
     stats = group_stats(scores, group_ids)
     others = (stats.size - 1).to(scores.dtype)
@@ -207,7 +208,7 @@ def reinforce_pp_baseline(
     The group mean removes per-prompt difficulty; the batch whitening (not per-group std, unlike GRPO)
     keeps the scale stable. A singleton group's centred score is 0.
     """
-    group_ids = _require_groups(group_ids, "reinforce_pp_baseline")
+    group_ids = require_groups(group_ids, "reinforce_pp_baseline")
     scores = sequence_scores(token_rewards, response_mask)
     centred = _broadcast(scores - group_stats(scores, group_ids).mean, response_mask)
     return masked_whiten(centred, response_mask, eps), centred
@@ -303,64 +304,3 @@ def _gae_with_boundaries(
         advantages[:, t] = torch.where(mask[:, t], running, zeros)
     returns = torch.where(mask, advantages + values, torch.zeros_like(values))
     return advantages, returns
-
-
-@register_advantage("turn_grpo")
-def turn_grpo(
-    *,
-    response_mask: torch.Tensor,
-    token_rewards: torch.Tensor | None = None,
-    group_ids: torch.Tensor | None = None,
-    turn_rewards: torch.Tensor | None = None,
-    turn_mask: torch.Tensor | None = None,
-    token_turns: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
-    **_: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn-level credit for multi-turn trajectories: each assistant turn k of trajectory i gets
-
-        G_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}          (its discounted return-to-go over turns)
-        A_{i,k} = (G_{i,k} - mean_g(G_{.,0})) / (std_g(G_{.,0}) + eps)
-
-    baselined and scaled by the statistics of the group's *trajectory* returns G_{.,0}, the same as
-    GRPO's, so with gamma = 1 and only an outcome reward every turn gets exactly the GRPO advantage;
-    per-turn rewards and gamma < 1 then move credit towards the turns that earned it. This follows the
-    turn-level credit assignment of Zeng et al. 2025 (arXiv:2505.11821) and multi-turn GRPO variants
-    (RAGEN's StarPO, Wang et al. 2025); departure: one group baseline for all turns rather than
-    per-turn-index groups, which are too small with a handful of trajectories per prompt.
-
-    A singleton group, or one whose trajectory returns are all equal, gets A = 0 on every turn (as in
-    `grpo`), even where per-turn returns differ.
-
-    `turn_rewards`, `turn_mask` are [B, K] (K = most turns in the batch); `token_turns` [B, T] gives
-    each response position's turn index, -1 for prompt, observation and padding positions. Given
-    turns, `turn_rewards` is the whole reward: a per-token term such as a KL penalty must already be
-    summed into its turn (`turn_sums`); `token_rewards` is then unused. Without turns (a single-turn
-    run) the whole response is one turn rewarded with the sum of `token_rewards`.
-    """
-    if turn_rewards is None or turn_mask is None or token_turns is None:
-        if token_rewards is None:
-            raise ValueError("advantage estimator 'turn_grpo' needs turn_rewards or token_rewards")
-        turn_rewards = (token_rewards * response_mask).sum(-1, keepdim=True)
-        turn_mask = torch.ones_like(turn_rewards)
-        token_turns = torch.where(response_mask.bool(), 0, -1)
-    group_ids = _require_groups(group_ids, "turn_grpo")
-    rewards = turn_rewards * turn_mask
-    returns_to_go = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for k in reversed(range(rewards.shape[1])):  # turns are contiguous from 0: padding turns stay 0
-        running = rewards[:, k] + gamma * running
-        returns_to_go[:, k] = running
-    stats = group_stats(returns_to_go[:, 0], group_ids)
-    per_turn = returns_to_go - stats.mean.unsqueeze(-1)
-    if norm_by_std:
-        per_turn = per_turn / (stats.std.unsqueeze(-1) + eps)
-    # GRPO's rule: a singleton group, or one whose trajectory returns are all equal, carries no signal.
-    # Without it, gamma < 1 or per-turn rewards give later turns G_k != mean while std = 0: A ~ 1/eps.
-    signal = ((stats.size > 1) & (stats.std > 0)).unsqueeze(-1)
-    per_turn = torch.where(signal, per_turn, torch.zeros_like(per_turn)) * turn_mask
-    index = token_turns.clamp(min=0)
-    advantages = per_turn.gather(1, index) * (token_turns >= 0).to(per_turn.dtype) * response_mask
-    return advantages, advantages.clone()

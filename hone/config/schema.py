@@ -445,6 +445,19 @@ class ReplayConfig(Section):
     )
 
 
+class EntropyGuardConfig(Section):
+    """An opt-in response to entropy collapse (README "Agents" → collapse guards): while the sampled
+    tokens' entropy falls below `floor`, the update adds an entropy bonus of weight `coef`."""
+
+    floor: float | None = Field(
+        None,
+        ge=0,
+        description="nats a token: when the step's sampled entropy (the mean -log p of its sampled response "
+        "tokens) is below it, the entropy bonus `coef` is on for that update; null = off",
+    )
+    coef: float = Field(0.01, gt=0, description="the entropy bonus's weight while the guard is on")
+
+
 class AlgorithmConfig(Section):
     preset: str | None = Field(
         None,
@@ -482,9 +495,22 @@ class AlgorithmConfig(Section):
     eps: float = Field(
         1e-6, description="added to the std before dividing, so an all-equal group does not divide by zero"
     )
-    gamma: float = Field(1.0, description="discount per token (gae); 1.0 = undiscounted")
+    gamma: float = Field(
+        1.0, description="discount per token (gae, reinforce_pp), per turn (turn_grpo, gigpo, turn_reinforce)"
+    )
     lam: float = Field(1.0, description="GAE's lambda: 1.0 = Monte-Carlo returns, 0 = one-step TD")
     entropy_coef: float = Field(0.0, description="weight of an entropy bonus in the loss; 0 = none")
+    turn_baseline: Literal["trajectory", "turn_index"] = Field(
+        "trajectory",
+        description="turn_grpo: baseline each turn with the group's trajectory returns (GRPO's) or with the "
+        "returns-to-go of the group's turns of the same index",
+    )
+    step_advantage_weight: float = Field(
+        1.0,
+        ge=0,
+        description="gigpo: ω, the weight of the step (anchor-state) advantage beside the episode's",
+    )
+    entropy_guard: EntropyGuardConfig = Field(default_factory=EntropyGuardConfig)
     kl: KLConfig = Field(default_factory=KLConfig)
     old_log_probs: Literal["recompute", "sampler"] = Field(
         "sampler",

@@ -48,15 +48,22 @@ def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
 
 def turn_tensors(rollouts: Sequence[Rollout], columns: int) -> dict[str, torch.Tensor]:
     """Per-turn inputs of turn-level advantages, aligned with `collate`'s response columns:
-    `turn_rewards`/`turn_mask` [B, K] and `token_turns` [B, columns] (-1 off assistant tokens).
+    `turn_rewards`/`turn_mask` [B, K], `token_turns` [B, columns] (-1 off assistant tokens) and
+    `turn_anchors` [B, K] (GiGPO's anchor states: one id per distinct context before a turn, -1 on padding).
 
     A trajectory's rewards always sum to its `reward` (what the reward layer scored): the environment's
     per-turn rewards say *when* parts of it arrived, and the rest arrives with the last turn.
+
+    A turn's context is its token ids before its first token; with images, the rollout's image keys
+    join it (all of them: two episodes whose texts match but whose later images differ are never
+    anchored together, at the cost of missing a shared state before those images).
     """
     most = max((len(r.turns) for r in rollouts), default=0) or 1
     turn_rewards = torch.zeros((len(rollouts), most))
     turn_mask = torch.zeros((len(rollouts), most))
     token_turns = torch.full((len(rollouts), columns), -1, dtype=torch.long)
+    turn_anchors = torch.full((len(rollouts), most), -1, dtype=torch.long)
+    anchor_ids: dict[tuple[object, ...], int] = {}
     for i, r in enumerate(rollouts):
         if not r.turns:  # single-turn: the whole response is turn 0
             turns = [(0, r.response_len)]
@@ -67,6 +74,14 @@ def turn_tensors(rollouts: Sequence[Rollout], columns: int) -> dict[str, torch.T
         per_turn[-1] += r.reward - sum(per_turn)
         turn_rewards[i, : len(turns)] = torch.tensor(per_turn)
         turn_mask[i, : len(turns)] = 1.0
+        images = tuple(r.vision.image_keys) if r.vision is not None else ()
         for k, (start, end) in enumerate(turns):
             token_turns[i, r.prompt_len - 1 + start : r.prompt_len - 1 + end] = k
-    return {"turn_rewards": turn_rewards, "turn_mask": turn_mask, "token_turns": token_turns}
+            context = (images, *r.token_ids[: r.prompt_len + start])
+            turn_anchors[i, k] = anchor_ids.setdefault(context, len(anchor_ids))
+    return {
+        "turn_rewards": turn_rewards,
+        "turn_mask": turn_mask,
+        "token_turns": token_turns,
+        "turn_anchors": turn_anchors,
+    }

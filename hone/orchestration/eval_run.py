@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hone.config import ConfigError, HoneConfig, load_config
+from hone.orchestration.report import conversation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -108,7 +109,7 @@ def run_model(run_dir: Path, step: int | None) -> Path:
 def eval_records(rollouts: Sequence[Rollout], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, object]]:
     """`hone eval --samples FILE`'s records, one per response: the prompt as the model saw it, the
     response, its reward (and parts), whether it is correct, and its failures (reward error or timeout,
-    environment error: such a response is not graded)."""
+    environment error: such a response is not graded); a multi-turn episode's conversation too."""
     from hone.orchestration.evaluate import failed, is_correct  # the model-loading side: not at import
 
     return [
@@ -125,6 +126,7 @@ def eval_records(rollouts: Sequence[Rollout], tokenizer: PreTrainedTokenizerBase
                 "reward_timeout": bool(r.metrics.get("reward/timeout")),
                 "env": bool(r.metrics.get("env/errors")),
             },
+            **conversation(r),
         }
         for r in rollouts
     ]

@@ -23,7 +23,7 @@ from hone.algorithms import (
 from hone.algorithms.advantages import hyperparameters
 from hone.algorithms.distill import distill_advantages
 from hone.algorithms.metrics import canary_metrics, offpolicy_ess
-from hone.config import AlgorithmConfig, DistillConfig, TrainerConfig
+from hone.config import AlgorithmConfig, DistillConfig, EntropyGuardConfig, TrainerConfig
 from hone.orchestration.canary import LogprobCanary
 from hone.orchestration.collate import collate, turn_tensors
 from hone.orchestration.producer import ScoredGroups
@@ -105,6 +105,8 @@ def compute_advantages(
         values=values,
         **settings,
     )
+    if turns["turn_mask"].shape[1] > 1:
+        metrics |= turn_advantage_metrics(advantages, turns["token_turns"], turns["turn_mask"])
     if teacher_logp is not None and distill is not None:
         extra, distill_metrics = distill_advantages(
             distill.mode, old_logp, teacher_logp, response_mask, distill.coef
@@ -118,6 +120,25 @@ def compute_advantages(
     return advantages, returns, metrics
 
 
+def turn_advantage_metrics(
+    advantages: torch.Tensor, token_turns: torch.Tensor, turn_mask: torch.Tensor
+) -> dict[str, float]:
+    """`advantage/turn_<k>` (1-based): the mean advantage of the batch's k-th turns (each turn's mean over
+    its tokens), and `advantage/turn_<k>_negative`, the share of them below 0: where credit goes by turn
+    index (a baseline biased against late turns shows as their mean sitting below 0)."""
+    num_turns = turn_mask.shape[1]
+    tokens = turn_sums((token_turns >= 0).to(advantages.dtype), token_turns, num_turns)
+    per_turn = turn_sums(advantages, token_turns, num_turns) / tokens.clamp(min=1)
+    present = (turn_mask > 0) & (tokens > 0)
+    out: dict[str, float] = {}
+    for k in range(num_turns):
+        values = per_turn[present[:, k], k]
+        if len(values):
+            out[f"advantage/turn_{k + 1}"] = float(values.mean())
+            out[f"advantage/turn_{k + 1}_negative"] = float((values < 0).float().mean())
+    return out
+
+
 def truncation_mask(rollouts: list[Rollout], response_mask: torch.Tensor) -> tuple[torch.Tensor, float]:
     """DAPO's overlong filtering (Yu et al. 2025, §3.4; TRL's `mask_truncated_completions`): a response
     cut at `max_new_tokens` is not known to be wrong, only unfinished, so its tokens leave the loss.
@@ -128,6 +149,22 @@ def truncation_mask(rollouts: list[Rollout], response_mask: torch.Tensor) -> tup
     loss_mask = response_mask.clone()
     loss_mask[truncated] = 0.0
     return loss_mask, float(truncated.float().mean())
+
+
+def sampled_entropy(batch: TrainBatch) -> float:
+    """The mean -log p of the batch's sampled response tokens under the policy that sampled them: a
+    one-sample estimate of its per-token entropy at the sampling temperature, free (no forward pass)."""
+    mask = batch.loss_mask
+    return float(-(batch.behaviour_logp * mask).sum() / mask.sum().clamp(min=1))
+
+
+def entropy_guard(guard: EntropyGuardConfig, entropy_coef: float, batch: TrainBatch) -> float | None:
+    """`algorithm.entropy_guard`: the entropy-bonus weight of this update, or None for the configured
+    `entropy_coef`. While the batch's sampled entropy is below the guard's floor, the bonus is at least
+    the guard's `coef`."""
+    if guard.floor is None or sampled_entropy(batch) >= guard.floor:
+        return None
+    return max(entropy_coef, guard.coef)
 
 
 @dataclass(kw_only=True)
@@ -163,8 +200,10 @@ class Learner:
     critic: CriticTrainer | None = None
     ranks: Ranks = ONE_RANK  # N learner ranks: the no-grad passes split over them too
     canary: LogprobCanary | None = None  # checks the sampler's log-probs against this learner's
-    # Each rollout's advantage (the mean over its response tokens) of the latest batch, in its order.
+    # Each rollout's advantage (the mean over its response tokens) of the latest batch, in its order; and
+    # of a multi-turn batch, each rollout's per-turn advantages (each turn's mean over its tokens).
     advantages: list[float] = field(default_factory=list, init=False)
+    turn_advantages: list[list[float]] = field(default_factory=list, init=False)
 
     def learn(self, groups: ScoredGroups, step: int) -> dict[str, float]:
         """Update on `groups` as RL step `step` (0-based; it sets the LR) and publish the next version.
@@ -173,12 +212,17 @@ class Learner:
         the critic only."""
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
-        self.advantages = []
+        self.advantages, self.turn_advantages = [], []
         if groups.rollouts:
             batch, metrics = self.batch(groups.rollouts)
             policy_moves = self.critic is None or step >= self.critic.cfg.warmup_steps
+            entropy_coef = entropy_guard(self.algorithm.entropy_guard, self.algorithm.entropy_coef, batch)
+            if self.algorithm.entropy_guard.floor is not None:
+                metrics["guard/entropy_coef"] = (
+                    self.algorithm.entropy_coef if entropy_coef is None else entropy_coef
+                )
             if policy_moves:
-                metrics |= self.trainer.update(batch, step)
+                metrics |= self.trainer.update(batch, step, entropy_coef=entropy_coef)
             if self.canary is not None:  # before the publish: the version the checked rows were sampled at
                 self.canary.check(metrics, step, self.version)
             if self.critic is not None:
@@ -250,6 +294,12 @@ class Learner:
         metrics |= canary
         per_token = advantages * seqs.response_mask
         self.advantages = (per_token.sum(1) / seqs.response_mask.sum(1).clamp(min=1)).tolist()
+        if any(len(r.turns) > 1 for r in rollouts):
+            token_turns = turn_tensors(rollouts, per_token.shape[1])["token_turns"].to(per_token.device)
+            most = max(len(r.turns) for r in rollouts)
+            turn_tokens = turn_sums((token_turns >= 0).to(per_token.dtype), token_turns, most).clamp(min=1)
+            means = (turn_sums(per_token, token_turns, most) / turn_tokens).tolist()
+            self.turn_advantages = [row[: len(r.turns)] for row, r in zip(means, rollouts, strict=True)]
         loss_mask = seqs.response_mask
         if self.algorithm.mask_truncated:
             loss_mask, metrics["loss/truncated_masked_frac"] = truncation_mask(rollouts, seqs.response_mask)

@@ -323,6 +323,7 @@ def _train(
                     groups.rollouts,
                     learner.advantages,
                     parts.policy.tokenizer,
+                    learner.turn_advantages,
                 )
                 sample_log.write(records)
                 metrics_log.text(step, "samples", samples_markdown(records))

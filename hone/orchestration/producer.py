@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from hone.aio import run_serving
 from hone.config import DataConfig, DynamicSamplingConfig, HoneConfig, RolloutConfig
+from hone.orchestration.collapse import collapse_metrics
 from hone.orchestration.components import RunComponents
 from hone.orchestration.outcomes import prompt_outcomes
 from hone.orchestration.prompts import episode_kind as prompt_kind
@@ -321,10 +322,15 @@ def grouped(rollouts: list[Rollout]) -> list[list[Rollout]]:
 
 
 def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
-    """Episode means, response lengths and the top-answer share of everything sampled (before filters)."""
+    """Episode means, response lengths, the top-answer share and, for multi-turn episodes, the collapse
+    diagnostics (`hone.orchestration.collapse`) of everything sampled (before filters)."""
     n = len(rollouts)
-    return episode_metrics(rollouts) | {
-        "response_length/mean": sum(r.response_len for r in rollouts) / n,
-        "response_length/clip_frac": sum(r.finish_reason == "length" for r in rollouts) / n,
-        "answers/top_share": top_answer_share([r.response_text for r in rollouts]),
-    }
+    return (
+        episode_metrics(rollouts)
+        | collapse_metrics(rollouts)
+        | {
+            "response_length/mean": sum(r.response_len for r in rollouts) / n,
+            "response_length/clip_frac": sum(r.finish_reason == "length" for r in rollouts) / n,
+            "answers/top_share": top_answer_share([r.response_text for r in rollouts]),
+        }
+    )

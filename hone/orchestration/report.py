@@ -102,14 +102,21 @@ def sample_records(
     trained: Sequence[Rollout],
     advantages: Sequence[float],
     tokenizer: PreTrainedTokenizerBase,
+    turn_advantages: Sequence[list[float]] = (),
 ) -> list[dict[str, object]]:
     """samples.jsonl's records of RL step `step` (1-based, as metrics.jsonl's): each `sampled` rollout's
     prompt as the model saw it (rendered, special tokens kept), response, reward and its parts, and its
-    advantage (the mean over its response tokens) when it was `trained` on, else null (filtered out)."""
+    advantage (the mean over its response tokens) when it was `trained` on, else null (filtered out).
+    A multi-turn episode's record also has its conversation (`messages`, images as "[image]") and, when
+    trained on, each turn's advantage (`turn_advantages`)."""
     position = {id(r): i for i, r in enumerate(trained)}
     records = []
     for r in sampled:
         i = position.get(id(r))
+        episode: dict[str, object] = conversation(r)
+        if r.messages is not None:
+            known = i is not None and i < len(turn_advantages)
+            episode["turn_advantages"] = turn_advantages[i] if known and i is not None else None
         records.append(
             {
                 "step": step,
@@ -122,9 +129,33 @@ def sample_records(
                 "reward_failed": reward_failed(r),
                 "advantage": advantages[i] if i is not None and i < len(advantages) else None,
                 "policy_version": r.policy_version,
+                **episode,
             }
         )
     return records
+
+
+def conversation(rollout: Rollout) -> dict[str, object]:
+    """{"messages": [...]} of a multi-turn episode, each message's content as text; {} for single-turn."""
+    if rollout.messages is None:
+        return {}
+    return {
+        "messages": [{"role": m["role"], "content": message_text(m.get("content"))} for m in rollout.messages]
+    }
+
+
+def message_text(content: object) -> str:
+    """A message's content as text: a list of parts (images among them) joined, an image as "[image]"."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            p.get("text", "") if p.get("type") == "text" else "[image]"
+            for p in content
+            if isinstance(p, dict)
+        ]
+        return "".join(parts)
+    return "" if content is None else str(content)
 
 
 def run_summary(result: RunResult, seconds: float) -> str:

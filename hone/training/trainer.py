@@ -58,6 +58,7 @@ class RLTrainer(Optimizee):
         self.cfg = trainer
         self.temperature = temperature
         self.norm_len = norm_len
+        self._entropy_coef = algorithm.entropy_coef  # this update's (`update`'s entropy_coef)
         loss_params = inspect.signature(POLICY_LOSSES[algorithm.policy_loss]).parameters
         if algorithm.off_policy.name != "none" and "token_weights" not in loss_params:
             raise ValueError(
@@ -121,14 +122,14 @@ class RLTrainer(Optimizee):
         """The entropy bonus, -entropy_coef x entropy (logged as "entropy" whether or not it is a term)."""
         assert micro.entropy is not None  # computed with grad whenever this term is on
         entropy = aggregate_loss(micro.entropy, micro.mask, self._agg_mode, **micro.counts)
-        return -(self.algo.entropy_coef * entropy), {}
+        return -(self._entropy_coef * entropy), {}
 
     def _loss_terms(self) -> list[LossTerm]:
         """The terms of this configuration's loss, summed in this order."""
         terms: list[LossTerm] = [self._policy_term]
         if self._kl_in_loss:
             terms.append(self._kl_term)
-        if self.algo.entropy_coef:
+        if self._entropy_coef:
             terms.append(self._entropy_term)
         return terms
 
@@ -178,7 +179,7 @@ class RLTrainer(Optimizee):
             "num_seqs": len(mini),
             "norm_len": self.norm_len,
         }
-        with_entropy = self.cfg.log_entropy or bool(self.algo.entropy_coef)
+        with_entropy = self.cfg.log_entropy or bool(self._entropy_coef)
         # A shared-prompt forward is one or two model calls by the micro-batch's rows; N ranks must make the
         # same calls (FSDP2 gathers in each), so there every micro-batch forwards its rows whole.
         shared = self.cfg.shared_prompts and self.ranks.world == 1
@@ -194,7 +195,7 @@ class RLTrainer(Optimizee):
                     batch.attention_mask[rows],
                     temperature=self.temperature,
                     with_entropy=with_entropy,
-                    entropy_grad=bool(self.algo.entropy_coef),
+                    entropy_grad=bool(self._entropy_coef),
                     from_column=first_response_column(mask),
                     prompt_lens=None if prompt_lens is None else prompt_lens[rows],
                     vision=None if batch.vision is None else batch.vision.select(rows),
@@ -246,8 +247,10 @@ class RLTrainer(Optimizee):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.policy.device.type, dtype=torch.bfloat16)
 
-    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
-        """One RL update of the batch of RL step `step` (0-based), which sets the learning rate."""
+    def update(self, batch: TrainBatch, step: int, *, entropy_coef: float | None = None) -> dict[str, float]:
+        """One RL update of the batch of RL step `step` (0-based), which sets the learning rate;
+        `entropy_coef` replaces `algorithm.entropy_coef` for this update (the entropy guard's)."""
+        self._entropy_coef = self.algo.entropy_coef if entropy_coef is None else entropy_coef
         if self._kl_in_loss and batch.ref_logp is None:
             raise ValueError("KL in the loss is on but the batch has no ref_logp")
         self.policy.model.train()
