@@ -285,8 +285,10 @@ def test_a_publish_lands_mid_generation_and_every_token_carries_its_version() ->
             greedy(max_new_tokens=8),
         )
         assert after.response_ids == r.response_ids[2:]
+        # A batch of re-prefilled rows against one fresh row: fp32 matmuls of other shapes round differently
+        # (measured up to 1.8e-5 on a loaded CI machine); the old weights (x 1/1.3) would be far further off.
         torch.testing.assert_close(
-            torch.tensor(after.sampler_logprobs), torch.tensor(r.sampler_logprobs[2:]), atol=1e-5, rtol=0
+            torch.tensor(after.sampler_logprobs), torch.tensor(r.sampler_logprobs[2:]), atol=1e-4, rtol=0
         )
     assert switched > 0 and sampler.policy_version == 1
 
