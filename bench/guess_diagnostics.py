@@ -83,19 +83,29 @@ def by_turn(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("samples", type=Path)
     parser.add_argument("--steps", nargs="*", default=[], help="step ranges A-B of samples.jsonl to report")
     args = parser.parse_args()
     records = [json.loads(line) for line in args.samples.read_text().splitlines() if line.strip()]
     records = [r for r in records if r.get("messages")]
-    if not args.steps:
-        print(json.dumps(by_turn(records), indent=1))
-        return
-    for span in args.steps:
+    spans = args.steps or ["0-1000000000"]
+    for span in spans:
         lo, hi = (int(x) for x in span.split("-"))
         chosen = [r for r in records if lo <= r.get("step", 0) <= hi]
-        print(f"steps {span}:", json.dumps(by_turn(chosen), indent=1))
+        summary = by_turn(chosen)
+        print(
+            f"steps {span}: {summary['episodes']} episodes, success {summary['success']}, "
+            f"first-guess top share {summary['first_guess_top_share']}"
+        )
+        print("  turn  episodes  consistent  repeat  adv_mean  adv_negative")
+        for k, row in summary["by_turn"].items():
+            print(
+                f"  {k:>4}  {row['episodes']:>8}  {row['consistent']:>10}  {row['repeat']:>6}  "
+                f"{row['adv_mean']!s:>8}  {row['adv_negative']!s:>12}"
+            )
 
 
 if __name__ == "__main__":

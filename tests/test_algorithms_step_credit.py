@@ -15,7 +15,7 @@ from hone.cli import main
 from hone.config import load_config
 from hone.orchestration.collapse import collapse_metrics, group_reward_std, turn_entropies
 from hone.orchestration.collate import collate, turn_tensors
-from hone.orchestration.learner import entropy_guard, turn_advantage_metrics
+from hone.orchestration.learner import anchored_fraction, entropy_guard, turn_advantage_metrics
 from hone.tracking import read_metrics, read_samples
 from hone.types import Rollout, TrainBatch
 from tests.helpers import tiny_run
@@ -266,3 +266,10 @@ def test_a_multi_turn_run_logs_its_collapse_diagnostics_and_per_turn_credit(
         assert len(r["turn_advantages"]) == len(replies)
     if any(len(r["turn_advantages"]) > 1 for r in trained):
         assert "advantage/turn_2" in next(r for r in rows if "advantage/turn_1" in r)
+
+
+def test_the_anchored_fraction_counts_later_turns_another_trajectory_of_the_group_met() -> None:
+    # Turns 2 and 3 of ANCHORS: anchor 1 (A, B) and 2 (C, D) are shared, 3 and 4 are singletons.
+    assert anchored_fraction(ANCHORS, torch.zeros(4, dtype=torch.long)) == pytest.approx(4 / 6)
+    # In two groups (A, C) and (B, D) nothing after the first turn is shared.
+    assert anchored_fraction(ANCHORS, torch.tensor([0, 1, 0, 1])) == 0.0

@@ -107,6 +107,8 @@ def compute_advantages(
     )
     if turns["turn_mask"].shape[1] > 1:
         metrics |= turn_advantage_metrics(advantages, turns["token_turns"], turns["turn_mask"])
+        if group_ids is not None:
+            metrics["turns/anchored_frac"] = anchored_fraction(turns["turn_anchors"], group_ids)
     if teacher_logp is not None and distill is not None:
         extra, distill_metrics = distill_advantages(
             distill.mode, old_logp, teacher_logp, response_mask, distill.coef
@@ -137,6 +139,20 @@ def turn_advantage_metrics(
             out[f"advantage/turn_{k + 1}"] = float(values.mean())
             out[f"advantage/turn_{k + 1}_negative"] = float((values < 0).float().mean())
     return out
+
+
+def anchored_fraction(turn_anchors: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """The share of turns after the first taken in a state (`turn_anchors`) that another trajectory of the
+    same group also met: how much of a batch GiGPO's step groups can compare (0: it is GRPO)."""
+    later = turn_anchors[:, 1:]
+    valid = later >= 0
+    if not bool(valid.any()):
+        return 0.0
+    keys = torch.stack(
+        [group_ids.to(later.device).unsqueeze(-1).expand_as(later)[valid], later[valid]], dim=-1
+    )
+    _, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
+    return float((counts[inverse] > 1).float().mean())
 
 
 def truncation_mask(rollouts: list[Rollout], response_mask: torch.Tensor) -> tuple[torch.Tensor, float]:
