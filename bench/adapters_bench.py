@@ -46,6 +46,8 @@ def arm_command(args: argparse.Namespace, arm: str) -> list[str]:
         f"run.steps={args.steps}", "run.time_limit_s=null", "run.save_every=100000",
         f"model.path={args.start}", "sft.enabled=false",
     ]  # fmt: skip
+    if arm == "builtin":  # the ports pay no per-turn shaping: compare like with like
+        cmd.append("env.args.shaping=0.0")
     return cmd
 
 

@@ -31,17 +31,14 @@ from side_by_side import run_side_by_side
 
 RESULTS = Path(__file__).parent / "results" / "agent_credit.json"
 FIGURE = Path(__file__).parent.parent / "docs" / "images" / "agent-credit-entropy.png"
-# With only an outcome reward and gamma 1, `turn_grpo` is GRPO exactly: the turn arms discount by 0.9
-# per turn (GiGPO's paper uses 0.95), so an earlier success is worth more.
+# Each arm changes only the estimator; the turn arms' discount is the recipe's `algorithm.gamma`, or 0.9
+# where the recipe has none (with only an outcome reward and gamma 1, `turn_grpo` is GRPO exactly;
+# GiGPO's paper uses 0.95).
 ARMS: dict[str, list[str]] = {
     "grpo": ["algorithm.advantage=grpo"],
-    "turn_grpo": ["algorithm.advantage=turn_grpo", "algorithm.gamma=0.9"],
-    "turn_index": [
-        "algorithm.advantage=turn_grpo",
-        "algorithm.gamma=0.9",
-        "algorithm.turn_baseline=turn_index",
-    ],
-    "gigpo": ["algorithm.advantage=gigpo", "algorithm.gamma=0.9"],
+    "turn_grpo": ["algorithm.advantage=turn_grpo", "algorithm.turn_baseline=trajectory"],
+    "turn_index": ["algorithm.advantage=turn_grpo", "algorithm.turn_baseline=turn_index"],
+    "gigpo": ["algorithm.advantage=gigpo"],
 }
 RECIPES = ("agent-guess", "agent-retry")
 
@@ -51,12 +48,13 @@ def hone(*args: str) -> list[str]:
 
 
 def warm_start(args: argparse.Namespace, recipe: str, seed: int) -> Path:
-    """The recipe's SFT result: `--start RECIPE=DIR` when given (every seed's RL from it), else made
-    once per seed (2 threads, alone)."""
+    """The recipe's SFT result: `--start RECIPE:SEED=DIR` or `RECIPE=DIR` (every seed's) when given, else
+    made once per seed (2 threads, alone)."""
     given = dict(item.split("=", 1) for item in args.start)
-    if recipe in given:
-        return Path(given[recipe])
-    name = f"{recipe}-sft-s{seed}"
+    for key in (f"{recipe}:{seed}", recipe):
+        if key in given and (Path(given[key]) / "config.json").is_file():
+            return Path(given[key])
+    name = f"{recipe}-sft-s{0 if recipe in given else seed}"  # `RECIPE=DIR` not made yet: seed 0's, once
     model = Path(args.runs) / name / "sft"
     if not (model / "config.json").is_file():
         subprocess.run(
@@ -83,8 +81,17 @@ def arm_command(args: argparse.Namespace, recipe: str, seed: int, arm: str, star
         f"run.seed={seed}",
         "run.threads=1", "run.steps=100000", f"run.time_limit_s={args.seconds}", "run.save_every=0",
         f"model.path={start}", "sft.enabled=false", "logging.progress=false", "logging.tensorboard=false",
-        *ARMS[arm],
+        *ARMS[arm], *discount(recipe, arm),
     )  # fmt: skip
+
+
+def discount(recipe: str, arm: str) -> list[str]:
+    """`algorithm.gamma=0.9` for a turn arm of a recipe that leaves gamma at 1."""
+    from hone.config import load_config
+
+    if arm == "grpo" or load_config(recipe, []).algorithm.gamma != 1.0:
+        return []
+    return ["algorithm.gamma=0.9"]
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -198,7 +205,7 @@ def main() -> None:
         "--start",
         nargs="*",
         default=[],
-        help="RECIPE=DIR: an existing SFT result to start that recipe's arms from",
+        help="RECIPE[:SEED]=DIR: an existing SFT result to start that recipe's (seed's) arms from",
     )
     parser.add_argument("--report", action="store_true", help="reprint the saved results")
     args = parser.parse_args()

@@ -21,9 +21,7 @@ from hone.types import Rollout, TrainBatch
 from tests.helpers import tiny_run
 
 # One token per turn, an observation token between turns. Rows: A (3 turns), B (2), C (3), D (2).
-TOKEN_TURNS = torch.tensor(
-    [[0, -1, 1, -1, 2], [0, -1, 1, -1, -1], [0, -1, 1, -1, 2], [0, -1, 1, -1, -1]]
-)
+TOKEN_TURNS = torch.tensor([[0, -1, 1, -1, 2], [0, -1, 1, -1, -1], [0, -1, 1, -1, 2], [0, -1, 1, -1, -1]])
 RESPONSE_MASK = (TOKEN_TURNS >= 0).float()
 TURN_MASK = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]])
 
@@ -64,7 +62,9 @@ def test_turn_index_baseline_compares_each_turn_with_the_same_turn_of_the_others
     torch.testing.assert_close(advantages, expected, atol=1e-6, rtol=0)
     # The trajectory baseline gives every turn the episode's ±0.866: turn 3 differs.
     trajectory = estimate("turn_grpo", OUTCOMES, gamma=1.0)
-    torch.testing.assert_close(trajectory, per_token([[a] * 3, [a] * 2, [-a] * 3, [-a] * 2]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        trajectory, per_token([[a] * 3, [a] * 2, [-a] * 3, [-a] * 2]), atol=1e-6, rtol=0
+    )
 
 
 def test_turn_index_baseline_removes_the_bias_against_late_turns_under_per_turn_rewards() -> None:
@@ -255,6 +255,7 @@ def test_a_multi_turn_run_logs_its_collapse_diagnostics_and_per_turn_credit(
     rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
     step = next(r for r in rows if "loss/policy" in r)
     assert step["guard/entropy_coef"] == 0.03
+    assert step["loss/total"] < step["loss/policy"]  # the bonus, -0.03 x entropy, is in the update's loss
     assert {"groups/reward_std", "entropy/turn_1", "answers/top_share"} <= set(step)
     assert step["entropy/turn_1"] > 0
     records = read_samples(tmp_path / "r" / "samples.jsonl")
