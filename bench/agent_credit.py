@@ -111,8 +111,13 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         )
         return {k[len("entropy/") :]: round(statistics.fmean(r[k] for r in part if k in r), 3) for k in keys}
 
+    def solved(part: list[dict[str, Any]]) -> float:  # sampled success: the game's own count when it has one
+        return round(statistics.fmean(r.get("env/solved", r.get("reward/mean", 0.0)) for r in part), 3)
+
     return {
         "steps": max((r["step"] for r in steps), default=0),
+        "sampled_first_tenth": solved(steps[:tenth]),
+        "sampled_last_tenth": solved(steps[-tenth:]),
         "eval_start": evals[0][1],
         "eval_end": evals[-1][1],
         "eval_best": max(e[1] for e in evals),
@@ -143,12 +148,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """The results of the arms already run under `--runs`, summarised again (no training)."""
+    results: dict[str, Any] = {}
+    for recipe in args.recipes:
+        for seed in args.seeds:
+            for arm in args.arms:
+                path = Path(args.runs) / arm_name(recipe, seed, arm) / "metrics.jsonl"
+                if path.is_file():
+                    results.setdefault(recipe, {}).setdefault(arm, {})[str(seed)] = summarise(load(path))
+    RESULTS.write_text(json.dumps(results, indent=1))
+    return results
+
+
 def report(results: dict[str, Any]) -> None:
     print(
-        "| recipe | arm | seed | RL steps | held-out start → end (best) | top share start → end "
-        "| entropy turn 1 / 3, first → last tenth |"
+        "| recipe | arm | seed | RL steps | held-out start → end (best) | sampled success, first → last "
+        "tenth "
+        "| top share start → end | entropy turn 1 / 3, first → last tenth |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for recipe, arms in results.items():
         for arm, seeds in arms.items():
             for seed, s in sorted(seeds.items()):
@@ -160,7 +179,8 @@ def report(results: dict[str, Any]) -> None:
                 ent = f"{before} → {after}"
                 print(
                     f"| {recipe} | {arm} | {seed} | {s['steps']} | {100 * s['eval_start']:.1f}% → "
-                    f"{100 * s['eval_end']:.1f}% ({100 * s['eval_best']:.1f}%) | {s['top_share_start']} → "
+                    f"{100 * s['eval_end']:.1f}% ({100 * s['eval_best']:.1f}%) | "
+                    f"{s['sampled_first_tenth']} → {s['sampled_last_tenth']} | {s['top_share_start']} → "
                     f"{s['top_share_end']} | {ent} |"
                 )
 
@@ -208,8 +228,14 @@ def main() -> None:
         help="RECIPE[:SEED]=DIR: an existing SFT result to start that recipe's (seed's) arms from",
     )
     parser.add_argument("--report", action="store_true", help="reprint the saved results")
+    parser.add_argument("--collect", action="store_true", help="re-summarise the arms already in --runs")
     args = parser.parse_args()
-    results = json.loads(RESULTS.read_text()) if args.report else run(args)
+    if args.report:
+        results = json.loads(RESULTS.read_text())
+    elif args.collect:
+        results = collect(args)
+    else:
+        results = run(args)
     report(results)
     if not args.report:
         plot(results)
