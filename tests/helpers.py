@@ -197,7 +197,7 @@ class RecordingTrainer:
     def __init__(self) -> None:
         self.batches: list[TrainBatch] = []
 
-    def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
+    def update(self, batch: TrainBatch, step: int, *, entropy_coef: float | None = None) -> dict[str, float]:
         self.batches.append(batch)
         return {}
 
