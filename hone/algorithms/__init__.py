@@ -54,6 +54,7 @@ from hone.algorithms.utils import (
     masked_whiten,
     scores_to_token_rewards,
     sequence_scores,
+    turn_means,
     turn_sums,
 )
 from hone.algorithms.value import explained_variance, value_loss
@@ -105,6 +106,7 @@ __all__ = [
     "td3_bc_actor_loss",
     "td3_target",
     "turn_grpo",
+    "turn_means",
     "turn_reinforce",
     "turn_returns",
     "turn_sums",

@@ -55,3 +55,9 @@ def turn_sums(token_values: torch.Tensor, token_turns: torch.Tensor, num_turns: 
         (token_values.shape[0], num_turns), dtype=token_values.dtype, device=token_values.device
     )
     return sums.scatter_add_(1, token_turns.clamp(min=0), values)
+
+
+def turn_means(token_values: torch.Tensor, token_turns: torch.Tensor, num_turns: int) -> torch.Tensor:
+    """Mean of `token_values` over each turn's positions, [B, num_turns] (0 for a turn with no positions)."""
+    tokens = turn_sums((token_turns >= 0).to(token_values.dtype), token_turns, num_turns)
+    return turn_sums(token_values, token_turns, num_turns) / tokens.clamp(min=1)

@@ -63,7 +63,7 @@ def turn_tensors(rollouts: Sequence[Rollout], columns: int) -> dict[str, torch.T
     turn_mask = torch.zeros((len(rollouts), most))
     token_turns = torch.full((len(rollouts), columns), -1, dtype=torch.long)
     turn_anchors = torch.full((len(rollouts), most), -1, dtype=torch.long)
-    anchor_ids: dict[tuple[object, ...], int] = {}
+    anchor_ids: dict[tuple[int, tuple[str, ...], tuple[int, ...]], int] = {}
     for i, r in enumerate(rollouts):
         if not r.turns:  # single-turn: the whole response is turn 0
             turns = [(0, r.response_len)]
@@ -74,11 +74,15 @@ def turn_tensors(rollouts: Sequence[Rollout], columns: int) -> dict[str, torch.T
         per_turn[-1] += r.reward - sum(per_turn)
         turn_rewards[i, : len(turns)] = torch.tensor(per_turn)
         turn_mask[i, : len(turns)] = 1.0
+        # A trie over the contexts: each turn's id is keyed by the previous turn's id and the tokens in
+        # between, so equal ids mean equal whole contexts, at one pass over the tokens.
+        parent, seen = -1, 0
         images = tuple(r.vision.image_keys) if r.vision is not None else ()
         for k, (start, end) in enumerate(turns):
             token_turns[i, r.prompt_len - 1 + start : r.prompt_len - 1 + end] = k
-            context = (images, *r.token_ids[: r.prompt_len + start])
-            turn_anchors[i, k] = anchor_ids.setdefault(context, len(anchor_ids))
+            context = (parent, images if k == 0 else (), tuple(r.token_ids[seen : r.prompt_len + start]))
+            parent = turn_anchors[i, k] = anchor_ids.setdefault(context, len(anchor_ids))
+            seen = r.prompt_len + start
     return {
         "turn_rewards": turn_rewards,
         "turn_mask": turn_mask,

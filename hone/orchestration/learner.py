@@ -18,6 +18,7 @@ from hone.algorithms import (
     explained_variance,
     masked_mean,
     scores_to_token_rewards,
+    turn_means,
     turn_sums,
 )
 from hone.algorithms.advantages import hyperparameters
@@ -129,9 +130,10 @@ def turn_advantage_metrics(
     its tokens), and `advantage/turn_<k>_negative`, the share of them below 0: where credit goes by turn
     index (a baseline biased against late turns shows as their mean sitting below 0)."""
     num_turns = turn_mask.shape[1]
-    tokens = turn_sums((token_turns >= 0).to(advantages.dtype), token_turns, num_turns)
-    per_turn = turn_sums(advantages, token_turns, num_turns) / tokens.clamp(min=1)
-    present = (turn_mask > 0) & (tokens > 0)
+    per_turn = turn_means(advantages, token_turns, num_turns)
+    present = (turn_mask > 0) & (
+        turn_sums((token_turns >= 0).to(advantages.dtype), token_turns, num_turns) > 0
+    )
     out: dict[str, float] = {}
     for k in range(num_turns):
         values = per_turn[present[:, k], k]
@@ -312,9 +314,7 @@ class Learner:
         self.advantages = (per_token.sum(1) / seqs.response_mask.sum(1).clamp(min=1)).tolist()
         if any(len(r.turns) > 1 for r in rollouts):
             token_turns = turn_tensors(rollouts, per_token.shape[1])["token_turns"].to(per_token.device)
-            most = max(len(r.turns) for r in rollouts)
-            turn_tokens = turn_sums((token_turns >= 0).to(per_token.dtype), token_turns, most).clamp(min=1)
-            means = (turn_sums(per_token, token_turns, most) / turn_tokens).tolist()
+            means = turn_means(per_token, token_turns, max(len(r.turns) for r in rollouts)).tolist()
             self.turn_advantages = [row[: len(r.turns)] for row, r in zip(means, rollouts, strict=True)]
         loss_mask = seqs.response_mask
         if self.algorithm.mask_truncated:
