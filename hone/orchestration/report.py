@@ -115,8 +115,9 @@ def sample_records(
         i = position.get(id(r))
         episode: dict[str, object] = conversation(r)
         if r.messages is not None:
-            known = i is not None and i < len(turn_advantages)
-            episode["turn_advantages"] = turn_advantages[i] if known and i is not None else None
+            episode["turn_advantages"] = (
+                turn_advantages[i] if i is not None and i < len(turn_advantages) else None
+            )
         records.append(
             {
                 "step": step,
