@@ -9,8 +9,9 @@ import pytest
 import torch
 import transformers
 
+from hone.training import logprobs
 from hone.training.adapter_reference import AdapterReference
-from hone.training.logprobs import chunked_entropy
+from hone.training.logprobs import token_scores
 from hone.training.policy import (
     LoraSettings,
     Policy,
@@ -243,15 +244,6 @@ def test_load_weights_rejects_a_different_architecture(policy: Policy, tmp_path:
         policy.load_weights(tmp_path / "other")
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 20, 1024])  # position chunks within a row, and rows per chunk
-def test_chunked_entropy_equals_the_direct_formula(chunk: int) -> None:
-    torch.manual_seed(0)
-    logits = (torch.randn(3, 8, 50, dtype=torch.float64) * 3)[:, :-1]  # a strided slice, as in `_score`
-    lse = torch.logsumexp(logits, -1)
-    direct = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-    torch.testing.assert_close(chunked_entropy(logits, lse, chunk=chunk), direct, rtol=0, atol=1e-12)
-
-
 def test_disable_dropout_makes_the_train_forward_the_eval_forward(tmp_path: Path) -> None:
     torch.manual_seed(0)
     tiny_qwen2(attention_dropout=0.5).save_pretrained(tmp_path / "m")
@@ -340,3 +332,66 @@ def test_rows_sharing_a_prompt_forward_it_once_and_score_as_if_each_did(
     torch.testing.assert_close(shared_ent, full_ent, rtol=0, atol=ATOL64)
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _reference_scores(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, banned: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(z)[target] and the entropy by plain autograd, z = logits / T with banned columns at -inf
+    (a target's logit read before the ban)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if banned is not None:
+        z = z.index_fill(-1, banned, float("-inf"))
+    lse = torch.logsumexp(z, -1)
+    p = torch.softmax(z, -1)
+    entropy = lse - torch.where(p > 0, p * z, 0.0).sum(-1)
+    return picked - lse, entropy
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("banned", [None, [2, 5]])
+@pytest.mark.parametrize("chunk", [1, 3, 256])  # positions per chunk: within a row, rows, everything
+def test_target_log_prob_matches_autograd_values_and_gradients(
+    temperature: float, banned: list[int] | None, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused log-prob: forward, entropy metric and the hand-written backward against autograd over the
+    formula, in float64 (gradcheck's finite differences too), through a strided slice as `_score` passes."""
+    monkeypatch.setattr(logprobs, "SCORE_CHUNK_ELEMENTS", chunk * 11)
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 6, 11, dtype=torch.float64) * 3)[:, :-1].detach().requires_grad_(False)
+    leaf = logits.clone().requires_grad_(True)
+    targets = torch.randint(0, 11, (3, 5))
+    targets[0, 0] = 2  # a banned target: finite, as the module says
+    ban = None if banned is None else torch.tensor(banned)
+    lp, ent = logprobs.TargetLogProb.apply(leaf, targets, temperature, ban, True)
+    ref_leaf = logits.clone().requires_grad_(True)
+    ref_lp, ref_ent = _reference_scores(ref_leaf, targets, temperature, ban)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-12)
+    weights = torch.randn(3, 5, dtype=torch.float64)
+    (lp * weights).sum().backward()
+    (ref_lp * weights).sum().backward()
+    assert leaf.grad is not None and ref_leaf.grad is not None
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda x: logprobs.TargetLogProb.apply(x, targets, temperature, ban, False)[0],
+        (logits.clone().requires_grad_(True),),
+    )
+
+
+def test_target_log_prob_keeps_bf16_gradients_in_bf16_and_scores_in_fp32() -> None:
+    """Under autocast the LM head's logits are bf16: scores come out fp32 (upcast per chunk, no fp32 copy of
+    the whole tensor) and the gradient goes back in the logits' own dtype, as `logits.float()` did."""
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 4, 40) * 2).bfloat16().requires_grad_(True)
+    targets = torch.randint(0, 40, (2, 4))
+    lp, _ = token_scores(logits, targets, torch.ones(2, 4), 0.7, False, False)
+    ref_leaf = logits.detach().clone().requires_grad_(True)
+    ref_lp, _ = _reference_scores(ref_leaf, targets, 0.7, None)
+    assert lp.dtype == torch.float32
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-6)
+    lp.sum().backward()
+    ref_lp.sum().backward()
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad, ref_leaf.grad)

@@ -293,11 +293,12 @@ class Policy:
             attention_mask=mask,
             position_ids=position_ids,
             use_cache=False,
-            logits_to_keep=keep - first,
+            # Positions (not a count and a slice after): no [B, T, V] copy in the slice's backward.
+            logits_to_keep=torch.arange(first, keep - 1, device=ids.device),
             **images,
-        ).logits[:, :-1]
+        ).logits
         lp, ent = token_scores(
-            logits.float(),
+            logits,
             ids[:, first + 1 :],
             mask[:, first + 1 :],
             temperature,
@@ -365,20 +366,31 @@ class Policy:
         cache.reorder_cache(
             index
         )  # each row gets its prompt's keys and values (index_select: differentiable)
-        first_logits = out.logits[:, -1].float()[index]  # the prompt's last position scores answer token 0
+        first_logits = out.logits[:, -1:][index]  # the prompt's last position scores answer token 0
         positions = torch.tensor(lens, device=device).unsqueeze(1) + torch.arange(answer, device=device)
         rest = self.model(
             input_ids=answer_ids,
             attention_mask=torch.cat([prompt_mask[index], answer_mask], dim=1),
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=answer,
+            logits_to_keep=torch.arange(answer - 1, device=device),  # as `_score`: positions, no slice
             **{cache_kwarg(self.model): cache},
-        ).logits[:, :-1]
-        logits = torch.cat([first_logits.unsqueeze(1), rest.float()], dim=1)  # [B, answer, V]
-        lp, ent = token_scores(
-            logits, answer_ids, answer_mask, temperature, with_entropy, entropy_grad, self.banned_ids
-        )
+        ).logits
+        # Scored in two parts rather than one concatenated [B, answer, V] tensor: a copy of the logits less.
+        scored = [
+            token_scores(
+                part,
+                answer_ids[:, cols],
+                answer_mask[:, cols],
+                temperature,
+                with_entropy,
+                entropy_grad,
+                self.banned_ids,
+            )
+            for part, cols in ((first_logits, slice(0, 1)), (rest, slice(1, None)))
+        ]
+        lp = torch.cat([scored[0][0], scored[1][0]], dim=1)
+        ent = None if scored[0][1] is None else torch.cat([scored[0][1], scored[1][1]], dim=1)  # type: ignore[list-item]
         # Back to `_score`'s layout: answer token j of row i is column lens[i] - 1 + j of [B, L-1].
         columns = torch.tensor(lens, device=device).unsqueeze(1) - 1 + torch.arange(answer, device=device)
         columns = columns.clamp(max=full_len - 2)  # padding past the row's end is masked to 0 anyway
