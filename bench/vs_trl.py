@@ -199,7 +199,7 @@ def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
         "advantage": "grpo, norm_by_std (eps 1e-6)",
         "old log-probs": "sampler's (no extra forward)",
         "lr": f"{w.lr} constant",
-        "optimizer": "torch AdamW, grad clip 1.0, no gradient checkpointing",
+        "optimizer": "torch AdamW (fused), grad clip 1.0, no gradient checkpointing",
         "filtering": "skip_zero_variance_groups=false",
     }
     trl = {
@@ -215,7 +215,7 @@ def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
         "advantage": "scale_rewards=group (std eps 1e-4)",
         "old log-probs": "the step's own, detached (no extra forward)",
         "lr": f"{w.lr} lr_scheduler_type=constant",
-        "optimizer": "optim=adamw_torch, max_grad_norm=1.0, gradient_checkpointing=False",
+        "optimizer": "optim=adamw_torch_fused, max_grad_norm=1.0, gradient_checkpointing=False",
         "filtering": "none",
     }
     return {"hone": hone, "trl": trl}
@@ -346,7 +346,7 @@ def run_trl(w: Workload, dtype: str, work: Path, device: str) -> dict[str, Any]:
         lr_scheduler_type="constant",
         weight_decay=0.0,
         max_grad_norm=1.0,
-        optim="adamw_torch",
+        optim="adamw_torch_fused",  # transformers' default; Hone's trainer.fused_adamw
         gradient_checkpointing=False,  # TRL's GRPO default is on; Hone's model.gradient_checkpointing is off
         beta=0.0,
         epsilon=0.2,

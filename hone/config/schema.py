@@ -608,6 +608,11 @@ class TrainerConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="RL steps of linear warm-up")
     weight_decay: float = Field(0.0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    fused_adamw: bool = Field(
+        True,
+        description="torch's fused AdamW kernel (one pass per parameter; N sharded ranks use the "
+        "multi-tensor one); the same update up to float rounding",
+    )
     ppo_epochs: int = Field(
         1, ge=1, description="passes over each RL batch (TRL: num_iterations; verl: ppo_epochs)"
     )

@@ -28,7 +28,7 @@ from hone.algorithms import value_loss
 from hone.config import CriticConfig, TrainerConfig
 from hone.models.vision import rope_positions, text_config
 from hone.training.distributed import Ranks
-from hone.training.optim import OptimizerStepper, RLSchedule
+from hone.training.optim import OptimizerStepper, RLSchedule, adamw
 from hone.training.policy import DType, disable_dropout
 from hone.training.ppo import Optimizee
 from hone.types import TrainBatch, VisionBatch
@@ -146,7 +146,13 @@ class CriticTrainer(Optimizee):
             disable_dropout(model)
         params = [p for p in model.parameters() if p.requires_grad]
         stepper = OptimizerStepper(
-            torch.optim.AdamW(params, lr=cfg.lr, betas=trainer.betas, weight_decay=cfg.weight_decay),
+            adamw(
+                params,
+                lr=cfg.lr,
+                betas=trainer.betas,
+                weight_decay=cfg.weight_decay,
+                fused=trainer.fused_adamw,
+            ),
             params,
             grad_clip=cfg.grad_clip,
             max_nonfinite_steps=trainer.max_nonfinite_steps,

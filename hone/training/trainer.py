@@ -26,15 +26,19 @@ from hone.algorithms.metrics import canary_metrics, importance_ess
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.training.distributed import Ranks
 from hone.training.optim import NonFiniteGradientError as NonFiniteGradientError  # the CLI catches it here
-from hone.training.optim import OptimizerStepper, RLSchedule
+from hone.training.optim import OptimizerStepper, RLSchedule, adamw
 from hone.training.policy import Policy, disable_dropout, first_response_column
 from hone.training.ppo import LossTerm, MicroBatch, Optimizee, micro_batch_rows
 from hone.types import TrainBatch
 
 
 def build_optimizer(policy: Policy, cfg: TrainerConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        policy.trainable_parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+    return adamw(
+        policy.trainable_parameters(),
+        lr=cfg.lr,
+        betas=cfg.betas,
+        weight_decay=cfg.weight_decay,
+        fused=cfg.fused_adamw,
     )
 
 

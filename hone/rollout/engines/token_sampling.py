@@ -29,9 +29,30 @@ def sample_next(
     else:
         logits = logits / params.temperature
         logprobs = torch.log_softmax(logits, -1)
-        probs = torch.softmax(_truncate(logits, params.top_k, params.top_p), -1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        truncated = _truncate(logits, params.top_k, params.top_p)
+        probs = logprobs.exp() if truncated is logits else torch.softmax(truncated, -1)
+        tokens = draw(probs, generator)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of `probs` [B, V] (non-negative, any scale), drawn with probability proportional to
+    its entry: inverse-CDF sampling, one uniform per row against the row's running sum in float64.
+
+    `torch.multinomial` draws an exponential per vocabulary entry: 10 ms a decode step at 32 x 49k on 2
+    CPU cores, a tenth of SmolLM2's step; a cumulative sum and a binary search cost ~1 ms. An entry of
+    probability 0 (a banned token, one cut by top-k/top-p) is never drawn: the search returns the first
+    column whose running sum exceeds the uniform, and a zero entry does not raise the sum. The one way
+    it could be is a uniform rounding up to the row's total; that draw is moved to the last positive entry.
+    """
+    cdf = probs.to(torch.float64).cumsum(-1)
+    uniform = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
+    impossible = probs.gather(-1, tokens) <= 0
+    if bool(impossible.any()):
+        last = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
+        tokens = torch.where(impossible, last, tokens)
+    return tokens.squeeze(-1)
 
 
 def _unit_temperature(params: SamplingParams) -> SamplingParams:
