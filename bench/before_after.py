@@ -11,7 +11,8 @@ same built model, and reads `time/step_s` from `metrics.jsonl`. Prints each roun
 Workloads (`--workload`): `tiny` is bench/vs_trl.py's tiny row (the demo's 1 M-parameter Qwen2, no SFT,
 16 prompts x 8 samples x 8 new tokens); `demo` is the demo recipe's RL (32 x 8 x 8, shared prompts) after
 a 40-step SFT; `demo-math` the same with the demo's math-verifier reward; `guess` a multi-turn
-environment episode (agent-guess, 16 x 8, up to 8 turns).
+environment episode (agent-guess, 16 x 8, up to 8 turns); `smollm2` bench/vs_trl.py's SmolLM2 row (fp32,
+4 x 8 x 48 new tokens, no SFT; `--warmup 1`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ WORKLOADS = {
         "sft.max_steps=40",
         "sft.val_size=40",
         "data.eval_size=16",
+    ],
+    "smollm2": [  # bench/vs_trl.py's SmolLM2 row (fp32): 4 prompts x 8 samples x 48 new tokens
+        "recipes/smollm2-math.yaml",
+        "run.steps=4",
+        "sft.enabled=false",
+        "data.prompts_per_step=4",
+        "data.eval_size=1",
+        "rollout.n=8",
+        "rollout.max_new_tokens=48",
+        "rollout.temperature=0.7",
+        "algorithm.kl.coef=0.0",
+        "algorithm.skip_zero_variance_groups=false",
+        "trainer.lr=2e-5",
+        "trainer.schedule=constant",
+        "trainer.micro_batch_size=256",  # vs_trl.py's: the whole batch in one forward
     ],
     "guess": [
         "recipes/agent-guess.yaml",
