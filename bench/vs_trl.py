@@ -9,11 +9,12 @@ Equal work: the same weights, tokenizer, prompts in the same order (Hone's `Prom
 to TRL unshuffled), group size, prompts per step, max new tokens, temperature, lr (constant), no KL,
 one optimizer step per batch (no mini-batches, one PPO epoch, no recomputed old log-probs), clip 0.2,
 token-mean loss over the batch (TRL's `dapo`), group-std advantages, grad-norm clip 1.0, fused AdamW
-(β 0.9/0.999, no weight decay; TRL `adamw_torch_fused`, transformers' default), the same reward function (Hone's math verifier), 2 threads each; no
-dynamic filtering (Hone's `skip_zero_variance_groups` off: TRL trains on every group). `--dtype`
-picks fp32 for both or each framework's bf16 mode (Hone: `trainer.autocast: bfloat16` and a bf16 copy
-of the weights for sampling, `rollout.dtype: bfloat16`; TRL: `bf16=True`, accelerate's autocast); the
-trained weights and the optimizer stay fp32 either way.
+(β 0.9/0.999, no weight decay; TRL `adamw_torch_fused`, transformers' default), the same reward
+function (Hone's math verifier), 2 threads each; no dynamic filtering (Hone's
+`skip_zero_variance_groups` off: TRL trains on every group). `--dtype` picks fp32 for both or each
+framework's bf16 mode (Hone: `trainer.autocast: bfloat16` and a bf16 copy of the weights for sampling,
+`rollout.dtype: bfloat16`; TRL: `bf16=True`, accelerate's autocast); the trained weights and the
+optimizer stay fp32 either way.
 
 Per framework: median/min/max step time after the warm-up steps, the generation share of the step,
 new tokens/s, peak RSS of its process (and peak GPU memory), and the mean reward over the timed steps;
