@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hone.training.optim import NonFiniteGradientError, OptimizerStepper
+from hone.training.optim import NonFiniteGradientError, OptimizerStepper, adamw
 from hone.training.policy import Policy
 from hone.training.sft import run_sft, sft_loss
 from tests.conftest import char_tokenizer, tiny_qwen2
@@ -66,3 +66,29 @@ def test_sft_skips_a_nonfinite_step_and_stops_after_the_streak(monkeypatch: pyte
         run_sft(policy, [("a=", "bb")], batch_size=1, max_steps=5, log=rows.append, max_nonfinite_steps=2)
     assert len(rows) == 1 and rows[0]["sft/grad_norm"] != rows[0]["sft/grad_norm"]  # step 1 logged, NaN norm
     assert all(torch.equal(v, before[k]) for k, v in policy.model.state_dict().items())  # nothing applied
+
+
+def test_fused_adamw_takes_the_multi_tensor_steps_within_rounding_and_can_be_turned_off() -> None:
+    """`adamw` picks torch's fused kernel (trainer.fused_adamw) and, with it off, the default path; five
+    steps of each from the same start agree to float rounding, and the state dicts have the same keys, so
+    a checkpoint of one loads into the other."""
+    torch.manual_seed(0)
+    start = [torch.randn(7, 5), torch.randn(5)]
+    grads = [[torch.randn_like(t) for t in start] for _ in range(5)]
+    weights = {}
+    states = {}
+    for fused in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        optimizer = adamw(params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), fused=fused)
+        assert bool(optimizer.defaults["fused"]) is fused
+        for step in grads:
+            for p, g in zip(params, step, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        weights[fused] = [p.detach() for p in params]
+        states[fused] = optimizer.state_dict()
+    for a, b in zip(weights[True], weights[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(a, start[0] if a.shape == start[0].shape else start[1])  # it moved
+    assert states[True]["state"].keys() == states[False]["state"].keys()
+    assert states[True]["state"][0].keys() == states[False]["state"][0].keys()
