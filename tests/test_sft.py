@@ -73,7 +73,8 @@ def test_prompt_and_padding_positions_get_zero_gradient(policy: Policy) -> None:
     nll, tokens = sft_loss(policy, input_ids, attention_mask, loss_mask)
     handle.remove()
     nll.backward()
-    grad_per_position = captured[0].grad.abs().sum(-1)[:, :-1]  # [B, L-1], column t predicts token t+1
+    # [B, L-1]: the model returns only the positions that score a token; column t predicts token t+1.
+    grad_per_position = captured[0].grad.abs().sum(-1)
     assert tokens.item() == 3 + 2
     assert bool((grad_per_position[loss_mask == 0] == 0).all())
     assert bool((grad_per_position[loss_mask == 1] > 0).all())

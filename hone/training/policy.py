@@ -363,9 +363,7 @@ class Policy:
         if cache is None:
             return None
         index = torch.tensor(owner, device=device)
-        cache.reorder_cache(
-            index
-        )  # each row gets its prompt's keys and values (index_select: differentiable)
+        cache.reorder_cache(index)  # each row gets its prompt's keys and values (index_select: autograd)
         first_logits = out.logits[:, -1:][index]  # the prompt's last position scores answer token 0
         positions = torch.tensor(lens, device=device).unsqueeze(1) + torch.arange(answer, device=device)
         rest = self.model(
@@ -376,21 +374,11 @@ class Policy:
             logits_to_keep=torch.arange(answer - 1, device=device),  # as `_score`: positions, no slice
             **{cache_kwarg(self.model): cache},
         ).logits
-        # Scored in two parts rather than one concatenated [B, answer, V] tensor: a copy of the logits less.
-        scored = [
-            token_scores(
-                part,
-                answer_ids[:, cols],
-                answer_mask[:, cols],
-                temperature,
-                with_entropy,
-                entropy_grad,
-                self.banned_ids,
-            )
-            for part, cols in ((first_logits, slice(0, 1)), (rest, slice(1, None)))
-        ]
-        lp = torch.cat([scored[0][0], scored[1][0]], dim=1)
-        ent = None if scored[0][1] is None else torch.cat([scored[0][1], scored[1][1]], dim=1)  # type: ignore[list-item]
+        args = (temperature, with_entropy, entropy_grad, self.banned_ids)  # two parts: no [B, answer, V] cat
+        lp, ent = token_scores(first_logits, answer_ids[:, :1], answer_mask[:, :1], *args)
+        lp_rest, ent_rest = token_scores(rest, answer_ids[:, 1:], answer_mask[:, 1:], *args)
+        lp = torch.cat([lp, lp_rest], dim=1)
+        ent = None if ent is None or ent_rest is None else torch.cat([ent, ent_rest], dim=1)
         # Back to `_score`'s layout: answer token j of row i is column lens[i] - 1 + j of [B, L-1].
         columns = torch.tensor(lens, device=device).unsqueeze(1) - 1 + torch.arange(answer, device=device)
         columns = columns.clamp(max=full_len - 2)  # padding past the row's end is masked to 0 anyway
