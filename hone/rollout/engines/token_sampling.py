@@ -40,7 +40,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     its entry: inverse-CDF sampling, one uniform per row against the row's running sum in float64.
 
     `torch.multinomial` draws an exponential per vocabulary entry: 10 ms a decode step at 32 x 49k on 2
-    CPU cores, a tenth of SmolLM2's step; a cumulative sum and a binary search cost ~1 ms. An entry of
+    CPU cores, a tenth of SmolLM2's decode step; a cumulative sum and a binary search cost ~1 ms. An entry of
     probability 0 (a banned token, one cut by top-k/top-p) is never drawn: the search returns the first
     column whose running sum exceeds the uniform, and a zero entry does not raise the sum. The one way
     it could be is a uniform rounding up to the row's total; that draw is moved to the last positive entry.
