@@ -374,6 +374,15 @@ def test_target_log_prob_matches_autograd_values_and_gradients(
     (ref_lp * weights).sum().backward()
     assert leaf.grad is not None and ref_leaf.grad is not None
     torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=0, atol=1e-12)
+    # The ban is applied to copies: the caller's logits stay as given, also in a no-grad log-prob pass.
+    assert torch.equal(leaf.detach(), logits)
+    plain = logits.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            token_scores(plain, targets, torch.ones(3, 5), temperature, False, False, ban)[0],
+            lp.detach().float(),
+        )
+    assert torch.equal(plain, logits)
     assert torch.autograd.gradcheck(
         lambda x: logprobs.TargetLogProb.apply(x, targets, temperature, ban, False)[0],
         (logits.clone().requires_grad_(True),),

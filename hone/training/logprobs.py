@@ -41,11 +41,12 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return z / temperature if temperature != 1.0 else z
 
 
-def _banned(z: torch.Tensor, source: torch.Tensor, banned_ids: torch.Tensor | None) -> torch.Tensor:
-    """`z` with the banned columns at the lowest value, copied first if it is `source`'s storage."""
+def _banned(z: torch.Tensor, chunk: torch.Tensor, banned_ids: torch.Tensor | None) -> torch.Tensor:
+    """`z = _scaled(chunk)` with the banned columns at the lowest value; copied first when `z` is `chunk`
+    itself (a view of the caller's logits, which must not change)."""
     if banned_ids is None:
         return z
-    return ban_tokens(z.clone() if z.data_ptr() == source.data_ptr() else z, banned_ids)
+    return ban_tokens(z.clone() if z is chunk else z, banned_ids)
 
 
 class TargetLogProb(torch.autograd.Function):
@@ -71,9 +72,10 @@ class TargetLogProb(torch.autograd.Function):
         picked = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for r, c in _chunks(rows, cols, logits.shape[-1]):
-            z = _scaled(logits[r, c], temperature)
+            chunk = logits[r, c]
+            z = _scaled(chunk, temperature)
             picked[r, c] = z.gather(-1, targets[r, c].unsqueeze(-1)).squeeze(-1)
-            z = _banned(z, logits, banned_ids)
+            z = _banned(z, chunk, banned_ids)
             part = torch.logsumexp(z, dim=-1)
             lse[r, c] = part
             if with_entropy:
@@ -89,7 +91,8 @@ class TargetLogProb(torch.autograd.Function):
         grad = torch.empty_like(logits)
         scale = grad_lp.to(lse.dtype) / ctx.temperature  # d lp / d logits = (onehot - softmax) / T
         for r, c in _chunks(*logits.shape):
-            z = _banned(_scaled(logits[r, c], ctx.temperature), logits, banned_ids)
+            chunk = logits[r, c]
+            z = _banned(_scaled(chunk, ctx.temperature), chunk, banned_ids)
             g = scale[r, c].unsqueeze(-1)
             part = torch.sub(z, lse[r, c].unsqueeze(-1)).exp_().mul_(-g)  # one new [chunk, V] tensor
             grad[r, c] = part.scatter_add_(-1, targets[r, c].unsqueeze(-1), g)

@@ -208,8 +208,9 @@ class HFSampler:
     def _cache_key_weights(self) -> tuple[object, ...]:
         """Beside the version, what decides whether the last call's KV caches still hold when the model is
         shared with a trainer: the model, and each parameter's storage, dtype and in-place version counter
-        (bumped by autograd-visible writes: a default AdamW step, `copy_`). Writes that bypass the counter
-        (`p.data.copy_`, fused optimizers) are not seen: change weights through `load_weights`."""
+        (bumped by autograd-visible writes: `copy_`, the multi-tensor AdamW). Writes that bypass the counter
+        (`p.data.copy_`, the fused AdamW that `trainer.fused_adamw` makes the default) are not seen: change
+        weights through `load_weights`, as a run's publish does."""
         params = self.model.parameters()
         return (id(self.model), *((p.data_ptr(), p.dtype, p._version) for p in params))
 
