@@ -1,6 +1,6 @@
 """Asynchronous training (`trainer.mode: async`) against synchronous, on this machine and simulated.
 
-1. Real: `hone.orchestration.loop.train` with the tiny model (`model.path: tiny`, from scratch) on a
+1. Real: `hone.rl.loop.train` with the tiny model (`model.path: tiny`, from scratch) on a
    workload where sampling is not the only cost: `SlowToolEnv`, a multi-turn tool environment whose
    every tool call waits 100-300 ms (long-tailed within that range; a turn waits for its slowest call,
    as a batch of agents does), episodes of 1-4 turns (long-tailed: 40/30/20/10%), and a reward served
@@ -46,13 +46,13 @@ import torch
 
 from hone.config import load_config
 from hone.envs import Environment, Message, StepResult, register_env
-from hone.orchestration import loop
-from hone.orchestration.executors import InlineExecutor, ThreadExecutor
-from hone.orchestration.learner import Learner
-from hone.orchestration.producer import PromptBatch, ScoredGroups
-from hone.orchestration.rollouts import Executor, Rollouts
-from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards.registry import register_reward
+from hone.rl import loop
+from hone.rl.learner import Learner
+from hone.rl.placement.executors import InlineExecutor, ThreadExecutor
+from hone.rl.placement.source import Executor, Rollouts
+from hone.rl.placement.weights import LocalWeightChannel
+from hone.rl.producer import PromptBatch, ScoredGroups
 from hone.types import Rollout, Sample
 
 RESULTS = Path(__file__).parent / "results" / "async_bench.json"

@@ -60,8 +60,8 @@ def main() -> None:
     from hone.config import load_config
     from hone.control.envs import make_eval_env
     from hone.control.evaluate import POLICY_FILE
+    from hone.control.loops.onpolicy import train_control
     from hone.control.policy import ActorCritic
-    from hone.orchestration.control_loop import train_control
     from hone.tracking import read_metrics
 
     torch.set_num_threads(1)

@@ -87,7 +87,7 @@ def main() -> None:
 
     from hone.config import load_config
     from hone.models.resolve import resolve_model
-    from hone.orchestration import loop
+    from hone.rl import loop
 
     path = resolve_model(w.model)
     config = AutoConfig.from_pretrained(path)

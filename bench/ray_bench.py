@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hone.config import load_config
-from hone.orchestration import loop
+from hone.rl import loop
 
 STEPS = 30
 ARMS: list[tuple[str, dict[str, object]]] = [

@@ -35,7 +35,7 @@ import torch.multiprocessing as mp
 
 from hone.config import AlgorithmConfig, TrainerConfig
 from hone.models.tiny import build_tiny_model
-from hone.orchestration.collate import collate
+from hone.training.collate import collate
 from hone.training.distributed import Ranks, init_ranks, shard
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer

@@ -23,9 +23,9 @@ from typing import Any
 from hone.config import load_config
 from hone.envs.base import Environment, StepResult
 from hone.models.tiny import build_byte_tokenizer
-from hone.orchestration.components import RunComponents
-from hone.orchestration.producer import Producer, PromptBatch
 from hone.rewards import RewardScorer
+from hone.rl.components import RunComponents
+from hone.rl.producer import Producer, PromptBatch
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.types import Rollout, Sample
 
@@ -87,7 +87,7 @@ def main() -> None:
         episodes=Episodes(Turns, EpisodeLimits(4, 8, 512)),
     )
     try:  # this tree: the producer takes its settings; an older one took the config
-        from hone.orchestration.producer import ProducerSettings
+        from hone.rl.producer import ProducerSettings
 
         producer = Producer(parts, ProducerSettings.of(cfg))
     except ImportError:

@@ -23,8 +23,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hone.config import load_config
-from hone.orchestration import weights as weights_module
-from hone.orchestration.loop import train
+from hone.rl.loop import train
+from hone.rl.placement import weights as weights_module
 from hone.rollout.fingerprint import expected_for, fingerprint
 
 RESULTS = Path(__file__).parent / "results" / "verify.json"

@@ -269,7 +269,7 @@ def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") 
     """The prompts Hone's run draws, in its order (its `PromptStream`), with their answers."""
     from hone.config import load_config
     from hone.data.splits import load_data
-    from hone.orchestration.prompts import PromptStream
+    from hone.rollout.prompts import PromptStream
 
     cfg = load_config(None, hone_config(w, run_dir, dtype, device))
     task, train, _ = load_data(cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed)
@@ -286,7 +286,7 @@ def run_hone(w: Workload, dtype: str, work: Path, device: str) -> dict[str, Any]
     import torch
 
     from hone.config import load_config
-    from hone.orchestration import loop
+    from hone.rl import loop
 
     if not on_gpu(device):
         torch.set_num_threads(THREADS)

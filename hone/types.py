@@ -1,4 +1,4 @@
-"""Core data types that flow between the stages (see DESIGN.md).
+"""Core data types that flow between the stages (see docs/architecture.md).
 
 Every arrow of the loop carries one of these plain dataclasses, never a back-channel:
 `data` makes `Sample`s, `rollout` turns them into `Rollout`s, `rewards` fills in `reward`,
@@ -188,7 +188,7 @@ class Rollout:
 
 @dataclass(frozen=True, kw_only=True)
 class Batch:
-    """Collated sequences, as `hone.orchestration.collate.collate` builds them from rollouts: the columns
+    """Collated sequences, as `hone.training.collate.collate` builds them from rollouts: the columns
     everything after it (log-prob passes, advantages, the `TrainBatch`) reads.
 
     Sequences are right-padded to `L` total tokens; the response tensors have `T = L - 1` columns aligned

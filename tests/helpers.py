@@ -24,11 +24,11 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 from hone.config import HoneConfig, load_config
 from hone.data import Task
 from hone.data.splits import load_data, validation_samples
-from hone.orchestration.collate import collate
-from hone.orchestration.executors import InlineExecutor
-from hone.orchestration.loop import train
-from hone.orchestration.rollouts import Rollouts
+from hone.rl.loop import train
+from hone.rl.placement.executors import InlineExecutor
+from hone.rl.placement.source import Rollouts
 from hone.rollout import GenerationRequest, HFSampler
+from hone.training.collate import collate
 from hone.training.policy import Policy
 from hone.types import Batch, Rollout, Sample, SamplingParams, TrainBatch
 from tests.conftest import LETTERS, tiny_qwen2
@@ -400,7 +400,7 @@ def sync_source(
 def train_batch(
     seqs: Batch, *, old_logp: torch.Tensor, advantages: torch.Tensor, **fields: Any
 ) -> TrainBatch:
-    """A `TrainBatch` over collated `seqs` (`hone.orchestration.collate.collate`), as the learner makes one:
+    """A `TrainBatch` over collated `seqs` (`hone.training.collate.collate`), as the learner makes one:
     the loss mask is the response mask, the behaviour log-probs are `old_logp` (the sampler was the
     policy) and the returns the advantages, unless `fields` says otherwise."""
     base: dict[str, Any] = {

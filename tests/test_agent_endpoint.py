@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from hone.config import load_config
 from hone.envs.games import ToolArithmetic
 from hone.models.tiny import build_byte_tokenizer
-from hone.orchestration.loop import RunInterrupted, SetupError, train
+from hone.rl.loop import RunInterrupted, SetupError, train
 from hone.rollout import GenerationRequest, HFSampler
 from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.endpoint import EndpointServer

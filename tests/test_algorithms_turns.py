@@ -10,10 +10,10 @@ import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, scores_to_token_rewards
 from hone.config import load_config
-from hone.orchestration.collate import collate
-from hone.orchestration.learner import compute_advantages
-from hone.orchestration.rl_start import response_budget
+from hone.rl.learner import compute_advantages
+from hone.rl.start import response_budget
 from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.training.collate import collate
 from hone.types import Rollout
 
 # Two trajectories of one prompt. Response positions: A = a0 a0 o a1 o a2, B = b0 o b1 pad pad pad

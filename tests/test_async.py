@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from hone.config import load_config
-from hone.orchestration import loop
-from hone.orchestration.executors import ThreadExecutor
-from hone.orchestration.learner import Learner
-from hone.orchestration.loop import train
-from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups, sampling_params
-from hone.orchestration.rollouts import Rollouts
-from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards.scoring import ScoringRound
+from hone.rl import loop
+from hone.rl.learner import Learner
+from hone.rl.loop import train
+from hone.rl.placement.executors import ThreadExecutor
+from hone.rl.placement.source import Rollouts
+from hone.rl.placement.weights import LocalWeightChannel
+from hone.rl.producer import Producer, PromptBatch, ScoredGroups, sampling_params
 from hone.training.checkpoint import Checkpointer
 from hone.types import Rollout, Sample
 from tests.helpers import TOKEN_REWARD, final_weights, tiny_overrides, train_tiny

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from hone.cli import main
 from hone.config import load_config
-from hone.orchestration import learner
-from hone.orchestration.loop import SetupError, train
+from hone.rl import learner
+from hone.rl.loop import SetupError, train
 from hone.training.adapter_reference import AdapterReference
 from hone.training.checkpoint import RNG, Checkpointer, Part, damage
 from hone.training.models import load_reference

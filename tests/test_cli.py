@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from hone.cli import _parse, main
+from hone.cli.main import _parse, main
 from hone.config import list_recipes
-from hone.orchestration import loop
+from hone.rl import loop
 from hone.training.checkpoint import Checkpointer, damage
 from tests.helpers import REPO, tiny_run
 
@@ -156,7 +156,7 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 def test_config_error_exits_before_transformers_or_the_loop_is_imported() -> None:
     probe = (
         "import sys; from hone.cli import main; code = main(['train', 'algorithm.advantge=rloo']); "
-        "print(code, [m for m in ('transformers', 'hone.orchestration.loop') if m in sys.modules])"
+        "print(code, [m for m in ('transformers', 'hone.rl.loop') if m in sys.modules])"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
@@ -404,10 +404,10 @@ def test_http_clients_do_not_log_each_request_under_hones_prefix(monkeypatch: py
         ("hone.config", "ConfigError", ValueError),
         ("hone.data", "HoneDataError", ValueError),
         ("hone.plugins", "PluginError", ValueError),
-        ("hone.orchestration.loop", "SetupError", RuntimeError),
-        ("hone.orchestration.rollouts", "ProducerError", RuntimeError),
-        ("hone.orchestration.ray_cluster", "RayClusterError", RuntimeError),
-        ("hone.orchestration.weights", "WeightPublishTimeout", RuntimeError),
+        ("hone.rl.loop", "SetupError", RuntimeError),
+        ("hone.rl.placement.source", "ProducerError", RuntimeError),
+        ("hone.rl.placement.ray.cluster", "RayClusterError", RuntimeError),
+        ("hone.rl.placement.weights", "WeightPublishTimeout", RuntimeError),
         ("hone.rewards.scoring", "RewardOutageError", RuntimeError),
         ("hone.training.optim", "NonFiniteGradientError", RuntimeError),
         ("hone.rollout.engines.vllm", "VLLMEngineError", RuntimeError),

@@ -159,7 +159,7 @@ def test_pass_at_k_beyond_the_samples_drawn_is_an_error(overrides: list[str]) ->
 
 
 def test_evaluate_refuses_pass_at_k_beyond_n_before_sampling() -> None:
-    from hone.orchestration.evaluate import evaluate
+    from hone.rl.evaluate import evaluate
     from hone.types import SamplingParams
 
     # Nothing is sampled: the sampler, tokenizer and reward are never touched.

@@ -14,10 +14,10 @@ import torch
 
 from hone.cli import main
 from hone.config import load_config
+from hone.control.algos.ppo import collect as _collect
 from hone.control.envs import make_vector_env
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
-from hone.orchestration.control_ppo import collect as _collect
 from hone.tracking import read_metrics
 
 gym = pytest.importorskip("gymnasium")

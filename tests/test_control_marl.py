@@ -18,11 +18,11 @@ import torch
 from hone.algorithms import ADVANTAGE_ESTIMATORS
 from hone.cli import main
 from hone.config import ControlConfig, load_config
+from hone.control.algos.ppo import collect as _collect
 from hone.control.envs import ControlEnvError
+from hone.control.loops.marl import evaluate
 from hone.control.multiagent import ParallelBatch, SharedActorCritic
 from hone.control.normalize import Normalizer
-from hone.orchestration.control_marl import evaluate
-from hone.orchestration.control_ppo import collect as _collect
 from hone.tracking import read_metrics
 
 pytest.importorskip("pettingzoo")

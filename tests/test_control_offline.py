@@ -177,8 +177,8 @@ def test_init_keeps_this_runs_learning_rates(tmp_path: Path, root: Path) -> None
     import gymnasium as gym
 
     from hone.config import load_config
-    from hone.orchestration.control_offline import load_learner
-    from hone.orchestration.offline_learners import make_learner
+    from hone.control.algos.offline import make_learner
+    from hone.control.loops.offline import load_learner
 
     assert main(_offline(tmp_path, root, "lr-source", "control.algorithm=cql", "control.cql_samples=2")) == 0
     cfg = load_config("pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]",
@@ -337,7 +337,7 @@ def test_cql_pushes_q_down_on_actions_the_data_lacks() -> None:
     import gymnasium as gym
 
     from hone.config import load_config
-    from hone.orchestration.offline_learners import CQLLearner
+    from hone.control.algos.offline import CQLLearner
 
     torch.manual_seed(0)
     cfg = load_config(
@@ -386,6 +386,6 @@ def test_resume_of_an_offline_run_is_bit_identical(tmp_path: Path, root: Path) -
 
 def test_every_offline_algorithm_of_the_config_has_a_learner() -> None:
     from hone.config.control import OFFLINE_ALGORITHMS
-    from hone.orchestration.offline_learners import OFFLINE_LEARNERS
+    from hone.control.algos.offline import OFFLINE_LEARNERS
 
     assert set(OFFLINE_LEARNERS) == set(OFFLINE_ALGORITHMS)

@@ -14,8 +14,8 @@ import torch
 from hone.cli import main
 from hone.config import ConfigError, load_config
 from hone.control.envs import make_vector_env
+from hone.control.loops.offpolicy import OffPolicyLearner, env_step
 from hone.control.replay import ReplayBuffer
-from hone.orchestration.control_offpolicy import OffPolicyLearner, env_step
 from hone.tracking import read_metrics
 
 pytest.importorskip("gymnasium")

@@ -107,7 +107,7 @@ def test_envs_that_cannot_be_saved_are_reset_with_a_seed_from_the_step(
 ) -> None:
     """An async or MuJoCo vector env is not pickled: a resume resets it with run.seed + 1000 x step, so
     resuming the same checkpoint twice gives the same run (not the unbroken run's)."""
-    monkeypatch.setattr("hone.orchestration.control_checkpoint._pickled", lambda envs, obs: None)
+    monkeypatch.setattr("hone.control.checkpoint._pickled", lambda envs, obs: None)
     assert main(["train", *_args(tmp_path, "a", "sac", 3)]) == 0
     assert not (tmp_path / "a" / "checkpoints" / "step-3" / "envs" / "envs.pkl").exists()
     shutil.copytree(tmp_path / "a", tmp_path / "b")
@@ -146,7 +146,7 @@ def test_an_interrupted_run_says_where_and_resumes_to_the_unbroken_runs_weights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["train", *_args(tmp_path, "whole", "sac", 4)]) == 0
-    from hone.orchestration import control_offpolicy
+    from hone.control.loops import offpolicy as control_offpolicy
 
     real, calls = control_offpolicy.evaluate, []
 

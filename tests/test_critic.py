@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
 from hone.algorithms.advantages import hyperparameters, reads_values
 from hone.config import ConfigError, load_config
-from hone.orchestration.learner import compute_advantages
-from hone.orchestration.loop import train
+from hone.rl.learner import compute_advantages
+from hone.rl.loop import train
 from hone.types import Rollout
 from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
 

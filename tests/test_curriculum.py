@@ -11,11 +11,11 @@ from hone.config import DataConfig, DifficultyFilterConfig, load_config
 from hone.data.curriculum import Curriculum, build_curriculum
 from hone.data.passrates import Outcome, PassRates
 from hone.data.schedulers import PromptStream
-from hone.orchestration import loop
-from hone.orchestration.loop import SetupError, train
-from hone.orchestration.outcomes import prompt_outcomes
-from hone.orchestration.producer import Producer, PromptBatch, ScoredGroups
 from hone.rewards.scoring import CORRECTNESS
+from hone.rl import loop
+from hone.rl.loop import SetupError, train
+from hone.rl.outcomes import prompt_outcomes
+from hone.rl.producer import Producer, PromptBatch, ScoredGroups
 from hone.types import Rollout, Sample
 from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
 

@@ -10,8 +10,8 @@ import pytest
 from safetensors.torch import load_file
 
 from hone.config import ConfigError, load_config
-from hone.orchestration.components import build_components, close_samplers
-from hone.orchestration.loop import train
+from hone.rl.components import build_components, close_samplers
+from hone.rl.loop import train
 from hone.rollout import GenerationRequest, Sampler
 from hone.rollout.engines import ENGINES, get_engine
 from hone.rollout.engines.hf import HFEngine, HFSampler

@@ -152,7 +152,7 @@ def test_a_wrong_field_fails_before_any_model_loads(
 ) -> None:
     _write_rows(tmp_path / "mine.jsonl", 30)
     monkeypatch.chdir(tmp_path)
-    import hone.orchestration.loop as loop
+    import hone.rl.loop as loop
 
     monkeypatch.setattr(loop, "train", lambda *a, **k: pytest.fail("training started"))
     code = main(["train", "data.task=null", "data.source=mine.jsonl", f"run.dir={tmp_path / 'runs'}"])

@@ -14,8 +14,8 @@ import pytest
 from hone.config import ConfigError, load_config
 from hone.data import HoneDataError
 from hone.data.gym import ReasoningGymTask, extract_answer
-from hone.orchestration.loop import SetupError, train
 from hone.rewards.resolve import load_reward
+from hone.rl.loop import SetupError, train
 from tests.helpers import run_splits, tiny_overrides
 
 pytest.importorskip("reasoning_gym")

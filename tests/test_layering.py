@@ -1,11 +1,10 @@
-"""The package layering of DESIGN.md ("Packages (import only downward)"), checked on the source with `ast`.
+"""The package layering of docs/architecture.md ("Who may import whom"), checked on the source with `ast`.
 
-DESIGN.md: `algorithms` <- `training` <- `orchestration` <- `cli`; `rewards` and `envs` <- `rollout` <-
-`orchestration`; `data` and `models` feed both sides; `config` and `tracking`
-(metrics and plots) are leaves everyone may use.
-`a <- b` means `b` may import `a`: `rewards` and `envs` are siblings, so neither imports the other.
-Modules DESIGN.md names no place for (`types`, `aio`, `seeding`) are leaves like `config`, as are
-`registry` and `verifiers`, which DESIGN.md names.
+`algorithms` <- `training` <- `run` <- {`rl`, `control`, `preference`} <- `cli`; `rewards` and `envs` <-
+`rollout` <- `rl`; `data` and `models` feed both sides; `config` and `tracking` (metrics and plots) are leaves
+everyone may use. `a <- b` means `b` may import `a`: `rewards` and `envs` are siblings, so neither imports
+the other, and the families are siblings too: a control run loads no language-model code (`control` never
+imports `rl`), and the language-model driver knows nothing of control. `preference` builds on `rl`.
 Every import counts, also one inside a function: a lazy import is still a dependency.
 """
 
@@ -35,7 +34,8 @@ LEAVES = frozenset(
     }
 )
 _FEEDS = frozenset({"data", "models"})  # "feed both sides"
-_ABOVE_ROLLOUT = _FEEDS | {"algorithms", "training", "rewards", "envs", "rollout", "control"}
+_BELOW_RUN = _FEEDS | {"algorithms", "training"}
+_LM = _BELOW_RUN | {"rewards", "envs", "rollout", "run"}  # what the language-model families stand on
 # What each package may import besides itself and the leaves.
 ALLOWED: dict[str, frozenset[str]] = {
     **{leaf: frozenset() for leaf in LEAVES},
@@ -46,11 +46,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rewards": _FEEDS,
     "envs": _FEEDS,
     "rollout": _FEEDS | {"rewards", "envs"},
-    "control": _FEEDS | {"algorithms"},  # gymnasium environments and policy networks for control
-    "orchestration": _ABOVE_ROLLOUT,
-    "cli_parser": frozenset(),  # the command line's words (argparse): read by cli and the docs' hook
-    "cli": _ABOVE_ROLLOUT | {"orchestration", "cli_parser"},
-    "__init__": _ABOVE_ROLLOUT | {"orchestration", "cli"},  # hone/__init__.py: the top, like cli
+    "run": frozenset({"training"}),  # what every family's run shares: seed, run directory, budget, signals
+    "rl": _LM,  # language-model RL: the driver, placement and learner ranks
+    "preference": _LM | {"rl"},  # hone pairs / dpo / rm
+    "control": _BELOW_RUN | {"run"},  # gymnasium envs, policy networks and their loops; never rl
+    "cli": _LM | {"rl", "preference", "control"},
+    "__init__": _LM | {"rl", "preference", "control", "cli"},  # hone/__init__.py: the top, like cli
 }
 # Known departures, each with why it stays; `test_known_exceptions_are_still_needed` drops stale ones.
 KNOWN_EXCEPTIONS = {
@@ -99,11 +100,11 @@ def layering_edges(root: Path = HONE) -> dict[tuple[str, str], list[str]]:
 
 
 def violations(edges: dict[tuple[str, str], list[str]]) -> list[str]:
-    """One line per import DESIGN.md's layering forbids, naming the modules that make it."""
+    """One line per import the layering forbids, naming the modules that make it."""
     bad = []
     for (importer, imported), modules in sorted(edges.items()):
         if importer not in ALLOWED:
-            bad.append(f"{importer}: a package DESIGN.md does not place; add it to ALLOWED ({modules})")
+            bad.append(f"{importer}: a package the layering does not place; add it to ALLOWED ({modules})")
         elif imported not in ALLOWED[importer] | LEAVES and (importer, imported) not in KNOWN_EXCEPTIONS:
             bad.append(f"{importer} imports {imported}: {', '.join(modules)}")
     return bad
@@ -124,7 +125,7 @@ def test_known_exceptions_are_still_needed() -> None:
         ("from hone.rewards.math import math_reward", ["envs imports rewards: hone/envs/games.py"]),
         ("def f():\n    from hone.training import Policy", ["envs imports training: hone/envs/games.py"]),
         ("import hone.rollout.base", ["envs imports rollout: hone/envs/games.py"]),
-        ("from hone import orchestration", ["envs imports orchestration: hone/envs/games.py"]),
+        ("from hone import rl", ["envs imports rl: hone/envs/games.py"]),
         ("from ..rewards import math", ["envs imports rewards: hone/envs/games.py"]),
         ("from hone.data import Arithmetic\nfrom hone.registry import Registry", []),
         ("from hone.envs.base import Environment\nfrom .tools import calculator\nfrom . import base", []),

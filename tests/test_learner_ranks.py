@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from hone.cli import main
 from hone.config import load_config
-from hone.orchestration.loop import train
+from hone.rl.loop import train
 from hone.tracking import read_metrics
 from tests.helpers import (
     REPO,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hone.orchestration.lifecycle import busy_machine_advice
+from hone.run.lifecycle import busy_machine_advice
 
 
 def test_busy_machine_advice_only_when_oversubscribed_and_openmp_still_spins() -> None:

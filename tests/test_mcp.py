@@ -230,7 +230,7 @@ def test_the_recipe_lists_its_tools_in_a_dry_run_and_trains_leaving_no_server(
 ) -> None:
     from hone.cli import main
     from hone.config import load_config
-    from hone.orchestration.loop import train
+    from hone.rl.loop import train
     from tests.helpers import tiny_overrides
 
     extra = {

@@ -13,13 +13,13 @@ import torch
 from hone.algorithms import POLICY_LOSSES, aggregate_loss
 from hone.config import load_config
 from hone.envs import Environment, StepResult, make_env
-from hone.orchestration.collate import collate, turn_tensors
-from hone.orchestration.evaluate import evaluate
 from hone.rewards.env import env_reward
 from hone.rewards.math import math_verifier
 from hone.rewards.resolve import all_assistant_text, load_reward
+from hone.rl.evaluate import evaluate
 from hone.rollout import HFSampler
 from hone.rollout.multiturn import EpisodeLimits, Episodes, demonstration_tokens, run_episodes
+from hone.training.collate import collate, turn_tensors
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
 from tests.helpers import Scripted
@@ -428,7 +428,7 @@ def test_an_agent_recipe_trains_end_to_end_with_sft_from_demonstrations(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
     from hone.config import load_config
-    from hone.orchestration.loop import train
+    from hone.rl.loop import train
     from tests.helpers import tiny_overrides
 
     overrides = tiny_overrides(

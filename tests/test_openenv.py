@@ -376,7 +376,7 @@ def test_a_server_hone_started_is_stopped_when_set_up_fails_after_it(
     stand_in: list[str], tmp_path: Path
 ) -> None:
     from hone.config import load_config
-    from hone.orchestration.loop import SetupError, train
+    from hone.rl.loop import SetupError, train
 
     cfg = load_config("agent-guess-openenv", [f"run.dir={tmp_path}", f"model.path={tmp_path}/no-model"])
     cfg.env.args = {"command": stand_in, "samples": "guess_number"}
@@ -507,7 +507,7 @@ def test_training_through_the_adapter_equals_training_on_the_builtin_game(
     """The two recipes differ only in `env`: with the same seed the runs are the same, step for step
     (the same games, demonstrations, sampled tokens and replies), except for the time they took."""
     from hone.config import load_config
-    from hone.orchestration.loop import train
+    from hone.rl.loop import train
     from tests.helpers import tiny_overrides
 
     def run(recipe: str, game_args: str) -> list[dict[str, float]]:

@@ -13,20 +13,20 @@ import torch
 from safetensors.torch import load_file
 
 from hone.config import AlgorithmConfig, ConfigError, TrainerConfig, load_config
-from hone.orchestration import evaluate as evaluate_module
-from hone.orchestration import rl_start
-from hone.orchestration.collate import collate
-from hone.orchestration.components import RunComponents
-from hone.orchestration.learner import Learner
-from hone.orchestration.loop import SetupError, rl_step, train
-from hone.orchestration.producer import Producer, ProducerSettings, drop_zero_variance_groups
-from hone.orchestration.prompts import PromptStream
-from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward
 from hone.rewards.scoring import RewardOutageError
+from hone.rl import evaluate as evaluate_module
+from hone.rl import start as rl_start
+from hone.rl.components import RunComponents
+from hone.rl.learner import Learner
+from hone.rl.loop import SetupError, rl_step, train
+from hone.rl.placement.weights import LocalWeightChannel
+from hone.rl.producer import Producer, ProducerSettings, drop_zero_variance_groups
 from hone.rollout.base import GenerationRequest
 from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.rollout.prompts import PromptStream
+from hone.training.collate import collate
 from hone.training.distributed import ONE_RANK
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hone.cli import main
-from hone.orchestration.pairs import pair_row, pairs_from_group
+from hone.preference.pairs import pair_row, pairs_from_group
 from hone.types import Rollout, Sample
 from tests.helpers import tiny_overrides
 

@@ -11,7 +11,7 @@ import pytest
 
 from hone.config import load_config
 from hone.config.schema import LoggingConfig
-from hone.orchestration.loop import train
+from hone.rl.loop import train
 from hone.tracking import read_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS, plot_metrics
 from tests.helpers import tiny_overrides

@@ -7,8 +7,8 @@ from transformers import AutoTokenizer
 
 from hone.config import load_config
 from hone.models import build_tiny_model
-from hone.orchestration.pairs import pair_row
-from hone.orchestration.prompts import encode_prompt, render_prompt
+from hone.preference.pairs import pair_row
+from hone.rollout.prompts import encode_prompt, render_prompt
 from hone.types import Rollout, Sample
 
 SYSTEM = "Answer inside <answer></answer>."

@@ -28,8 +28,8 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from hone.orchestration.producer import PromptBatch, ScoredGroups  # noqa: E402
-from hone.orchestration.rollouts import merge_shares  # noqa: E402
+from hone.rl.placement.source import merge_shares  # noqa: E402
+from hone.rl.producer import PromptBatch, ScoredGroups  # noqa: E402
 from hone.types import Rollout  # noqa: E402
 from tests.helpers import TOKEN_REWARD, tiny_overrides  # noqa: E402
 from tests.helpers import final_weights as _final_weights  # noqa: E402

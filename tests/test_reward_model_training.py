@@ -11,7 +11,7 @@ import pytest
 from hone.cli import main
 from hone.data import load_preferences
 from hone.models import build_byte_tokenizer
-from hone.orchestration.preference import split_held_out
+from hone.preference.commands import split_held_out
 from hone.rewards.model import reward_model
 from hone.tracking import read_metrics
 from hone.training.reward_model import (

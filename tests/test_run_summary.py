@@ -14,9 +14,9 @@ import pytest
 
 from hone.cli import main
 from hone.envs import Environment, StepResult
-from hone.orchestration.evaluate import evaluate
 from hone.rewards import RewardScorer
 from hone.rewards.env import env_reward
+from hone.rl.evaluate import evaluate
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.tracking import read_metrics, read_samples
 from hone.training.policy import Policy
@@ -268,7 +268,7 @@ def test_an_eval_whose_every_reward_raised_is_one_line_not_accuracy_0(
 
 
 def test_an_update_on_equal_reward_groups_only_does_not_count_as_updating_the_policy() -> None:
-    from hone.orchestration.report import UPDATED, WITH_SIGNAL, StepTally, nothing_learned
+    from hone.rl.report import UPDATED, WITH_SIGNAL, StepTally, nothing_learned
 
     tally = StepTally()
     tally.add({UPDATED: 1.0, WITH_SIGNAL: 0.0})  # skip_zero_variance_groups off: a zero-advantage update

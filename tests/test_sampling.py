@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from hone.config import AlgorithmConfig, ConfigError, ReplayConfig, TrainerConfig, load_config
-from hone.orchestration.collate import collate
-from hone.orchestration.components import RunComponents
-from hone.orchestration.learner import Learner, truncation_mask
-from hone.orchestration.loop import rl_step, train
-from hone.orchestration.producer import Producer, ProducerSettings
-from hone.orchestration.replay import ReplayBuffer, is_replayed
-from hone.orchestration.weights import LocalWeightChannel
 from hone.rewards import RewardScorer
+from hone.rl.components import RunComponents
+from hone.rl.learner import Learner, truncation_mask
+from hone.rl.loop import rl_step, train
+from hone.rl.placement.weights import LocalWeightChannel
+from hone.rl.producer import Producer, ProducerSettings
+from hone.rl.replay import ReplayBuffer, is_replayed
 from hone.rollout.base import GenerationRequest
+from hone.training.collate import collate
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
 from hone.types import Rollout, Sample, SamplingParams, TrainBatch

@@ -14,9 +14,9 @@ import torch
 from hone.config import HoneConfig, load_config
 from hone.data.splits import held_out_samples, problem_key
 from hone.envs import make_env
-from hone.orchestration import warmstart
-from hone.orchestration.evaluate import evaluate
-from hone.orchestration.loop import train
+from hone.rl import warmstart
+from hone.rl.evaluate import evaluate
+from hone.rl.loop import train
 from hone.training import fit as fit_module
 from hone.training import sft as sft_module
 from hone.training.policy import Policy

@@ -13,8 +13,8 @@ import torch
 
 from hone.algorithms.metrics import importance_ess, offpolicy_ess
 from hone.config import load_config
-from hone.orchestration.loop import train
-from hone.orchestration.staleness import HOLD, StalenessController
+from hone.rl.loop import train
+from hone.rl.placement.staleness import HOLD, StalenessController
 from tests.helpers import TOKEN_REWARD, tiny_overrides
 
 

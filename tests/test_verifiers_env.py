@@ -241,7 +241,7 @@ def test_an_environment_that_fails_is_counted_in_env_errors_and_the_episode_ends
 def test_agent_guess_verifiers_trains_a_few_steps_with_sft_from_the_ports_demonstrations(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    from hone.orchestration.loop import train
+    from hone.rl.loop import train
     from tests.helpers import tiny_overrides
 
     overrides = tiny_overrides(

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hone.config import load_config
-from hone.orchestration.canary import LogprobCanary
-from hone.orchestration.loop import train
-from hone.orchestration.weights import LocalWeightChannel
+from hone.rl.canary import LogprobCanary
+from hone.rl.loop import train
+from hone.rl.placement.weights import LocalWeightChannel
 from hone.rollout import HFSampler
 from hone.rollout.base import GenerationRequest
 from hone.rollout.engines import hf as hf_engine
@@ -326,7 +326,7 @@ class _TwoRanks:
 
 
 def test_a_gather_that_does_not_add_up_to_the_shards_is_caught() -> None:
-    from hone.orchestration.learner_ranks import verify_gather
+    from hone.rl.ranks.learners import verify_gather
 
     model = torch.nn.Linear(4, 3, bias=False)
     full = model.weight.detach().clone()

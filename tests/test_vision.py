@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from hone.models.vision import rope_positions, vision_token_ids
-from hone.orchestration.collate import collate
-from hone.orchestration.prompts import ImagePromptError, encode_prompt
 from hone.rollout.base import GenerationRequest
 from hone.rollout.engines.hf import HFSampler
+from hone.rollout.prompts import ImagePromptError, encode_prompt
+from hone.training.collate import collate
 from hone.training.policy import LoraSettings, Policy
 from hone.types import Sample, SamplingParams, VisionBatch
 from tests.helpers import shapes
@@ -301,8 +301,8 @@ def test_a_hub_name_loads_a_cached_vision_model_offline(tmp_path: Path, vl_dir: 
 
 def test_replay_with_a_vision_model_is_one_line_before_training(tmp_path: Path, vl_dir: Path) -> None:
     from hone.config import load_config
-    from hone.orchestration.loop import train
-    from hone.orchestration.replay import ReplayImagesError
+    from hone.rl.loop import train
+    from hone.rl.replay import ReplayImagesError
     from tests.helpers import tiny_overrides
 
     overrides = {

@@ -24,10 +24,10 @@ from hone.envs import Environment, Message, PlayingEnvironment, StepResult, Zoom
 from hone.envs.base import Chat
 from hone.envs.games.zoom import crop_box
 from hone.models.vision import encode_images
-from hone.orchestration.collate import collate
 from hone.rollout.engines.hf import HFSampler
 from hone.rollout.multiturn import EpisodeLimits, demonstration_tokens, run_episodes
 from hone.rollout.trajectory import ImageObservationError
+from hone.training.collate import collate
 from hone.training.policy import Policy
 from hone.types import Rollout, Sample, SamplingParams
 from tests.helpers import Scripted, shapes

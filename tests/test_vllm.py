@@ -27,8 +27,8 @@ import torch
 
 from hone.config import load_config
 from hone.models.tiny import build_tiny_model
-from hone.orchestration.loop import train
-from hone.orchestration.weights import LocalWeightChannel
+from hone.rl.loop import train
+from hone.rl.placement.weights import LocalWeightChannel
 from hone.rollout import HFSampler, eos_token_ids
 from hone.rollout.base import GenerationRequest
 from hone.rollout.engines import vllm as vllm_engine

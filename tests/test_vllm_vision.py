@@ -19,11 +19,11 @@ import torch
 from PIL import Image, ImageDraw
 
 from hone.models.vision import vision_token_ids
-from hone.orchestration.collate import collate
-from hone.orchestration.prompts import encode_prompt
 from hone.rollout import eos_token_ids
 from hone.rollout.base import GenerationRequest
 from hone.rollout.engines.vllm import VLLMEngineError, VLLMSampler
+from hone.rollout.prompts import encode_prompt
+from hone.training.collate import collate
 from hone.training.policy import Policy
 from hone.types import Sample, SamplingParams
 from tests.test_vllm import LOGPROB_ATOL, PYTHON
@@ -136,7 +136,7 @@ def test_after_a_publish_image_prompts_use_the_new_weights(engine: tuple[Policy,
     """Every weight moves (the vision tower's too), is published, and the engine's image-prompt log-probs
     are the trainer's again: the tied head nested under `language_model` is re-packed and the vision
     tower's cached outputs are dropped (without either, the gap was 0.53, or the engine died)."""
-    from hone.orchestration.weights import LocalWeightChannel
+    from hone.rl.placement.weights import LocalWeightChannel
 
     policy, sampler = engine
     requests = [ask(policy, "a", shapes(2, "red", (56, 56)), "How many?")]
@@ -163,7 +163,7 @@ def test_a_verified_publish_passes_and_a_corrupted_vision_tensor_is_caught(
     `visual.*` and `model.language_model.*` as `language_model.model.*`, and fuses a vision block's
     gate/up), so a verified publish of the VLM passes; one flipped bit in one vision-tower tensor, on
     the way to the engine, is named."""
-    from hone.orchestration.weights import LocalWeightChannel
+    from hone.rl.placement.weights import LocalWeightChannel
     from hone.rollout.engines import vllm as vllm_engine
     from hone.rollout.fingerprint import WeightMismatchError
 

@@ -14,13 +14,14 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.config import load_config
-from hone.orchestration import components, lifecycle
-from hone.orchestration.learner import Learner
-from hone.orchestration.loop import train
-from hone.orchestration.producer import ScoredGroups
-from hone.orchestration.weights import LocalWeightChannel, WeightPublishTimeout
+from hone.rl import components
+from hone.rl.learner import Learner
+from hone.rl.loop import train
+from hone.rl.placement.weights import LocalWeightChannel, WeightPublishTimeout
+from hone.rl.producer import ScoredGroups
 from hone.rollout import HFSampler
 from hone.rollout.engines import hf as hf_engine
+from hone.run import lifecycle
 from tests.conftest import char_tokenizer
 from tests.helpers import (
     ATOL,
@@ -222,7 +223,7 @@ def test_a_bf16_sampler_copy_gets_each_publish_cast_and_trains(tmp_path: Path, m
     policy, and a run trains with log-probs that differ from the fp32 trainer's by bf16 rounding only."""
     import json
 
-    from hone.orchestration.components import build_components
+    from hone.rl.components import build_components
     from tests.helpers import TOKEN_REWARD, train_tiny
 
     cfg = load_config(

@@ -1,5 +1,5 @@
 """mkdocs hook: the command-line reference page (`reference/cli.md`), generated from
-`hone.cli_parser.parser()` at every build, so it can never go stale. The page is not a file in `docs/`: `on_files` adds it, and
+`hone.cli.parser.parser()` at every build, so it can never go stale. The page is not a file in `docs/`: `on_files` adds it, and
 `on_page_markdown` fills it with each command's `--help` text."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _help(parser: argparse.ArgumentParser) -> str:
 
 
 def cli_markdown() -> str:
-    from hone.cli_parser import parser as _parser
+    from hone.cli.parser import parser as _parser
 
     parser = _parser()
     parts = [INTRO, "## hone\n", "```text\n" + _help(parser) + "\n```\n"]

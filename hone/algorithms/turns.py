@@ -1,6 +1,6 @@
 """Multi-turn advantage estimators: credit per assistant turn of an episode.
 
-Batch inputs (from `hone.orchestration.collate.turn_tensors`): `turn_rewards`, `turn_mask` [B, K] (K =
+Batch inputs (from `hone.training.collate.turn_tensors`): `turn_rewards`, `turn_mask` [B, K] (K =
 most turns in the batch; turns are contiguous from 0), `token_turns` [B, T] (each response position's
 turn, -1 on prompt, observation and padding positions) and `turn_anchors` [B, K] (an id per turn of the
 state it was taken in: turns whose contexts, everything before their first token, are identical share

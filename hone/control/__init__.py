@@ -1,2 +1,5 @@
-"""Classic control and robotics on Hone's algorithm core: gymnasium vector environments, actor-critic
-policies, and rollout collection. The loop that drives them is `hone.orchestration.control_loop`."""
+"""Classic control and robotics on Hone's algorithm core: gymnasium vector environments, policy networks,
+replay, datasets and evaluation; `algos/` (the learners) and `loops/` (the runs that drive them).
+
+Imports: `run`, `training`'s optimizer pieces, `algorithms` and the leaves; never `rl` (a CartPole run
+loads no language-model code)."""

@@ -1,6 +1,6 @@
 """What every control loop shares: the deterministic evaluation, the run's result, and the saved policy
-that `hone eval` plays (PPO's `hone.orchestration.control_loop`, SAC/TD3's
-`hone.orchestration.control_offpolicy`).
+that `hone eval` plays (PPO's `hone.control.loops.onpolicy`, SAC/TD3's
+`hone.control.loops.offpolicy`).
 
 A control run's `model/` folder (its final one, and each checkpoint's) holds `policy.safetensors` (PPO's
 actor-critic, or SAC's / TD3's actor with its action scale and bias) and `normalization.json` (the

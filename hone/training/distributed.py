@@ -17,8 +17,8 @@ replicated, gradients all-reduced, the same code path as `fsdp2` (as torchtitan 
 Weights leave the ranks through `full_state_dict` (a gather every rank joins at one point; rank 0 gets
 the dict) and checkpoints through `save_sharded`/`load_sharded` (PyTorch's DCP, loadable at another
 world size; `GatheredModel`, `Shards`, `FullOptimizer` are the checkpoint parts). What starts and
-coordinates the ranks is `hone.orchestration.launch` (or torchrun, or Ray: `ray_learners`) and
-`hone.orchestration.learner_ranks`.
+coordinates the ranks is `hone.rl.ranks.launch` (or torchrun, or Ray: `ray_learners`) and
+`hone.rl.ranks.learners`.
 
 Departures from a one-process run, on purpose: the trainer's micro-batches forward rows whole, without
 the shared-prompt forward (one or two model calls by the rows: every rank must make the same calls); with

@@ -26,7 +26,7 @@ from hone.config import load_config
 from hone.envs.games import ToolArithmetic
 from hone.envs.tools import calculator as hone_calculator
 from hone.models.tiny import build_byte_tokenizer
-from hone.orchestration.loop import train
+from hone.rl.loop import train
 from hone.rollout import HFSampler, endpoint
 from hone.rollout.agent import AgentEpisodes, load_agent
 from hone.rollout.chat_request import ChatRequest, read_request

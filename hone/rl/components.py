@@ -1,0 +1,169 @@
+"""Build a run's parts from its config, each by its owner: data splits (`hone.data.splits`), the reward
+(`hone.rewards.resolve`), the policy (`hone.training.models`), the sampler (`hone.rollout.engines`).
+
+Cheap checks come first (data files, rows, reward import, model path), so bad input fails in
+seconds with one clear line, before any model is loaded or trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from hone.config import HoneConfig
+from hone.data import Task
+from hone.data.splits import load_data
+from hone.envs import Environment, release_envs
+from hone.envs import make_env as _make_env
+from hone.envs.parsers import get_parser
+from hone.models import resolve_model
+from hone.rewards import RewardScorer
+from hone.rewards.resolve import load_reward
+from hone.rl.placement.weights import LocalWeightChannel, WeightChannel
+from hone.rollout import Sampler
+from hone.rollout.agent import AgentEpisodes, load_agent
+from hone.rollout.engines import WeightSource, get_engine
+from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.run.lifecycle import SetupError
+from hone.training.models import check_teacher_tokenizer, check_tokenizer, load_policy, pad_token_id
+from hone.training.policy import Policy
+from hone.types import Sample
+
+
+@dataclass(kw_only=True)
+class RunComponents:
+    policy: Policy
+    ref_policy: Policy | None
+    sampler: Sampler
+    weights: WeightChannel  # the policy's weights → the sampler's own copy, versioned
+    weight_source: WeightSource  # what a publish sends (`weight_source`; on N ranks the gathered weights)
+    reward: RewardScorer
+    train_samples: list[Sample]
+    eval_samples: list[Sample]
+    task: Task | None
+    pad_id: int
+    model_path: str
+    episodes: Episodes | None = None  # multi-turn runs: a fresh environment per episode, and limits
+    agent: AgentEpisodes | None = None  # `rollout.agent`: it plays the episodes, through the endpoint
+    teacher: Policy | None = None  # `distill.teacher`, loaded with the reference when RL starts
+
+
+def build_components(cfg: HoneConfig) -> RunComponents:
+    make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    agent_spec = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
+    if agent_spec is not None:
+        try:  # a bad name fails before the model loads
+            get_parser(cfg.rollout.agent_tool_parser)
+        except ValueError as e:
+            raise ValueError(f"rollout.agent_tool_parser: {e}") from None
+    task, train_samples, eval_samples = load_data(
+        cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
+    )
+    reward = load_reward(cfg.reward, task)
+    model_path = resolve_model(cfg.model.path)
+    policy = load_policy(cfg.model, model_path)
+    check_tokenizer(policy, model_path)
+    tokenizer = policy.tokenizer
+    assert tokenizer is not None  # check_tokenizer refuses a model without one
+    if cfg.distill.teacher is not None:  # before an SFT warm start or any sampling
+        check_teacher_tokenizer(cfg.distill, tokenizer, cfg.model.path)
+    pad_id = pad_token_id(tokenizer)
+    sampler = build_sampler(cfg, policy, model_path)
+    source = weight_source(cfg, policy)
+    episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
+    agent = None
+    if agent_spec is not None:  # last: nothing after it can fail and leave the server running
+        from hone.rollout.endpoint import EndpointServer  # aiohttp: the `agents` extra
+
+        server = EndpointServer(
+            sampler,
+            tokenizer,
+            model_name=model_path,
+            parser=cfg.rollout.agent_tool_parser,
+            port=cfg.rollout.agent_port,
+        )
+        agent = AgentEpisodes(
+            agent_spec,
+            server,
+            concurrency=cfg.rollout.agent_concurrency,
+            timeout_s=cfg.rollout.agent_timeout_s,
+            max_completions=cfg.rollout.agent_max_completions,
+        )
+    return RunComponents(
+        policy=policy,
+        ref_policy=None,
+        sampler=sampler,
+        weights=weight_channel(cfg, source, sampler),
+        weight_source=source,
+        reward=reward,
+        train_samples=train_samples,
+        eval_samples=eval_samples,
+        task=task,
+        pad_id=pad_id,
+        model_path=model_path,
+        episodes=episodes,
+        agent=agent,
+    )
+
+
+def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
+    """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0)."""
+    return get_engine(cfg.rollout.engine).build(cfg.rollout, policy, model_path, model_dtype=cfg.model.dtype)
+
+
+def weight_source(cfg: HoneConfig, policy: Policy) -> WeightSource:
+    """What a publish sends the run's samplers: the weights in the form the `rollout.engine` loads."""
+    return get_engine(cfg.rollout.engine).weight_source(policy)
+
+
+def weight_channel(cfg: HoneConfig, source: WeightSource, sampler: Sampler) -> LocalWeightChannel:
+    """The in-process channel from the policy's `source` (`weight_source`) to `sampler`."""
+    return LocalWeightChannel(
+        source,
+        sampler,
+        timeout_s=cfg.trainer.publish_timeout_s,
+        verify=cfg.trainer.verify_weights,
+        interruptible=cfg.rollout.interruptible,
+    )
+
+
+def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
+    """Another producer's view of the run (`trainer.producers`): its own sampler, a copy of the policy's
+    current weights made the version the run's sampler was last published, and the channel feeding it;
+    the reward, data and environments are shared."""
+    sampler = build_sampler(cfg, parts.policy, parts.model_path)
+    weights = weight_channel(cfg, parts.weight_source, sampler)
+    weights.publish(parts.weights.published)
+    return replace(parts, sampler=sampler, weights=weights)
+
+
+def close_samplers(*parts: RunComponents) -> None:
+    """Stop what the samplers run outside this process (a vLLM engine; the HF sampler has nothing), and
+    the agent endpoint serving them."""
+    for p in parts:
+        if p.agent is not None:
+            p.agent.close()
+        close = getattr(p.sampler, "close", None)
+        if close is not None:
+            close()
+
+
+def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> EpisodeLimits:
+    return EpisodeLimits(
+        max_turns=cfg.env.max_turns or make_env().max_turns,
+        max_tokens_per_turn=cfg.env.max_tokens_per_turn,
+        max_total_tokens=cfg.env.max_total_tokens,
+    )
+
+
+def setup_components(cfg: HoneConfig) -> RunComponents:
+    """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s.
+    A failure stops what the environment started before it (an OpenEnv server)."""
+    try:
+        try:
+            return build_components(cfg)
+        except BaseException:
+            release_envs()
+            raise
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+        raise SetupError(e.args[0] if e.args else repr(e)) from e

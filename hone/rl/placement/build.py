@@ -1,0 +1,69 @@
+"""Where the run's producers run: the one rollout source over the executor the recipe places them on.
+
+    trainer.mode: sync                       InlineExecutor(producer)             η = 0
+    trainer.mode: async, trainer.producers k  ThreadExecutor(k producers)          η = trainer.max_staleness
+    cluster.backend: ray                     RayExecutor(cluster.samplers.count)  η as the mode says
+
+The driver process always runs the loop and the learner; only the executor changes (see `rollouts`).
+"""
+
+from __future__ import annotations
+
+from hone.config import HoneConfig
+from hone.rl.components import RunComponents, close_samplers, producer_replica
+from hone.rl.placement.executors import InlineExecutor, ThreadExecutor
+from hone.rl.placement.source import Executor, PromptPlan, Rollouts
+from hone.rl.placement.staleness import StalenessController
+from hone.rl.producer import Producer, ProducerSettings
+from hone.rl.replay import ReplayBuffer
+
+
+def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None) -> Executor:
+    """The executor the recipe asks for. `replay` goes to the first producer (the config allows it only
+    when that is the only one)."""
+    retries = cfg.trainer.producer_retries
+    if cfg.cluster.backend == "ray":
+        from hone.rl.placement.ray.executor import RayExecutor  # ray: an optional extra
+
+        recipe = cfg.model_dump(mode="json")
+        return RayExecutor(
+            cfg.cluster,
+            recipe,
+            parts.weight_source,
+            parts.weights,
+            retries=retries,
+            verify=cfg.trainer.verify_weights,
+        )
+    settings = ProducerSettings.of(cfg)
+    producer = Producer(parts, settings, replay)
+    if cfg.trainer.mode == "async":
+        replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
+        return ThreadExecutor(
+            [(producer, parts.weights), *((Producer(r, settings), r.weights) for r in replicas)],
+            retries=retries,
+            on_close=lambda: close_samplers(*replicas),
+        )
+    return InlineExecutor(producer, parts.weights, retries=retries)
+
+
+def staleness_start(cfg: HoneConfig) -> int:
+    """The η an asynchronous run admits at first: `trainer.max_staleness`, or `auto`'s start (capped)."""
+    limit = cfg.trainer.max_staleness
+    return StalenessController(cfg.trainer.max_staleness_cap).limit if limit == "auto" else limit
+
+
+def rollout_source(
+    cfg: HoneConfig, parts: RunComponents, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
+) -> Rollouts:
+    """The run's rollout source from step `start` (a resumed run's), at the weight version `parts.weights`
+    holds: admission η = `trainer.max_staleness` when asynchronous, 0 when synchronous."""
+    ahead = staleness_start(cfg) if cfg.trainer.mode == "async" else 0
+    return Rollouts(
+        executor(cfg, parts, replay),
+        plan,
+        start=start,
+        steps=cfg.run.steps,
+        ahead=ahead,
+        version=parts.weights.published,
+        whole_steps=cfg.trainer.producer_split == "steps",
+    )

@@ -1,0 +1,205 @@
+"""What runs in Ray actors: sampler actors (an engine, the reward and environments, producing shares of
+steps) and reward workers (a `RewardScorer`, scoring what sampler actors send them).
+
+Neither holds anything of the learner: a sampler actor loads the model once, as its engine's (no
+trainable copy beside it), with its own tokenizer, and takes each weight version from the object store;
+a reward worker builds only the reward (and the task it grades against), not the training set.
+
+Files: every actor works in the driver's directory when its node has it, so relative paths in a recipe
+(model.path, data files) mean the same as locally.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from hone.config import HoneConfig
+from hone.data.splits import load_data, load_task
+from hone.envs import make_env as _make_env
+from hone.models import resolve_model
+from hone.models.tokens import pad_token_id
+from hone.rewards.resolve import load_reward
+from hone.rl.components import RunComponents, build_sampler, episode_limits
+from hone.rl.placement.ray.cluster import RayClusterError, await_restart
+from hone.rl.placement.source import produce_with_retries
+from hone.rl.placement.weights import LocalWeightChannel
+from hone.rl.producer import Producer, ProducerSettings, PromptBatch, ScoredGroups
+from hone.rollout import HFSampler, Sampler
+from hone.rollout.fingerprint import Fingerprint, Fingerprinted
+from hone.rollout.multiturn import Episodes
+from hone.training.models import load_policy
+from hone.training.policy import Policy
+from hone.types import Rollout, Sample
+
+log = logging.getLogger("hone")
+
+# How long one call on an actor may take before the run stops with a line instead of waiting forever.
+CALL_TIMEOUT_S = 3600.0
+
+
+def enter(cwd: str, threads: int) -> None:
+    """An actor's start: the driver's directory (when this node has it) and its torch threads."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
+    # As `hone.cli` does for a local run: an attached cluster's workers do not have the driver's environment.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+class RewardActor:
+    """A reward worker: the run's reward built from the recipe, scoring what sampler actors send it."""
+
+    def __init__(self, cfg: dict[str, Any], cwd: str, threads: int) -> None:
+        enter(cwd, threads)
+        config = HoneConfig.model_validate(cfg)
+        self.scorer = load_reward(config.reward, load_task(config.data))  # the task only: no training set
+
+    def __repr__(self) -> str:  # Ray prefixes the lines it forwards to the driver with this
+        return "reward-worker"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def score(
+        self, rollouts: list[Rollout], samples_by_id: dict[str, Sample]
+    ) -> tuple[list[Rollout], dict[str, float]]:
+        metrics = self.scorer.score(rollouts, samples_by_id)
+        return rollouts, metrics
+
+
+class RemoteRewards:
+    """Stands in for the sampler actor's `RewardScorer`: splits the rollouts over the reward workers and
+    writes their grades back in place; the outage bookkeeping stays the local scorer's. A worker that
+    died is waited for (Ray restarts it) and its rollouts scored again, counted in `faults/actor_restarts`."""
+
+    def __init__(self, workers: list[Any], local: Any, timeout: float) -> None:
+        import ray
+
+        self._ray, self.workers, self.outage, self.correctness = ray, workers, local.outage, local.correctness
+        self.timeout = timeout
+
+    def score(self, rollouts: list[Rollout], samples_by_id: dict[str, Sample]) -> dict[str, float]:
+        ray, count = self._ray, len(self.workers)
+        chunks = [(k, rollouts[k::count]) for k in range(count) if rollouts[k::count]]
+
+        def send(k: int, chunk: list[Rollout]) -> Any:
+            samples = {r.sample_id: samples_by_id[r.sample_id] for r in chunk}
+            return self.workers[k].score.remote(chunk, samples)
+
+        refs = {k: send(k, chunk) for k, chunk in chunks}  # all in flight at once
+        metrics: dict[str, float] = {"faults/actor_restarts": 0.0}
+        for k, chunk in chunks:
+            while True:
+                try:
+                    scored, part = ray.get(refs[k], timeout=CALL_TIMEOUT_S)
+                    break
+                except ray.exceptions.RayActorError:
+                    metrics["faults/actor_restarts"] += 1
+                    log.warning("reward worker %d died; restarted, scoring its rollouts again", k)
+                    await_restart(self.workers[k], f"reward worker {k}", self.timeout)
+                    refs[k] = send(k, chunk)
+                except ray.exceptions.RayTaskError as e:  # the reward raised: as if it had run here
+                    raise e.cause from e
+                except ray.exceptions.GetTimeoutError:
+                    raise RayClusterError(
+                        f"reward worker {k} scored nothing within {CALL_TIMEOUT_S:g} s"
+                    ) from None
+            for mine, theirs in zip(chunk, scored, strict=True):
+                mine.reward, mine.reward_parts = theirs.reward, theirs.reward_parts
+                mine.metrics.update(theirs.metrics)
+            for key, value in part.items():  # counts add up, means are weighted by the chunk's size
+                share = 1.0 if key in ("reward/errors", "reward/timeouts") else len(chunk) / len(rollouts)
+                metrics[key] = metrics.get(key, 0.0) + value * share
+        return metrics
+
+
+def sampler_engine(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
+    """A sampler actor's engine over the one model it loaded (`policy`: no optimizer, nothing trains it).
+    The HF engine takes that model itself (a local run's sampler needs its own copy,
+    `components.sampler_model`, because the learner trains the original; here nothing else uses it): the
+    same module, LoRA wrapper and `requires_grad` flags as the local copy, so one actor samples bit for
+    bit what a local run does. vLLM loads the model files itself (`components.build_sampler`)."""
+    if cfg.rollout.engine != "hf":
+        return build_sampler(cfg, policy, model_path)
+    assert policy.tokenizer is not None  # `Policy.from_pretrained` loads one
+    model: torch.nn.Module = policy.model
+    return HFSampler(
+        model.to(torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else model,
+        policy.tokenizer,
+        max_batch_size=cfg.rollout.max_batch_size,
+        prefix_cache=cfg.rollout.prefix_cache,
+    )
+
+
+class SamplerActor:
+    """A producer in its own process: an engine, the reward (or `RemoteRewards` over the reward workers),
+    the environments and the training prompts (dynamic sampling refills from them); `load` installs a
+    weight version, `produce` produces a share (retried as locally: `produce_with_retries`). Ray runs an
+    actor's calls one at a time, in order, so a `load` lands between shares: every share is sampled with
+    one version, and every share submitted after a publish with that version or a newer one."""
+
+    def __init__(self, cfg: dict[str, Any], cwd: str, threads: int, reward_workers: list[Any]) -> None:
+        enter(cwd, threads)
+        config = HoneConfig.model_validate(cfg)
+        self.cfg = config
+        make_env = _make_env(config.env.name, config.env.args) if config.env.name else None
+        task, train_samples, _ = load_data(
+            config.data,
+            eval_size=config.eval.size,
+            seed=config.run.seed,
+            make_env=make_env,
+            env_args=config.env.args,
+        )
+        reward: Any = load_reward(config.reward, task)
+        if reward_workers:
+            reward = RemoteRewards(reward_workers, reward, config.cluster.start_timeout_s)
+        model_path = resolve_model(config.model.path)
+        policy = load_policy(config.model, model_path)  # the model as the learner builds it; no optimizer
+        tokenizer = policy.tokenizer
+        assert tokenizer is not None  # `from_pretrained` loads one
+        self.engine = sampler_engine(config, policy, model_path)
+        pad_id = pad_token_id(tokenizer)
+        # `Producer` reads the tokenizer as `parts.policy.tokenizer`; the channel is unused here (`load`).
+        parts = RunComponents(
+            policy=policy,
+            ref_policy=None,
+            sampler=self.engine,
+            weights=LocalWeightChannel(dict, self.engine, timeout_s=config.trainer.publish_timeout_s),
+            weight_source=dict,
+            reward=reward,
+            train_samples=train_samples,
+            eval_samples=[],
+            task=task,
+            pad_id=pad_id,
+            model_path=model_path,
+            episodes=None if make_env is None else Episodes(make_env, episode_limits(config, make_env)),
+        )
+        self.producer = Producer(parts, ProducerSettings.of(config))
+
+    def __repr__(self) -> str:
+        return "sampler"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[int, Fingerprint | None]:
+        """Install `tensors` as `version`; the version the engine then says it holds and the fingerprint
+        of the weights it holds (None: the engine cannot report one), which the driver verifies."""
+        self.engine.load_weights(tensors, version)
+        held = self.engine.weights_fingerprint(tensors) if isinstance(self.engine, Fingerprinted) else None
+        return self.engine.policy_version, held
+
+    def produce(self, prompts: PromptBatch, retries: int) -> ScoredGroups:
+        return produce_with_retries(self.producer, prompts, retries)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
