@@ -71,10 +71,10 @@ SAC_TASKS: dict[str, dict] = {
         "steps": 100_000,
         "target": None,  # no bar: how far each gets on the same budget
         "hone": [
-            "trainer.lr=3e-4",
-            "control.q_lr=null",
-            "control.policy_delay=1",
-            "control.learning_starts=10000",
+            "control.lr=3e-4",
+            "control.offpolicy.q_lr=null",
+            "control.offpolicy.policy_delay=1",
+            "control.offpolicy.learning_starts=10000",
         ],
         "sb3": {"learning_rate": 3e-4, "learning_starts": 10_000},
     },
@@ -86,7 +86,7 @@ SAC_TASKS: dict[str, dict] = {
         "steps": 50_000,
         "target": None,
         "algo": "td3",
-        "hone": ["trainer.lr=1e-3", "control.learning_starts=10000"],
+        "hone": ["control.lr=1e-3", "control.offpolicy.learning_starts=10000"],
         "sb3": {"learning_rate": 1e-3, "learning_starts": 10_000, "policy_kwargs": {"net_arch": [256, 256]}},
     },
 }

@@ -37,7 +37,7 @@ CASES = [
         "halfcheetah-ppo",
         "HalfCheetah-v5",
         4,
-        ["control.rollout_steps=512", "trainer.mini_batches=32"],
+        ["control.rollout_steps=512", "control.ppo.mini_batches=32"],
         4096,
     ),
 ]

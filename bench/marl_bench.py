@@ -2,7 +2,7 @@
 
 The setting is the recipe `simple-spread-mappo` (3 agents, max_cycles 25, local_ratio 0.5, discrete
 actions; JaxMARL's IPPO MPE hyperparameters with the budget scaled to a CPU), seed 0. MAPPO is the recipe
-as is (`control.multi_agent_critic: centralized`: the critic reads the joint observation and the agent's
+as is (`control.ppo.multi_agent_critic: centralized`: the critic reads the joint observation and the agent's
 index); IPPO the same with `independent` (each agent's critic reads its own observation). Both share one
 actor and one critic across the agents.
 
@@ -48,8 +48,9 @@ def _overrides(run_dir: str, args: argparse.Namespace) -> list[str]:
 
 
 def random_team(episodes: int) -> float:
-    from hone.config import load_config
     from hone.control.loops.marl import evaluate
+
+    from hone.config import load_config
 
     cfg = load_config("simple-spread-mappo", [f"control.eval_episodes={episodes}"])
     assert cfg.control is not None
@@ -63,7 +64,11 @@ def train(team: str, run_dir: str, args: argparse.Namespace) -> dict[str, object
     from hone.control.loops.onpolicy import evaluate_saved, train_control
     from hone.tracking import read_metrics
 
-    overrides = [*_overrides(run_dir, args), f"run.name={team}", f"control.multi_agent_critic={TEAMS[team]}"]
+    overrides = [
+        *_overrides(run_dir, args),
+        f"run.name={team}",
+        f"control.ppo.multi_agent_critic={TEAMS[team]}",
+    ]
     cfg = load_config("simple-spread-mappo", overrides)
     cpu, wall = time.process_time(), time.perf_counter()
     result = train_control(cfg)

@@ -138,8 +138,8 @@ def train_offline(
         f"run.name={name}",
         f"run.dir={runs}",
         f"data.source=minari:{dataset}",
-        f"control.dataset_root={root}",
-        f"control.offline_updates={updates}",
+        f"control.offline.dataset_root={root}",
+        f"control.offline.updates={updates}",
         "logging.plot=[]",
         "logging.progress=false",
         *extra,
@@ -212,7 +212,7 @@ def table(
 ) -> None:
     jobs = [(a, s) for a in args.algorithms for s in args.seeds]
     started = time.perf_counter()
-    cql = [f"control.cql_samples={args.cql_samples}"]
+    cql = [f"control.offline.cql_samples={args.cql_samples}"]
     with ThreadPoolExecutor(args.jobs) as pool:
         done = list(
             pool.map(
@@ -244,7 +244,11 @@ def table(
 
 
 def online(args: argparse.Namespace, dataset: str, root: Path, runs: Path, report: dict) -> None:
-    common = ["control.offline_updates=0", f"control.online_steps={args.online_steps}", "run.eval_every=5"]
+    common = [
+        "control.offline.updates=0",
+        f"control.offline.online_steps={args.online_steps}",
+        "run.eval_every=5",
+    ]
     seed = args.seeds[0]
     pairs = [
         ("online-from-iql", ["--init", str(runs / run_name("iql", args.updates, seed))]),
@@ -261,7 +265,7 @@ def online(args: argparse.Namespace, dataset: str, root: Path, runs: Path, repor
             f"run.name={name}",
             f"run.dir={runs}",
             f"data.source=minari:{dataset}",
-            f"control.dataset_root={root}",
+            f"control.offline.dataset_root={root}",
             "logging.plot=[]",
             "logging.progress=false",
             *common,
@@ -316,7 +320,7 @@ def fqe_ranking(
             str(step),
             "--ope",
             f"data.source=minari:{dataset}",
-            f"control.dataset_root={root}",
+            f"control.offline.dataset_root={root}",
         )
         estimates.append(float(next(x for x in out.split("\n") if "ope/fqe_return" in x).split()[-1]))
     rho = spearman(estimates, truths)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-F = TypeVar("F", bound=Callable[..., object])
+F = TypeVar("F")
 
 
 class Registry(dict[str, F], Generic[F]):
-    """A dict of named functions whose missing-key error lists what is registered."""
+    """A dict of named functions (or descriptions: a control algorithm's parts) whose missing-key error
+    lists what is registered."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()

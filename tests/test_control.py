@@ -71,11 +71,13 @@ def test_an_unknown_env_is_one_line_and_writes_nothing(
     assert not (tmp_path / "c").exists()
 
 
-def test_control_needs_gae_and_no_critic_section() -> None:
+def test_control_takes_no_critic_section_and_no_language_model_key() -> None:
     from hone.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"control: needs algorithm\.advantage: gae"):
-        load_config("cartpole-ppo", ["algorithm.advantage=grpo"])
+    with pytest.raises(ConfigError, match=r"control: needs no critic section"):
+        load_config("cartpole-ppo", ["critic.lr=1e-3"])
+    with pytest.raises(ConfigError, match=r"control: algorithm\.advantage: language-model keys"):
+        load_config("cartpole-ppo", ["algorithm.advantage=rloo"])
 
 
 def _identity() -> Normalizer:

@@ -242,7 +242,7 @@ def test_the_highway_recipe_trains_and_reports_its_collision_rate(tmp_path: Path
         "control.rollout_steps=16",
         "control.env_steps=64",
         "control.eval_episodes=1",
-        "trainer.mini_batches=2",
+        "control.ppo.mini_batches=2",
         "logging.progress=false",
         "logging.tensorboard=false",
         "logging.plot=[]",

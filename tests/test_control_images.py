@@ -120,9 +120,9 @@ def test_ppo_learns_the_image_task_through_hone_train(tmp_path: Path) -> None:
             "control.env_steps": 1536,
             "control.rollout_steps": 16,
             "control.eval_episodes": 20,
-            "trainer.lr": 1e-3,
-            "trainer.ppo_epochs": 4,
-            "trainer.mini_batches": 2,
+            "control.lr": 1e-3,
+            "control.ppo.epochs": 4,
+            "control.ppo.mini_batches": 2,
         },
     )
     assert main(["train", *args]) == 0

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hone.control.loops.marl import evaluate
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS
 from hone.cli import main
 from hone.config import ControlConfig, load_config
 from hone.control.algos.ppo import collect as _collect
 from hone.control.envs import ControlEnvError
-from hone.control.loops.marl import evaluate
 from hone.control.multiagent import ParallelBatch, SharedActorCritic
 from hone.control.normalize import Normalizer
 from hone.tracking import read_metrics
@@ -254,7 +254,7 @@ def test_mappo_and_ippo_train_through_hone_train(
         "control.rollout_steps=32",
         "control.env_steps=128",
         "control.eval_episodes=2",
-        f"control.multi_agent_critic={critic}",
+        f"control.ppo.multi_agent_critic={critic}",
         "logging.progress=false",
         "logging.tensorboard=false",
         "logging.plot=[]",

@@ -66,11 +66,11 @@ def _offline(tmp_path: Path, root: Path, name: str, *extra: str) -> list[str]:
         "train",
         "pendulum-iql",
         f"data.source=minari:{DATASET}",
-        f"control.dataset_root={root}",
-        "control.offline_updates=200",
-        "control.updates_per_step=100",
+        f"control.offline.dataset_root={root}",
+        "control.offline.updates=200",
+        "control.offline.updates_per_step=100",
         "control.hidden_sizes=[32,32]",
-        "control.batch_size=64",
+        "control.offpolicy.batch_size=64",
         *_quiet(tmp_path, name),
         *extra,
     ]
@@ -144,7 +144,7 @@ def test_iql_trains_saves_and_hone_eval_plays_it(
 
 @pytest.mark.parametrize("algorithm", ["bc", "td3_bc", "awr", "cql"])
 def test_every_offline_algorithm_trains(tmp_path: Path, root: Path, algorithm: str) -> None:
-    extra = ["control.cql_samples=2"] if algorithm == "cql" else []
+    extra = ["control.offline.cql_samples=2"] if algorithm == "cql" else []
     assert main(_offline(tmp_path, root, algorithm, f"control.algorithm={algorithm}", *extra)) == 0
     last = read_metrics(tmp_path / "runs" / algorithm / "metrics.jsonl")[-1]
     assert math.isfinite(last["eval/return"]) and math.isfinite(last["loss/actor"])
@@ -154,7 +154,7 @@ def test_every_offline_algorithm_trains(tmp_path: Path, root: Path, algorithm: s
 def test_init_goes_on_online_from_the_offline_learner(tmp_path: Path, root: Path) -> None:
     assert main(_offline(tmp_path, root, "offline-run")) == 0
     offline_final = read_metrics(tmp_path / "runs" / "offline-run" / "metrics.jsonl")[-1]["eval/return"]
-    online = ["control.offline_updates=0", "control.online_steps=400", "control.rollout_steps=200"]
+    online = ["control.offline.updates=0", "control.offline.online_steps=400", "control.rollout_steps=200"]
     assert (
         main(
             [
@@ -172,7 +172,7 @@ def test_init_goes_on_online_from_the_offline_learner(tmp_path: Path, root: Path
 
 
 def test_init_keeps_this_runs_learning_rates(tmp_path: Path, root: Path) -> None:
-    """The offline run's optimizer moments, but the fine-tuning run's own `trainer.lr` (a loaded Adam state
+    """The offline run's optimizer moments, but the fine-tuning run's own `control.lr` (a loaded Adam state
     would otherwise bring back the offline run's)."""
     import gymnasium as gym
 
@@ -180,9 +180,12 @@ def test_init_keeps_this_runs_learning_rates(tmp_path: Path, root: Path) -> None
     from hone.control.algos.offline import make_learner
     from hone.control.loops.offline import load_learner
 
-    assert main(_offline(tmp_path, root, "lr-source", "control.algorithm=cql", "control.cql_samples=2")) == 0
+    assert (
+        main(_offline(tmp_path, root, "lr-source", "control.algorithm=cql", "control.offline.cql_samples=2"))
+        == 0
+    )
     cfg = load_config("pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]",
-                                       "trainer.lr=1e-5", "control.q_lr=2e-5"])  # fmt: skip
+                                       "control.lr=1e-5", "control.offpolicy.q_lr=2e-5"])  # fmt: skip
     assert cfg.control is not None
     learner = make_learner(cfg, 3, gym.spaces.Box(-2.0, 2.0, (1,)))
     load_learner(learner, tmp_path / "runs" / "lr-source", cfg.control)
@@ -225,9 +228,9 @@ def test_behaviour_cloning_recovers_a_deterministic_policy(tmp_path: Path) -> No
         "bc",
         "control.algorithm=bc",
         "data.source=minari:hone/pendulum/linear-v0",
-        "control.offline_updates=600",
-        "control.holdout=0.2",
-        "trainer.lr=1e-3",
+        "control.offline.updates=600",
+        "control.offline.holdout=0.2",
+        "control.lr=1e-3",
     )
     assert main(args) == 0
     rows = read_metrics(tmp_path / "runs" / "bc" / "metrics.jsonl")
@@ -313,7 +316,7 @@ def test_no_dataset_no_overwrite_and_init_mismatch_are_one_line(
         write_dataset("hone/empty-v0", [], root=tmp_path, env=gym.make("Pendulum-v1"), algorithm_name="x")
     assert main([*_offline(tmp_path, root, "nodata"), "data.source=null"]) == 2
     assert "set data.source: minari:<id>" in capsys.readouterr().err
-    assert main(_offline(tmp_path, root, "b", "control.algorithm=bc", "control.offline_updates=100")) == 0
+    assert main(_offline(tmp_path, root, "b", "control.algorithm=bc", "control.offline.updates=100")) == 0
     assert main([*_offline(tmp_path, root, "i"), "--init", str(tmp_path / "runs" / "b")]) == 2
     assert "not a control.algorithm iql learner of this shape" in capsys.readouterr().err
     assert (
@@ -325,7 +328,9 @@ def test_no_dataset_no_overwrite_and_init_mismatch_are_one_line(
 def test_hone_eval_ope_reports_fqe(tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(_offline(tmp_path, root, "o", "control.algorithm=bc")) == 0
     capsys.readouterr()
-    assert main(["eval", "--run", str(tmp_path / "runs" / "o"), "--ope", "control.fqe_updates=300"]) == 0
+    assert (
+        main(["eval", "--run", str(tmp_path / "runs" / "o"), "--ope", "control.offline.fqe_updates=300"]) == 0
+    )
     out = capsys.readouterr().out
     estimate = float(next(line for line in out.splitlines() if "ope/fqe_return" in line).split()[-1])
     assert -1700 < estimate < 0  # Pendulum's per-step reward is in [-16.3, 0]: |J_γ| ≤ 16.3 / (1 - γ)
@@ -341,7 +346,7 @@ def test_cql_pushes_q_down_on_actions_the_data_lacks() -> None:
 
     torch.manual_seed(0)
     cfg = load_config(
-        "pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]", "trainer.lr=1e-3"]
+        "pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]", "control.lr=1e-3"]
     )
     learner = CQLLearner(cfg, 3, gym.spaces.Box(-2.0, 2.0, (1,)))
     obs = torch.rand(64, 3) * 2 - 1
@@ -365,7 +370,7 @@ def test_resume_of_an_offline_run_is_bit_identical(tmp_path: Path, root: Path) -
 
     args = [
         *_offline(
-            tmp_path, root, "whole", "control.offline_updates=400", "run.save_every=2", "run.keep_last=5"
+            tmp_path, root, "whole", "control.offline.updates=400", "run.save_every=2", "run.keep_last=5"
         )
     ]
     assert main(args) == 0

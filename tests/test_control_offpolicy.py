@@ -13,8 +13,10 @@ import torch
 
 from hone.cli import main
 from hone.config import ConfigError, load_config
-from hone.control.envs import make_vector_env
-from hone.control.loops.offpolicy import OffPolicyLearner, env_step
+from hone.control.algos import check_algorithm
+from hone.control.algos.sac_td3 import OffPolicyLearner
+from hone.control.envs import ControlEnvError, make_vector_env
+from hone.control.loops.offpolicy import env_step
 from hone.control.replay import ReplayBuffer
 from hone.tracking import read_metrics
 
@@ -30,8 +32,8 @@ def _quick(tmp_path: Path, recipe: str = "pendulum-sac", **extra: object) -> lis
         "run.eval_every": 2,
         "control.env_steps": 400,
         "control.rollout_steps": 100,
-        "control.learning_starts": 100,
-        "control.batch_size": 32,
+        "control.offpolicy.learning_starts": 100,
+        "control.offpolicy.batch_size": 32,
         "control.hidden_sizes": "[32,32]",
         "control.eval_episodes": 1,
         "logging.progress": "false",
@@ -80,11 +82,11 @@ def test_a_discrete_env_with_sac_is_one_line_and_writes_nothing(
     assert not (tmp_path / "c").exists()
 
 
-def test_sac_and_td3_read_no_advantage_estimator_but_ppo_needs_gae() -> None:
-    cfg = load_config("pendulum-sac")  # algorithm.advantage is left at its default (grpo): not read
+def test_sac_refuses_keys_of_another_algorithm_and_normalisation() -> None:
+    cfg = load_config("pendulum-sac")
     assert cfg.control is not None and cfg.control.algorithm == "sac"
-    with pytest.raises(ConfigError, match=r"algorithm\.advantage: gae with control\.algorithm ppo"):
-        load_config("pendulum-sac", ["control.algorithm=ppo"])
+    with pytest.raises(ControlEnvError, match=r"control\.ppo\.lam: not read by control\.algorithm sac"):
+        check_algorithm(load_config("pendulum-sac", ["control.ppo.lam=0.9"]))
     with pytest.raises(ConfigError, match=r"not with control\.algorithm sac"):
         load_config("pendulum-sac", ["control.normalize_obs=true"])
 
@@ -98,12 +100,12 @@ def _slide(goal: int, limit: int, algorithm: str = "sac") -> tuple[object, OffPo
             f"control.env_args={{goal: {goal}, limit: {limit}}}",
             f"control.algorithm={algorithm}",
             "control.hidden_sizes=[8]",
-            "control.init_alpha=1.0e-9",
+            "control.offpolicy.init_alpha=1.0e-9",
         ],
     )
     assert cfg.control is not None
     envs = make_vector_env(cfg.control, seed=0)
-    return envs, OffPolicyLearner(cfg, 1, envs.single_action_space)
+    return envs, OffPolicyLearner(cfg.control, 1, envs.single_action_space, sac=algorithm == "sac")
 
 
 @pytest.mark.parametrize(
@@ -194,14 +196,23 @@ def test_the_critic_target_does_not_bootstrap_a_terminated_transition(algorithm:
 def test_halfcheetah_sac_has_cleanrls_two_learning_rates_and_delayed_actor() -> None:
     """CleanRL's sac_continuous_action: policy lr 3e-4, q lr 1e-3 (also α's), policy_frequency 2 = two actor
     (and α) steps every second update, the critics and their targets every update."""
-    overrides = [f"control.env={SLIDE}", "control.hidden_sizes=[8]", "control.batch_size=4"]
+    overrides = [f"control.env={SLIDE}", "control.hidden_sizes=[8]", "control.offpolicy.batch_size=4"]
     cfg = load_config("halfcheetah-sac", overrides)
     assert cfg.control is not None
     control = cfg.control
-    assert (control.env_steps, control.buffer_size, control.learning_starts) == (1_000_000, 1_000_000, 5000)
-    assert (control.batch_size, control.tau, cfg.algorithm.gamma, control.autotune) == (4, 0.005, 0.99, True)
+    assert (control.env_steps, control.offpolicy.buffer_size, control.offpolicy.learning_starts) == (
+        1_000_000,
+        1_000_000,
+        5000,
+    )
+    assert (
+        control.offpolicy.batch_size,
+        control.offpolicy.tau,
+        cfg.control.gamma,
+        control.offpolicy.autotune,
+    ) == (4, 0.005, 0.99, True)
     envs = make_vector_env(control, seed=0)
-    learner = OffPolicyLearner(cfg, 1, envs.single_action_space)
+    learner = OffPolicyLearner(control, 1, envs.single_action_space, sac=True)
     envs.close()
     assert [g["lr"] for g in learner.actor_opt.param_groups] == [3e-4]
     assert learner.alpha_opt is not None

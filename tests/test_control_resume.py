@@ -26,7 +26,7 @@ def _args(tmp_path: Path, name: str, algorithm: str, steps: int) -> list[str]:
             "control.env_steps": steps * 256,
             "control.normalize_obs": "true",
             "control.normalize_reward": "true",
-            "trainer.schedule": "constant",  # linear decays over the run's length: K and 2K steps differ
+            "control.schedule": "constant",  # linear decays over the run's length: K and 2K steps differ
         }
     else:  # Pendulum (or Hopper): 70 steps per RL step, so a checkpoint falls mid-episode
         recipe = "pendulum-sac"
@@ -36,8 +36,8 @@ def _args(tmp_path: Path, name: str, algorithm: str, steps: int) -> list[str]:
             "control.algorithm": algorithm.removesuffix("-mujoco"),
             "control.env_steps": steps * 70,
             "control.rollout_steps": 70,
-            "control.learning_starts": 100,
-            "control.batch_size": 32,
+            "control.offpolicy.learning_starts": 100,
+            "control.offpolicy.batch_size": 32,
             "control.hidden_sizes": "[32,32]",
         }
     settings = {

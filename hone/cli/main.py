@@ -104,13 +104,6 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 
     if ranks.rank > 0:
         return _follow(cfg, ranks)
-    if cfg.control is not None:
-        from hone.control.loops.onpolicy import control_summary, train_control
-
-        started = time.perf_counter()
-        init = Path(ns.init) if ns.init else None
-        print(control_summary(train_control(cfg, bool(ns.resume), init), time.perf_counter() - started))
-        return 0
     if ns.init:
         raise ConfigError("--init: control runs with an offline algorithm only (language models: model.path)")
     if ns.dry_run:
@@ -126,6 +119,24 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     warning = nothing_learned(result.tally)
     if warning:  # the run worked, but taught nothing: loud, on stderr (the exit code stays 0)
         print(warning, file=sys.stderr)
+    return 0
+
+
+def _train_control(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    """`hone train` of a `control:` recipe: one process, no language-model code loaded."""
+    from hone.control.loops import control_summary, train_control
+
+    assert cfg.control is not None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: every rank would train the same run
+        raise ConfigError("control: runs in one process; start it without torchrun (WORLD_SIZE > 1)")
+    started = time.perf_counter()
+    init = Path(ns.init) if ns.init else None
+    result = train_control(cfg, bool(ns.resume), init, dry_run=bool(ns.dry_run))
+    if isinstance(result, str):  # --dry-run: what a start found; nothing was written
+        print(f"{cfg.control.algorithm} on {cfg.control.env}: {result}")
+        print("dry run: recipe, environment, networks (and dataset) are fine; nothing was trained or written")
+        return 0
+    print(control_summary(result, time.perf_counter() - started))
     return 0
 
 
@@ -165,7 +176,7 @@ def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 
 def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     if cfg.control is not None:  # a control run's policy: episodes, not prompts
-        from hone.control.loops.onpolicy import evaluate_saved
+        from hone.control.loops import evaluate_saved
 
         if ns.ope:
             from hone.control.ope import evaluate_offline
@@ -300,15 +311,16 @@ def main(argv: list[str] | None = None) -> int:
             check_data_files(cfg.data, has_env=cfg.env.name is not None)
     except (ConfigError, HoneDataError) as e:
         return _error(e)
-    # Hone reports its own progress; transformers' per-shard bars would drown it.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
+    if cfg.control is None:  # a control run loads no transformers
+        # Hone reports its own progress; transformers' per-shard bars would drown it.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    from hone.rl.loop import RunInterrupted
+        hf_logging.disable_progress_bar()
+    from hone.run.lifecycle import RunInterrupted
 
     handlers = {
-        "train": _on_ranks(_train),
+        "train": _train_control if cfg.control is not None else _on_ranks(_train),
         "sft": _on_ranks(_sft),
         "eval": _eval,
         "pairs": _pairs,

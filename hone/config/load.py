@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from hone.config.aliases import PEER_KEYS
 from hone.config.base import ConfigError
+from hone.config.control import move_legacy_keys
 from hone.config.keys import sections, suggest
 from hone.config.presets import apply_preset, explicit_over_preset
 from hone.config.schema import HoneConfig
@@ -41,7 +42,8 @@ PATH_KEYS = (
     ("model", "path"),
     ("critic", "path"),
     ("distill", "teacher"),
-    ("control", "dataset_root"),
+    ("control", "offline", "dataset_root"),
+    ("control", "dataset_root"),  # its place before control.offline (`move_legacy_keys`)
 )
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 # The first line of a run's saved config.yaml: its paths were made absolute when it was written, and any
@@ -96,7 +98,7 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, origin: str) 
 
 def _format_error(error: ValidationError, origin: str) -> str:
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    key = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
         msg = "unknown key" + suggest(key, PEER_KEYS)
     elif first["type"] == "model_type" and key in sections():  # `algorithm=rloo`
@@ -104,6 +106,8 @@ def _format_error(error: ValidationError, origin: str) -> str:
     else:
         msg = first["msg"].removeprefix("Value error, ")
     more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    if not first["loc"]:  # a rule across sections: its message names the keys
+        return f"{origin}: {msg}{more}"
     return f"{origin}: {key}: {msg}{more}"
 
 
@@ -121,10 +125,13 @@ def resolve_path(value: str, base: Path) -> str:
     return str(candidate) if candidate.exists() or looks_local else value
 
 
-def _resolve_paths(tree: dict[str, Any], base: Path, only: set[tuple[str, str]] | None = None) -> None:
-    for section, key in PATH_KEYS:
-        body = tree.get(section)
-        if (only is None or (section, key) in only) and isinstance(body, dict):
+def _resolve_paths(tree: dict[str, Any], base: Path, only: set[tuple[str, ...]] | None = None) -> None:
+    for keys in PATH_KEYS:
+        body: Any = tree
+        for part in keys[:-1]:
+            body = body.get(part) if isinstance(body, dict) else None
+        key = keys[-1]
+        if (only is None or keys in only) and isinstance(body, dict):
             value = body.get(key)
             # A bare model name is an alias (`tiny`) or a folder of the current directory, as before.
             bare_model = key == "path" and "/" not in str(value) and not str(value).startswith("~")
@@ -194,15 +201,21 @@ def load_config(
     base = relative_to or (Path.cwd() if from_cwd else path.resolve().parent)
     tree = _read_recipe(path, text)
     _resolve_paths(tree, base)
-    overridden: set[tuple[str, str]] = set()
+    overridden: set[tuple[str, ...]] = set()
     for text in overrides:
         keys, value = parse_override(text)
         _set_dotted(tree, keys, value, f"override {text!r}")
-        overridden.add((keys[0], keys[-1]) if len(keys) == 2 else ("", ""))
+        overridden.add(tuple(keys))
     _resolve_paths(tree, Path.cwd(), only=overridden)
     _extend_import_path([Path.cwd()] if packaged else [Path.cwd(), path.resolve().parent])
     _import_plugins(tree)
     origin = f"{path}" + (" + overrides" if overrides else "")
+    try:
+        moved = move_legacy_keys(tree)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    if moved:  # still read; the recipe should say it the new way
+        log.warning("%s: control keys have moved (still read this once): %s", origin, "; ".join(moved))
     try:
         preset_keys = apply_preset(tree)
     except ValueError as e:

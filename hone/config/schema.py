@@ -27,7 +27,6 @@ from hone.config.base import Section
 from hone.config.control import ControlConfig
 from hone.config.presets import PRESETS
 from hone.rollout.engines import check_engine
-from hone.tracking.plot import DEFAULT_PLOT_METRICS
 
 
 def _check_registered(value: str, registry: dict[str, Any], kind: str) -> str:
@@ -864,10 +863,11 @@ class LoggingConfig(Section):
     progress: bool = Field(True, description="a progress bar (a plain line every 10 steps off a terminal)")
     # Metrics drawn (one panel each, against step) into runs/<name>/curves.png when the run ends;
     # needs matplotlib (the plot extra), skipped with a warning without it.
-    plot: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_PLOT_METRICS),
-        description="metrics drawn into curves.png when the run ends (default: reward, eval accuracy, "
-        "entropy, response length, skipped groups, KL); [] draws nothing",
+    plot: list[str] | None = Field(
+        None,
+        description="metrics drawn into curves.png when the run ends; null = the family's own (a language "
+        "model: reward, eval accuracy, entropy, response length, skipped groups, KL; control: returns, "
+        "losses and what each algorithm watches); [] draws nothing",
     )
     samples: int = Field(
         0,
@@ -949,21 +949,34 @@ class HoneConfig(Section):
     )
 
     @model_validator(mode="after")
+    def _control_reads_its_own_section(self) -> HoneConfig:
+        # A control run reads `control:`, `run`, `logging`, `model.path` (what `hone eval` plays) and,
+        # offline, `data.source`: a language-model key set on it would be silently ignored, so it is refused.
+        if self.control is None:
+            return self
+        if self.critic is not None:
+            raise ValueError("control: needs no critic section (the control policy has its own critics)")
+        if self.trainer.world_size > 1 or self.cluster.backend != "local" or self.trainer.mode != "sync":
+            raise ValueError(
+                "control: runs in one process (trainer.world_size 1, cluster.backend local, trainer.mode "
+                "sync); N learner ranks, Ray and asynchronous sampling are for language models"
+            )
+        ignored = [key for key in _changed_keys(self) if key not in _READ_BY_CONTROL]
+        if ignored:
+            shown = ", ".join(ignored[:6]) + (f" (+{len(ignored) - 6} more)" if len(ignored) > 6 else "")
+            raise ValueError(
+                f"control: {shown}: language-model keys a control run does not read; remove them (the "
+                "control run's keys are under control:, see `hone config <recipe>`)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _critic_with_gae(self) -> HoneConfig:
         # An estimator that reads the critic's values (GAE: its advantages are the critic's TD errors)
         # needs one, and a critic no estimator reads would only cost a model.
-        advantage = self.algorithm.advantage
         if self.control is not None:  # a control policy brings its own critic (a value head, or twin Qs)
-            # ppo's advantages are GAE; sac and td3 regress Q onto TD targets and read no estimator, so
-            # algorithm.advantage is not read there (any value passes). No critic section for either.
-            if self.critic is not None:
-                raise ValueError("control: needs no critic section (the control policy has its own critics)")
-            if self.control.algorithm == "ppo" and advantage != "gae":
-                raise ValueError(
-                    "control: needs algorithm.advantage: gae with control.algorithm ppo (sac and td3 read no "
-                    "advantage estimator)"
-                )
             return self
+        advantage = self.algorithm.advantage
         if reads_values(advantage) != (self.critic is not None):
             raise ValueError(
                 f"algorithm.advantage: {advantage} needs a critic section (critic: {{}} for its defaults)"
@@ -1045,4 +1058,52 @@ class HoneConfig(Section):
         return self
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        tree = self.model_dump(mode="json")
+        if self.control is not None:  # only what a control run reads: the rest must stay at its defaults
+            tree = {
+                "run": tree["run"],
+                "model": {"path": self.model.path},
+                **({"data": {"source": self.data.source}} if self.data.source is not None else {}),
+                "logging": tree["logging"],
+                "control": tree["control"],
+            }
+        return yaml.safe_dump(tree, sort_keys=False)
+
+
+# What a control run reads besides `control:`; every other key must keep its default (`_changed_keys`).
+_READ_BY_CONTROL = frozenset(
+    {
+        *(f"run.{key}" for key in RunConfig.model_fields if key not in ("steps", "callbacks")),
+        *(f"logging.{key}" for key in ("tensorboard", "wandb", "wandb_project", "progress", "plot", "video")),
+        "logging.video_episodes",
+        "model.path",
+        "data.source",
+    }
+)
+
+
+def _changed_keys(cfg: HoneConfig) -> list[str]:
+    """The dotted keys outside `control:` whose values differ from their defaults (a saved config.yaml
+    holds every key, so "set" means "not the default")."""
+    changed: list[str] = []
+
+    def walk(value: Any, default: Any, prefix: str) -> None:
+        if isinstance(value, dict) and isinstance(default, dict):
+            for key in value:
+                walk(value[key], default.get(key), f"{prefix}.{key}")
+        elif value != default:
+            changed.append(prefix)
+
+    defaults = {
+        name: field.get_default(call_default_factory=True) for name, field in HoneConfig.model_fields.items()
+    }
+    for name in HoneConfig.model_fields:
+        if name in ("control", "critic"):
+            continue
+        section, default = getattr(cfg, name), defaults[name]
+        walk(
+            section.model_dump(mode="json") if section is not None else None,
+            default.model_dump(mode="json") if default is not None else None,
+            name,
+        )
+    return changed

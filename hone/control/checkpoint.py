@@ -1,5 +1,6 @@
-"""Checkpoints and `hone train --resume` of a control run (PPO's `control_loop`, SAC/TD3's
-`control_offpolicy`), on the language-model side's crash-safe `Checkpointer`.
+"""Checkpoints and `hone train --resume` of a control run (the on-policy, off-policy and offline loops), on
+the crash-safe `Checkpointer` every family shares (the run directory, the resume line and the restore are
+the run session's: `hone.run.session`).
 
 `runs/<name>/checkpoints/step-N/` (every `run.save_every` RL steps and at the run's end; `run.keep_last`
 kept) holds:
@@ -8,7 +9,8 @@ kept) holds:
   optimizer), `rng.pt` (python, numpy and torch generators);
 - `replay/replay.npz` (SAC/TD3): the buffer's filled rows, write position and sampling generator;
 - `envs/envs.pkl`: the vector environment itself (every sub-environment's state and generator, the episode
-  statistics in flight) and the observation the loop acts on next;
+  statistics in flight) and the observation the loop acts on next; a team's envs (PettingZoo, which does
+  not pickle) as `envs/team.json`: each copy's episode seed and the actions since, replayed at resume;
 - `state.json`: the loop's counters (env steps, the last 100 training episodes, the start eval, its own
   generator) and the normalisation statistics (running means, variances, counts, discounted returns).
 
@@ -23,6 +25,7 @@ would. `envs.pkl` is a pickle: resume only run directories you trust, as with an
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 from collections import deque
@@ -31,18 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from safetensors.torch import load_file
 
-from hone.config import HoneConfig
-from hone.control.evaluate import POLICY_FILE, save_policy
 from hone.control.normalize import Normalizer
+from hone.control.policy_io import POLICY_FILE, save_policy
 from hone.control.replay import ReplayBuffer
-from hone.run.lifecycle import SetupError, new_run_dir
-from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer, Part
+from hone.training.checkpoint import RNG, RNG_FILE, Part
 
 log = logging.getLogger("hone")
 
-ENVS_FILE, REPLAY_FILE = "envs.pkl", "replay.npz"
+ENVS_FILE, TEAM_FILE, OBS_FILE, REPLAY_FILE = "envs.pkl", "team.json", "obs.pt", "replay.npz"
 RESEED = 1000  # a resumed run whose envs were not saved resets them with run.seed + RESEED × step
 
 
@@ -101,11 +103,21 @@ class _EnvsFolder:
 
     def save_pretrained(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        if hasattr(self.state.envs, "state_dict"):  # a team's ParallelBatch: replayed, not pickled
+            (directory / TEAM_FILE).write_text(json.dumps(self.state.envs.state_dict()))
+            torch.save(self.state.obs, directory / OBS_FILE)
+            return
         data = _pickled(self.state.envs, self.state.obs)
         if data is not None:
             (directory / ENVS_FILE).write_bytes(data)
 
     def load_weights(self, directory: Path) -> None:
+        team = directory / TEAM_FILE
+        if team.is_file():
+            self.state.envs.load_state_dict(json.loads(team.read_text()))
+            self.state.obs = torch.load(directory / OBS_FILE, weights_only=True)  # as the loop saw it
+            self.state.envs_restored = True
+            return
         file = directory / ENVS_FILE
         if not file.is_file():
             return
@@ -194,42 +206,6 @@ def checkpoint_parts(
     return parts
 
 
-def open_control_run(cfg: HoneConfig, resume: bool) -> tuple[Path, Checkpointer, Path | None]:
-    """The run directory, its checkpointer and (resuming) the newest intact checkpoint; one line when
-    there is none to resume from, or when a new run's directory is taken."""
-    if not resume:
-        run_dir = new_run_dir(cfg.run, resumable=True)
-        return run_dir, Checkpointer(run_dir, keep_last=cfg.run.keep_last), None
-    run_dir = Path(cfg.run.dir) / cfg.run.name
-    checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last)
-    try:
-        latest = checkpointer.latest_intact()
-    except ValueError as e:
-        raise SetupError(f"cannot resume {run_dir}: {e}") from None
-    if latest is None:
-        raise SetupError(
-            f"cannot resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'} (run.save_every)"
-        )
-    return run_dir, checkpointer, latest
-
-
-def restore(
-    checkpointer: Checkpointer, path: Path, parts: dict[str, Part], state: LoopState | None = None
-) -> None:
-    """Load checkpoint `path` into `parts`; one line when it does not fit this run or is damaged."""
-    try:
-        checkpointer.load(path, parts)
-    except Exception as e:
-        detail = " ".join(str(e).split())[:300]
-        raise SetupError(f"cannot resume from {path}: {type(e).__name__}: {detail}") from None
-    if state is not None:
-        log.info(
-            "resumed %s at RL step %d (%d environment steps)", path.parent.parent, state.step, state.env_steps
-        )
-    else:
-        log.info("resumed %s from %s", path.parent.parent, path.name)
-
-
 def reseed_if_lost(state: LoopState, seed: int) -> np.ndarray | None:
     """After a resume whose envs were not saved: reset them with a seed derived from the step, and return
     the raw first observations (None when the saved envs were restored)."""
@@ -238,8 +214,3 @@ def reseed_if_lost(state: LoopState, seed: int) -> np.ndarray | None:
     new_seed = seed + RESEED * state.step
     log.info("control resume: the environments were not saved; reset with seed %d", new_seed)
     return state.envs.reset(seed=new_seed)[0]
-
-
-def save_every(cfg: HoneConfig, step: int, last: bool) -> bool:
-    every = cfg.run.save_every
-    return last or (every > 0 and step % every == 0)

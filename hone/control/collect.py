@@ -20,8 +20,9 @@ import torch
 from hone.config import ControlConfig
 from hone.control.datasets import Episode
 from hone.control.errors import ControlEnvError
-from hone.control.evaluate import action_bounds, as_tensor, build_policy, load_saved
+from hone.control.evaluate import action_bounds, as_tensor
 from hone.control.normalize import Normalizer
+from hone.control.policy_io import build_policy, load_saved
 
 
 @dataclass
@@ -149,5 +150,5 @@ def collect(control: ControlConfig | None, options: Any, seed: int) -> str:
     return (
         f"{len(episodes)} episodes ({steps} steps) written to {folder}\n"
         f"behaviour return {np.mean(returns):.1f} ± {np.std(returns):.1f}\n"
-        f"read it: data.source=minari:{options.dataset_id} control.dataset_root={options.out}"
+        f"read it: data.source=minari:{options.dataset_id} control.offline.dataset_root={options.out}"
     )

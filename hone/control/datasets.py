@@ -50,7 +50,7 @@ class Transitions:
 class OfflineDataset:
     dataset_id: str
     train: Transitions
-    holdout: Transitions | None  # episodes held out by id (`control.holdout`): the val/ metrics
+    holdout: Transitions | None  # episodes held out by id (`control.offline.holdout`): the val/ metrics
     initial_obs: np.ndarray  # each held-out (else each) episode's first observation: FQE's start states
     returns: np.ndarray  # each episode's undiscounted return: the behaviour policy's score
     ref_min_score: float | None
@@ -85,7 +85,7 @@ def minari_module(what: str) -> Any:
 
 
 def datasets_root(root: str | None) -> Path:
-    """`control.dataset_root`, else Minari's own: MINARI_DATASETS_PATH or ~/.minari/datasets."""
+    """`control.offline.dataset_root`, else Minari's own: MINARI_DATASETS_PATH or ~/.minari/datasets."""
     if root is not None:
         return Path(root).expanduser().resolve()
     env = os.environ.get("MINARI_DATASETS_PATH")

@@ -27,7 +27,10 @@ from torch.distributions import Distribution
 
 from hone.config import ControlConfig
 from hone.control.envs import ControlEnvError, check_spaces
+from hone.control.evaluate import EVAL_SEED, action_bounds, as_tensor
+from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
+from hone.control.video import Video
 
 PETTINGZOO = "pettingzoo:"
 
@@ -85,10 +88,13 @@ def _siblings(name: str) -> str:
 class ParallelBatch:
     """`num_envs` copies of a PettingZoo ParallelEnv whose agents share one observation and action space."""
 
-    def __init__(self, control: ControlConfig, num_envs: int, centralized: bool) -> None:
+    def __init__(
+        self, control: ControlConfig, num_envs: int, centralized: bool, render: bool = False
+    ) -> None:
         make = _parallel_env(control)
+        args = {**control.env_args, **({"render_mode": "rgb_array"} if render else {})}
         try:
-            self.envs = [make(**control.env_args) for _ in range(num_envs)]
+            self.envs = [make(**args) for _ in range(num_envs)]
         except Exception as e:
             raise ControlEnvError(f"control.env {control.env!r}: {type(e).__name__}: {e}") from None
         env = self.envs[0]
@@ -108,15 +114,67 @@ class ParallelBatch:
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._discrete = hasattr(self.single_action_space, "n")
+        self._dtype = self.single_action_space.dtype
+        # Each copy's episode k is reset with seed + e + E·k, and the actions since that reset are kept:
+        # a checkpoint holds these few numbers (`state_dict`), and a resume replays them into fresh envs
+        # (PettingZoo envs do not pickle), which puts every copy where the unbroken run had it.
+        self._seed: int | None = None
+        self._episode = np.zeros(num_envs, dtype=np.int64)
+        self._actions: list[list[Any]] = [[] for _ in range(num_envs)]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return dict(getattr(self.envs[0], "metadata", {}))
+
+    def render(self) -> Any:
+        """The first copy's frame (`render=True`: rgb_array), for eval videos."""
+        return self.envs[0].render()
+
+    def _episode_seed(self, e: int) -> int | None:
+        return None if self._seed is None else self._seed + e + len(self.envs) * int(self._episode[e])
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Every copy reset (copy e with seed + e): rows [E·A, obs_dim + critic_dim]."""
-        obs = [
-            self._stack(env.reset(seed=None if seed is None else seed + e)[0])
-            for e, env in enumerate(self.envs)
-        ]
+        self._seed = seed
+        self._episode[:] = 0
+        obs = [self._reset(e) for e in range(len(self.envs))]
         self._returns[:], self._lengths[:] = 0.0, 0
         return self.rows(np.stack(obs)), {}
+
+    def _reset(self, e: int) -> np.ndarray:
+        self._actions[e] = []
+        return self._stack(self.envs[e].reset(seed=self._episode_seed(e))[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """What restores every copy mid-episode: the seeds, episode counts, this episode's actions and the
+        running team returns (replayed by `load_state_dict`)."""
+        if self._seed is None:
+            raise ValueError("a multi-agent batch reset without a seed cannot be restored")
+        return {
+            "seed": self._seed,
+            "episode": self._episode.tolist(),
+            "actions": self._actions,
+            "returns": self._returns.tolist(),
+            "lengths": self._lengths.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> np.ndarray:
+        """Replay a `state_dict` into these envs; returns the rows to act on next."""
+        self._seed = int(state["seed"])
+        self._episode[:] = state["episode"]
+        obs = []
+        for e, actions in enumerate(state["actions"]):
+            last = self._reset(e)
+            for act in actions:
+                step = {
+                    a: x if self._discrete else np.asarray(x, dtype=self._dtype)
+                    for a, x in zip(self.agents, act, strict=True)
+                }
+                last = self._stack(self.envs[e].step(step)[0])
+            self._actions[e] = [list(act) for act in actions]
+            obs.append(last)
+        self._returns[:], self._lengths[:] = state["returns"], state["lengths"]
+        return self.rows(np.stack(obs))
 
     def rows(self, obs: np.ndarray) -> np.ndarray:
         """[E, A, D] observations as rows: own observation ‖ (centralised) joint observation ‖ one-hot id."""
@@ -141,6 +199,7 @@ class ParallelBatch:
                 agent: int(x) if self._discrete else x
                 for agent, x in zip(self.agents, actions[e], strict=True)
             }
+            self._actions[e].append([x if self._discrete else np.asarray(x).tolist() for x in act.values()])
             obs, rew, term, trunc, _ = env.step(act)
             reward[e] = [rew[agent] for agent in self.agents]
             terminated[e] = [term[agent] for agent in self.agents]
@@ -154,7 +213,11 @@ class ParallelBatch:
                     "multi-agent control: agents that leave mid-episode are not supported yet"
                 )
             final_obs.append(final)
-            next_obs.append(self._stack(env.reset()[0]) if done.all() else final)
+            if done.all():
+                self._episode[e] += 1
+                next_obs.append(self._reset(e))
+            else:
+                next_obs.append(final)
         ended = terminated | truncated
         info: dict[str, Any] = {"final_obs": self.rows(np.stack(final_obs))}
         first = np.zeros(shape, bool)
@@ -197,3 +260,55 @@ class SharedActorCritic(ActorCritic):
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return super().act(obs[..., : self.obs_dim], deterministic)
+
+
+def evaluate_team(
+    policy: SharedActorCritic | None,
+    control: ControlConfig,
+    normalizer: Normalizer | None = None,
+    video: Video | None = None,
+    step: int = 0,
+) -> dict[str, float]:
+    """`control.eval_episodes` episodes on fixed seeds (EVAL_SEED + i): the team return (the sum over agents)
+    of the deterministic policy (argmax, or the Gaussian's mean), observations normalised with the training
+    statistics, frozen. `policy=None` is a uniformly random team (the bench's baseline). With `video`
+    (`logging.video`) the first episodes are recorded as videos/step-<step>-episode-<i>.mp4."""
+    centralized = control.ppo.multi_agent_critic == "centralized"
+    make = lambda render: ParallelBatch(control, 1, centralized, render=render)  # noqa: E731
+    env = video.open_env(make) if video else make(False)
+    low, high = action_bounds(env.single_action_space)
+    rng = np.random.default_rng(EVAL_SEED)
+    returns, lengths = [], []
+    try:
+        for i in range(control.eval_episodes):
+            obs, _ = env.reset(seed=EVAL_SEED + i)
+            recording = video.episode(env, step, i) if video else None
+            if recording:
+                recording.frame()
+            total, length, done = 0.0, 0, False
+            while not done:
+                action: np.ndarray
+                if policy is None:
+                    action = (
+                        rng.integers(env.single_action_space.n, size=env.num_rows)
+                        if low is None or high is None
+                        else rng.uniform(low, high, size=(env.num_rows, *low.shape))
+                    )
+                else:
+                    x = as_tensor(obs if normalizer is None else normalizer.observations(obs, update=False))
+                    with torch.no_grad():
+                        action = policy.act(x, deterministic=True).numpy()
+                    if low is not None:
+                        action = np.clip(action, low, high)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total, length = total + float(reward.sum()), length + 1
+                done = bool(np.logical_or(terminated, truncated).all())
+                if recording:
+                    recording.frame()
+            if recording:
+                recording.close()
+            returns.append(total)
+            lengths.append(length)
+    finally:
+        env.close()
+    return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}

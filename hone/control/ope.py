@@ -26,9 +26,10 @@ from hone.algorithms.qlearning import polyak_update, q_loss
 from hone.config import ControlConfig, HoneConfig
 from hone.control.datasets import Transitions, load_offline
 from hone.control.envs import make_eval_env
-from hone.control.evaluate import EVAL_SEED, as_tensor, load_policy, unit_action
+from hone.control.evaluate import EVAL_SEED, as_tensor, unit_action
 from hone.control.normalize import Normalizer
 from hone.control.offpolicy import plain_mlp
+from hone.control.policy_io import load_policy
 
 
 def fqe(
@@ -111,7 +112,10 @@ def evaluate_offline(cfg: HoneConfig) -> dict[str, float]:
     torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest (as training)
     policy, normalizer, (observation_space, action_space) = load_policy(control, Path(cfg.model.path))
     data = load_offline(
-        source, root=control.dataset_root, observation_space=observation_space, action_space=action_space
+        source,
+        root=control.offline.dataset_root,
+        observation_space=observation_space,
+        action_space=action_space,
     )
     train = data.train
     seen = Transitions(
@@ -120,7 +124,7 @@ def evaluate_offline(cfg: HoneConfig) -> dict[str, float]:
     )  # fmt: skip
     start = normalizer.observations(data.initial_obs, update=False)
     estimate = fqe(
-        policy, seen, start, gamma=cfg.algorithm.gamma, updates=control.fqe_updates, seed=cfg.run.seed,
-        hidden=tuple(control.hidden_sizes), batch_size=control.batch_size,
+        policy, seen, start, gamma=control.gamma, updates=control.offline.fqe_updates, seed=cfg.run.seed,
+        hidden=tuple(control.hidden_sizes), batch_size=control.offpolicy.batch_size,
     )  # fmt: skip
     return {"ope/fqe_return": estimate, "ope/transitions": float(len(seen))}

@@ -41,25 +41,18 @@ from hone.rl.report import StepTally, sample_records, step_signal
 from hone.rl.start import RLStart, checkpoint_parts, resume_rl, start_rl
 from hone.rl.warmstart import SFTData
 from hone.rl.warmstart import sft_data as make_sft_data
-from hone.run.lifecycle import (
-    RunInterrupted,
-    SetupError,
-    open_run_dir,
-    open_run_log,
-    start_process,
-    where_stopped,
-)
+from hone.run.lifecycle import RunInterrupted, SetupError
+from hone.run.session import RunSession
 from hone.signals import raise_if_signalled
 from hone.tracking import (
     METRICS_FILE,
     MetricsLogger,
     Progress,
     SampleLog,
-    plot_metrics,
     read_metrics,
     samples_markdown,
 )
-from hone.training.checkpoint import Checkpointer
+from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.distributed import ONE_RANK, Ranks
 
 __all__ = ["RunInterrupted", "RunResult", "SetupError", "learn_step", "rl_step", "run_learner", "train"]
@@ -152,8 +145,8 @@ def run_learner(
     """The run in this process: set-up, (SFT warm start,) the RL loop driving its `RolloutSource`, eval,
     metrics and checkpoints."""
     callbacks = [*step_callbacks(cfg.run.callbacks), *callbacks]
-    started = start_process(cfg.run)
-    run_dir, checkpointer, latest = open_run_dir(cfg, resume, ranks)
+    session = RunSession(cfg.run, resume=resume, ranks=ranks)
+    run_dir, checkpointer, latest = session.dir, session.checkpointer, session.latest
     lead = LeadRanks(ranks) if ranks.world > 1 else None  # first: the other ranks wait on its commands
     parts = setup_components(cfg)
     if lead is not None:
@@ -177,30 +170,27 @@ def run_learner(
             resumed = resume_rl(cfg, parts, run_dir, checkpointer, latest, curriculum, ranks, announce)
             if lead is not None:
                 lead.gather_weights(cfg, parts)
-        metrics_log = open_run_log(cfg, run_dir, resume_step=None if resumed is None else resumed.step)
-        with metrics_log:
-            try:
-                result = _train(
-                    cfg,
-                    parts,
-                    run_dir,
-                    checkpointer,
-                    resumed,
-                    sft_data,
-                    metrics_log,
-                    started,
-                    curriculum,
-                    callbacks,
-                    lead,
-                )
-            except KeyboardInterrupt:
-                raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
+        metrics_log = session.open_log(cfg, resume_step=None if resumed is None else resumed.step)
+        with metrics_log, session.interrupts():
+            result = _train(
+                cfg,
+                parts,
+                session,
+                resumed,
+                sft_data,
+                metrics_log,
+                curriculum,
+                callbacks,
+                lead,
+            )
         if lead is not None:
             lead.stop()
-        if cfg.logging.plot:
-            plot_metrics(
-                run_dir / "metrics.jsonl", run_dir / "curves.png", cfg.logging.plot, title=cfg.run.name
-            )
+        session.plot(cfg.logging, DEFAULT_PLOT_METRICS)
+        if ranks.rank == 0:
+            session.finish(
+                {"family": "rl", "steps": result.steps, "start_eval": result.start_eval,
+                 "final_eval": result.final_eval}
+            )  # fmt: skip
         return result
     finally:
         close_samplers(parts)
@@ -210,17 +200,16 @@ def run_learner(
 def _train(
     cfg: HoneConfig,
     parts: RunComponents,
-    run_dir: Path,
-    checkpointer: Checkpointer,
+    session: RunSession,
     resumed: RLStart | None,
     sft_data: SFTData | None,
     metrics_log: MetricsLogger,
-    started: float,
     curriculum: Curriculum,
     callbacks: Sequence[StepCallback],
     lead: LeadRanks | None,
 ) -> RunResult:
     ranks = ONE_RANK if lead is None else lead.ranks
+    run_dir, checkpointer, started = session.dir, session.checkpointer, session.started
     if cfg.algorithm.replay.enabled and getattr(parts.policy, "processor", None) is not None:
         raise ReplayImagesError("algorithm.replay does not take a vision-language model's rollouts yet")
     if resumed is None:
@@ -303,11 +292,9 @@ def _train(
                 rollouts.ahead = staleness.update(metrics)
             step += 1
             tally.add(metrics)
-            out_of_time = (
-                cfg.run.time_limit_s is not None and time.perf_counter() - started > cfg.run.time_limit_s
-            )
+            out_of_time = session.out_of_time()
             last = step == cfg.run.steps or out_of_time
-            evaluating = last or bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
+            evaluating = session.due(step, cfg.run.eval_every, last=last)
             if evaluating:
                 with parts.weights.hold():  # the producer may be sampling: evaluate between its steps
                     final_eval = run_eval(parts, evaluation)
@@ -327,12 +314,12 @@ def _train(
                 sample_log.write(records)
                 metrics_log.text(step, "samples", samples_markdown(records))
             progress.update(step, metrics, updated=tally.updated)
-            if last or (cfg.run.save_every and step % cfg.run.save_every == 0):
+            if session.due(step, cfg.run.save_every, last=last):
                 save(step)
             for callback in callbacks:
                 callback(step, metrics)
             if out_of_time:
-                log.info("time limit of %.0f s reached after step %d", cfg.run.time_limit_s, step)
+                session.say_out_of_time(step)
                 break
     if not final_eval:  # no RL step ran in this session: the weights are where they started
         final_eval = start_eval if step == 0 else run_eval(parts, evaluation)

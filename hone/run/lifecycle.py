@@ -34,11 +34,12 @@ class RunInterrupted(Exception):
     last checkpoint, and how to resume."""
 
 
-def start_process(run: RunConfig) -> float:
-    """The process's torch threads (`run.threads`) and global seed; returns the run's start time. Warns
-    once when the machine is already busy (`busy_machine_advice`)."""
-    if run.threads:
-        torch.set_num_threads(run.threads)
+def start_process(run: RunConfig, threads: int | None = None) -> float:
+    """The process's torch threads (`threads`, else `run.threads`) and global seed; returns the run's start
+    time. Warns once when the machine is already busy (`busy_machine_advice`)."""
+    threads = threads or run.threads
+    if threads:
+        torch.set_num_threads(threads)
     advice = busy_machine_advice(os.getloadavg()[0], os.cpu_count() or 1, os.environ)
     if advice:
         log.warning(advice)
@@ -69,24 +70,41 @@ def deadline(run: RunConfig, started: float) -> float | None:
     return None if run.time_limit_s is None else started + run.time_limit_s
 
 
-def new_run_dir(run: RunConfig, *, resumable: bool = False) -> Path:
-    """`runs/<name>`, refused when it already holds a run (nothing is written here)."""
+def new_run_dir(run: RunConfig, *, resumable: bool = True) -> Path:
+    """`runs/<name>` for a new run (nothing is written here). A directory that holds a run is refused when
+    that run saved a checkpoint or finished; one whose run stopped before either (a start that failed, an
+    interrupt before the first checkpoint) is reused, with a note: there is nothing in it to go on from."""
     run_dir = Path(run.dir) / run.name
-    if (run_dir / METRICS_FILE).exists():
-        resume = f"resume it with `hone train --resume {run_dir}` or " if resumable else ""
+    if not (run_dir / METRICS_FILE).exists():
+        return run_dir
+    finished = (run_dir / "summary.json").exists()
+    if finished or Checkpointer(run_dir).latest() is not None:
+        resume = f"resume it with `hone train --resume {run_dir}` or " if resumable and not finished else ""
         raise SetupError(f"{run_dir} already holds a run; {resume}choose another run.name")
+    log.info("%s holds a run that stopped before its first checkpoint: starting it again there", run_dir)
     return run_dir
 
 
 def open_run_dir(
-    cfg: HoneConfig, resume: bool, ranks: Ranks | None = None
+    run: RunConfig, resume: bool, ranks: Ranks | None = None
 ) -> tuple[Path, Checkpointer, Path | None]:
-    run_dir = Path(cfg.run.dir) / cfg.run.name if resume else new_run_dir(cfg.run, resumable=True)
-    checkpointer = Checkpointer(run_dir, keep_last=cfg.run.keep_last, ranks=ranks)
-    try:  # nothing is written here: a start that fails in set-up leaves an existing run as it was
-        return run_dir, checkpointer, checkpointer.latest_intact() if resume else None
+    """The run directory, its checkpointer and, resuming, the newest intact checkpoint (one line when
+    there is none to resume from). Nothing is written here: a start that fails in set-up leaves an
+    existing run as it was."""
+    run_dir = Path(run.dir) / run.name if resume else new_run_dir(run)
+    checkpointer = Checkpointer(run_dir, keep_last=run.keep_last, ranks=ranks)
+    if not resume:
+        return run_dir, checkpointer, None
+    try:
+        latest = checkpointer.latest_intact()
     except ValueError as e:
-        raise SetupError(str(e)) from e
+        raise SetupError(f"cannot resume {run_dir}: {e}") from None
+    if latest is None:
+        raise SetupError(
+            f"cannot resume {run_dir}: no checkpoint in {run_dir / 'checkpoints'} (run.save_every); start it "
+            "again without --resume (the directory is reused)"
+        )
+    return run_dir, checkpointer, latest
 
 
 def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
@@ -101,13 +119,16 @@ def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
 
 
 def where_stopped(run_dir: Path) -> str:
-    """'at step N; last checkpoint step M; resume with `…`', read from the run directory's files."""
+    """'at step N; last checkpoint step M; resume with `…`' (with no checkpoint: how to start again), read
+    from the run directory's files."""
     rows = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
     done = max((int(row["step"]) for row in rows), default=0)  # the last step that finished and logged
     latest = Checkpointer(run_dir).latest()
-    saved = "no checkpoint yet" if latest is None else f"last checkpoint {latest.name.replace('-', ' ')}"
-    at = f"at step {done}" if done else "before the first RL step"
-    return f"{at}; {saved}; resume with `hone train --resume {run_dir}`"
+    at = f"at step {done}" if done else "before the first step"
+    if latest is None:
+        return f"{at}; no checkpoint yet; the same command starts it again"
+    saved = latest.name.replace("-", " ")
+    return f"{at}; last checkpoint {saved}; resume with `hone train --resume {run_dir}`"
 
 
 def open_run_log(cfg: HoneConfig, run_dir: Path, *, resume_step: int | None = None) -> MetricsLogger:

@@ -1,8 +1,10 @@
 """A training progress display: a live rich bar on a terminal, sparse plain lines otherwise.
 
 Logs and CI capture stdout; a redrawn bar there is noise, so when the console is not a terminal the
-same facts (step/total, reward, tokens/s, ETA) are printed as one line after the first step (a real
-model's first line should not wait ten steps) and then every `every` steps.
+same facts (step/total, the family's own fields, ETA) are printed as one line after the first step (a real
+model's first line should not wait ten steps) and then every `every` steps. Each family shows its own
+fields (`fields`): a language model its reward, tokens/s and the steps that updated the policy
+(`LANGUAGE_MODEL`), a control policy its training return and environment steps/s (`CONTROL`).
 
 Under a time budget (`run.time_limit_s`) the run usually ends by time, not at `run.steps`: the total
 shown is then the step the budget is expected to reach at the speed so far (`~3187 (time limit)`), and
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 
@@ -25,13 +28,34 @@ REWARD_KEY = "reward/mean"
 TOKENS_PER_S_KEY = "throughput/tokens_per_s"
 
 
+@dataclass(frozen=True)
+class Shown:
+    """One field of the progress line: `label` then the metric `key` formatted with `spec` (`-` when the
+    step's metrics lack it); `suffix` after the value (`tok/s`)."""
+
+    label: str
+    key: str
+    spec: str
+    suffix: str = ""
+
+    def text(self, metrics: Mapping[str, float]) -> str:
+        value = _fmt(metrics.get(self.key), self.spec)
+        return " ".join(part for part in (self.label, value, self.suffix) if part)
+
+
+LANGUAGE_MODEL = (Shown("reward", REWARD_KEY, ".3f"), Shown("", TOKENS_PER_S_KEY, ".0f", "tok/s"))
+CONTROL = (Shown("return", "episode/return", ".1f"), Shown("", "env/steps_per_s", ".0f", "env steps/s"))
+OFFLINE = (Shown("eval return", "eval/return", ".1f"), Shown("updates", "offline/updates", ".0f"))
+PREFERENCE = (Shown("loss", "loss", ".4f"),)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 class Progress:
-    """`update(step, metrics)` after each training step; reads `reward/mean` and `throughput/tokens_per_s`,
-    and shows `updated`, the steps so far that updated the policy, when given.
+    """`update(step, metrics)` after each training step; shows the `fields` of the step's metrics (a
+    language model's by default), and `updated`, the steps so far that updated the policy, when given.
 
     `initial` is the step a resumed run starts from; the ETA uses only the speed of this session.
     With `enabled=False` nothing is shown (e.g. `logging.progress: false` in a recipe). `time_left_s` is
@@ -50,8 +74,10 @@ class Progress:
         enabled: bool = True,
         time_left_s: float | None = None,
         clock: Callable[[], float] | None = None,
+        fields: Sequence[Shown] = LANGUAGE_MODEL,
     ) -> None:
         self.enabled = enabled
+        self.fields = tuple(fields)
         self.total = total
         self.every = every
         self.description = description
@@ -66,9 +92,8 @@ class Progress:
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 TextColumn("{task.fields[steps]}"),
-                TextColumn("reward {task.fields[reward]}"),
-                TextColumn("{task.fields[tps]} tok/s"),
-                TextColumn("updated {task.fields[updated]}"),
+                TextColumn("{task.fields[shown]}"),
+                TextColumn("{task.fields[updated]}"),
                 TextColumn("ETA {task.fields[eta]}"),
                 console=self.console,
             )
@@ -77,9 +102,8 @@ class Progress:
                 total=total,
                 completed=initial,
                 steps=f"{initial}/{total}",
-                reward="-",
-                tps="-",
-                updated="-",
+                shown=self._shown({}),
+                updated="",
                 eta="-",
             )
             self._bar.start()
@@ -111,9 +135,7 @@ class Progress:
         self, step: int, metrics: Mapping[str, float] | None = None, *, updated: int | None = None
     ) -> None:
         metrics = metrics or {}
-        reward = _fmt(metrics.get(REWARD_KEY), ".3f")
-        tps = _fmt(metrics.get(TOKENS_PER_S_KEY), ".0f")
-        updates = "-" if updated is None else f"{updated}/{step}"
+        updates = "" if updated is None else f"updated {updated}/{step}"
         ends, total, eta = self._estimate(step)
         eta_text = "-" if eta is None else str(timedelta(seconds=round(eta)))
         if self._bar is not None:
@@ -122,18 +144,20 @@ class Progress:
                 total=ends,
                 completed=step,
                 steps=f"{step}/{total}",
-                reward=reward,
-                tps=tps,
+                shown=self._shown(metrics),
                 updated=updates,
                 eta=eta_text,
             )
         elif self.enabled and (step == self._start_step + 1 or step % self.every == 0 or step >= ends):
+            shown = " ".join(part for part in (self._shown(metrics), updates) if part)
             self.console.print(
-                f"{self.description} step {step}/{total} reward {reward} {tps} tok/s "
-                f"updated {updates} ETA {eta_text}",
+                f"{self.description} step {step}/{total} {shown} ETA {eta_text}",
                 highlight=False,
                 markup=False,
             )
+
+    def _shown(self, metrics: Mapping[str, float]) -> str:
+        return " ".join(field.text(metrics) for field in self.fields)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -10,21 +10,20 @@ same update goes on over the dataset and the new transitions.
   critics' min Q(s, a) (dataset actions only), the twin critics onto r + γ·V(s'), Polyak targets, and the
   policy extracted by advantage-weighted regression, exp(β·(Q - V)) clipped at `max_weight`, with a
   Gaussian policy (`GaussianActor`). The order of one update is the authors' (and CORL's): V, Q, policy.
-  Departure: one learning rate for all three (`trainer.lr`), no cosine decay of the actor's.
+  Departure: one learning rate for all three (`control.lr`), no cosine decay of the actor's.
 - AWR (Peng et al. 2019, arXiv:1910.00177, on a fixed dataset as its §5.3): the same weighted regression
   with A = r + γ·V'(s') - V(s) and V fitted to that one-step target (a Polyak target copy V'). Departure:
   the paper fits V to TD(λ) returns of whole trajectories (λ = 0.95); a one-step target (λ = 0) is what a
   shuffled transition buffer gives, and it also serves offline-to-online unchanged.
 - CQL (Kumar et al. 2020, arXiv:2006.04779), the SAC variant CQL(H): SAC (`OffPolicyLearner`) with
-  `cql_alpha` × the conservative penalty added to each critic's loss; its sampled actions are
-  `cql_samples` uniform ones, π(·|s)'s and π(·|s')'s, each at Q(s, ·) over its density (Appendix F, as
+  `offline.cql_alpha` × the conservative penalty added to each critic's loss; its sampled actions are
+  `offline.cql_samples` uniform ones, π(·|s)'s and π(·|s')'s, each at Q(s, ·) over its density (Appendix F, as
   the authors' and CORL's code). Departures: a fixed `cql_alpha` (no Lagrange tuning), no max-backup.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,23 +39,33 @@ from hone.algorithms.offline import (
     weighted_regression_loss,
 )
 from hone.algorithms.qlearning import polyak_update, q_loss
-from hone.config import ControlConfig, HoneConfig
-from hone.control.loops.offpolicy import OffPolicyLearner, frozen_copy, gaussian_noise
+from hone.config import ControlConfig
+from hone.control.algos.registry import ControlAlgorithm, register_control_algorithm
+from hone.control.algos.sac_td3 import (
+    OffPolicyLearner,
+    deterministic,
+    frozen_copy,
+    gaussian_noise,
+    squashed_gaussian,
+    stepper,
+)
 from hone.control.offpolicy import DeterministicActor, GaussianActor, SquashedGaussianActor, TwinQ, plain_mlp
+
+PLOT_METRICS = ("eval/normalized_score", "eval/return", "loss/actor", "loss/q", "loss/v", "val/action_mse")
 
 
 class TD3BCLearner(OffPolicyLearner):
     def td3_actor_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         action = self.actor(batch["obs"])
         q = self.critic.first(batch["obs"], action)
-        return td3_bc_actor_loss(q, action, batch["actions"], alpha=self.control.bc_alpha)
+        return td3_bc_actor_loss(q, action, batch["actions"], alpha=self.control.offline.bc_alpha)
 
 
 class CQLLearner(OffPolicyLearner):
     def critic_penalty(
         self, batch: dict[str, torch.Tensor], q1: torch.Tensor, q2: torch.Tensor
     ) -> torch.Tensor:
-        obs, n, dims = batch["obs"], self.control.cql_samples, self.action_dim
+        obs, n, dims = batch["obs"], self.control.offline.cql_samples, self.action_dim
         rows = obs.shape[0]
         assert isinstance(self.actor, SquashedGaussianActor)
         repeated = obs.repeat_interleave(n, 0)  # [B·N, obs]: N sampled actions per state
@@ -73,31 +82,28 @@ class CQLLearner(OffPolicyLearner):
         for head, q_data in enumerate((q1, q2)):
             q_sampled = torch.cat([pair[head].view(rows, n) for pair in sampled], dim=1)
             penalty = penalty + cql_penalty(q_data, q_sampled, log_density)
-        return self.control.cql_alpha * penalty
+        return self.control.offline.cql_alpha * penalty
 
 
 class BCLearner:
     """Behaviour cloning: a deterministic actor, MSE onto the dataset's actions."""
 
-    def __init__(self, cfg: HoneConfig, obs_dim: int, action_space: Any) -> None:
-        control = cfg.control
-        assert control is not None
+    def __init__(self, control: ControlConfig, obs_dim: int, action_space: Any) -> None:
         self.control = control
         self.actor = DeterministicActor(obs_dim, action_space, control.hidden_sizes, control.activation)
         self.action_dim = self.actor.action_dim
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.trainer.lr, foreach=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=control.lr, foreach=True)
+        self.steps = {"actor": stepper(self.actor_opt, control.offpolicy.grad_clip)}
         self.updates = 0
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         self.updates += 1
         loss = bc_loss(self.actor(batch["obs"]), batch["actions"])
-        self.actor_opt.zero_grad()
-        loss.backward()
-        self.actor_opt.step()
+        self.steps["actor"].step([loss], f"update {self.updates}")
         return {"loss/actor": loss.item()}
 
     def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return gaussian_noise(self.actor, obs, rng, self.control.exploration_noise)
+        return gaussian_noise(self.actor, obs, rng, self.control.offpolicy.exploration_noise)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -116,11 +122,9 @@ class WeightedRegressionLearner:
     """IQL (`control.algorithm: iql`) or AWR (`awr`): a value network, a Gaussian policy extracted by
     exp(β·A)-weighted regression and, for IQL, twin critics with a target copy."""
 
-    def __init__(self, cfg: HoneConfig, obs_dim: int, action_space: Any) -> None:
-        control = cfg.control
-        assert control is not None
-        self.control, self.gamma, lr = control, cfg.algorithm.gamma, cfg.trainer.lr
-        self.iql = control.algorithm == "iql"
+    def __init__(self, control: ControlConfig, obs_dim: int, action_space: Any, *, iql: bool) -> None:
+        self.control, self.gamma, lr = control, control.gamma, control.lr
+        self.iql = iql
         hidden, activation = control.hidden_sizes, control.activation
         self.actor = GaussianActor(obs_dim, action_space, hidden, activation)
         self.action_dim = self.actor.action_dim
@@ -136,6 +140,7 @@ class WeightedRegressionLearner:
             for name in ("actor", "value", "critic")
             if name in self.nets
         }
+        self.steps = {name: stepper(opt, control.offpolicy.grad_clip) for name, opt in self.opts.items()}
         self.updates = 0
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -148,7 +153,7 @@ class WeightedRegressionLearner:
                 next_v = self.value(batch["next_obs"]).squeeze(-1)
             v = self.value(obs).squeeze(-1)
             advantage = q_target - v.detach()
-            value_loss = expectile_loss(q_target - v, tau=self.control.expectile)
+            value_loss = expectile_loss(q_target - v, tau=self.control.offline.expectile)
         else:
             with torch.no_grad():
                 next_v = self.nets["value_target"](batch["next_obs"]).squeeze(-1)
@@ -164,30 +169,26 @@ class WeightedRegressionLearner:
             critic_loss = q_loss(q1, target) + q_loss(q2, target)
             self._step("critic_opt", critic_loss)
             metrics |= {"loss/q": critic_loss.item(), "q/mean": (q1 + q2).mean().item() / 2}
-            polyak_update(
-                self.nets["critic_target"].parameters(), self.critic.parameters(), tau=self.control.tau
-            )
+            tau = self.control.offpolicy.tau
+            polyak_update(self.nets["critic_target"].parameters(), self.critic.parameters(), tau=tau)
         else:
-            polyak_update(
-                self.nets["value_target"].parameters(), self.value.parameters(), tau=self.control.tau
-            )
+            tau = self.control.offpolicy.tau
+            polyak_update(self.nets["value_target"].parameters(), self.value.parameters(), tau=tau)
         weights = advantage_weights(
             advantage,
-            inverse_temperature=self.control.inverse_temperature,
-            max_weight=self.control.max_weight,
+            inverse_temperature=self.control.offline.inverse_temperature,
+            max_weight=self.control.offline.max_weight,
         )
         actor_loss = weighted_regression_loss(self.actor.log_prob(obs, actions), weights)
         self._step("actor_opt", actor_loss)
         return metrics | {
             "loss/actor": actor_loss.item(),
             "adv_weight/mean": weights.mean().item(),
-            "adv_weight/clipped": (weights >= self.control.max_weight).float().mean().item(),
+            "adv_weight/clipped": (weights >= self.control.offline.max_weight).float().mean().item(),
         }
 
     def _step(self, name: str, loss: torch.Tensor) -> None:
-        self.opts[name].zero_grad()
-        loss.backward()
-        self.opts[name].step()
+        self.steps[name].step([loss], f"update {self.updates}")
 
     def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Online: actions sampled from the Gaussian policy (IQL's fine-tuning, as the paper's §5.3)."""
@@ -204,22 +205,26 @@ class WeightedRegressionLearner:
         self.updates = int(state["updates"])
 
 
-Learner = BCLearner | WeightedRegressionLearner | OffPolicyLearner
+OfflineLearner = BCLearner | WeightedRegressionLearner | OffPolicyLearner
 
 
-# control.algorithm → its learner: `(cfg, obs_dim, action_space)` → networks, optimizers and `update`.
-OFFLINE_LEARNERS: dict[str, Callable[[HoneConfig, int, Any], Learner]] = {
-    "bc": BCLearner,
-    "td3_bc": TD3BCLearner,
-    "iql": WeightedRegressionLearner,
-    "awr": WeightedRegressionLearner,
-    "cql": CQLLearner,
+def gaussian(control: ControlConfig, observation_space: Any, action_space: Any) -> GaussianActor:
+    obs_dim = int(observation_space.shape[0])
+    return GaussianActor(obs_dim, action_space, control.hidden_sizes, control.activation)
+
+
+_LEARNERS: dict[str, tuple[Any, Any]] = {  # name -> (its learner, the network `hone eval` plays)
+    "bc": (BCLearner, deterministic),
+    "td3_bc": (lambda c, o, a: TD3BCLearner(c, o, a, sac=False), deterministic),
+    "iql": (lambda c, o, a: WeightedRegressionLearner(c, o, a, iql=True), gaussian),
+    "awr": (lambda c, o, a: WeightedRegressionLearner(c, o, a, iql=False), gaussian),
+    "cql": (lambda c, o, a: CQLLearner(c, o, a, sac=True), squashed_gaussian),
 }
-
-
-def make_learner(cfg: HoneConfig, obs_dim: int, action_space: Any) -> Learner:
-    control: ControlConfig | None = cfg.control
-    assert control is not None
-    if control.algorithm not in OFFLINE_LEARNERS:
-        raise ValueError(f"control.algorithm {control.algorithm} is not an offline algorithm")
-    return OFFLINE_LEARNERS[control.algorithm](cfg, obs_dim, action_space)
+for _name, (_learner, _net) in _LEARNERS.items():
+    register_control_algorithm(
+        _name,
+        ControlAlgorithm(
+            loop="offline", reads=("offpolicy", "offline"), acting_network=_net, plot=PLOT_METRICS,
+            learner=_learner, box_actions=True,
+        ),
+    )  # fmt: skip

@@ -1,12 +1,25 @@
-"""The pieces of one PPO step on [env, time] segments, shared by the single-agent loop
-(`control_loop`) and the multi-agent one (`control_marl`: agents are extra rows): `collect` a rollout
-with SAME_STEP episode boundaries, `update` (PPO's clipped surrogate, the value loss, the entropy bonus,
-epochs of shuffled mini-batches) and the learning-rate `schedule`. The algorithm is described in
-`control_loop`'s docstring."""
+"""PPO on [env, time] segments (Schulman et al. 2017, "Proximal Policy Optimization Algorithms", Algorithm 1;
+the CleanRL / SB3 implementation details), on the same algorithm core as the language-model loop:
+`ADVANTAGE_ESTIMATORS["gae"]`, `POLICY_LOSSES["ppo"]`, `value_loss`, and the language-model trainer's update
+pieces (`hone.training.ppo.mini_batches`: a seeded order of mini-batches; `OptimizerStepper`: clip, skip a
+non-finite step).
+
+One update, on a rollout `collect`ed with SAME_STEP episode boundaries (agents of a team are extra rows,
+`hone.control.multiagent.ParallelBatch`):
+1. GAE (Schulman et al. 2016) over the segment: a terminated episode is not bootstrapped, a truncated one (a
+   time limit: CartPole's 500 steps) is bootstrapped with V of its final observation, and the segment's end
+   with V of the next observation;
+2. `control.ppo.epochs` passes over the batch in `control.ppo.mini_batches` shuffled mini-batches: clipped
+   surrogate + `value_coef` × value loss − `entropy_coef` × entropy, the gradient clipped to `grad_clip`,
+   Adam (eps 1e-5, as both peers).
+Departures, each as in SB3: advantages are whitened per mini-batch (`normalize_advantages`); with
+`anneal_clip` the clip range decays to 0 as the learning rate does (`control.schedule: linear`: zoo's
+lin_0.2). Mini-batches cover every row
+(`tensor_split`: sizes differ by at most one), where SB3 and CleanRL drop a remainder.
+"""
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any
 
@@ -15,22 +28,33 @@ import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, explained_variance, value_loss
 from hone.algorithms.utils import masked_whiten
-from hone.config import ControlConfig, HoneConfig
+from hone.config import ControlConfig
+from hone.config.control import ControlPPOConfig
+from hone.control.algos.registry import ControlAlgorithm, register_control_algorithm
+from hone.control.encoders import make_policy
 from hone.control.envs import episode_end_infos
 from hone.control.evaluate import as_tensor as _tensor
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
+from hone.training.optim import OptimizerStepper, decay_factor
+from hone.training.ppo import mini_batches
 
-PLOT_METRICS = ["episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl"]
+PLOT_METRICS = ("episode/return", "eval/return", "entropy", "loss/value", "explained_variance", "approx_kl")
+MAX_NONFINITE_STEPS = 3  # optimizer steps in a row with a non-finite gradient before the run stops
 
 
-def schedule(kind: str, it: int, iterations: int) -> float:
-    """The learning-rate multiplier at RL step `it`: SB3's `progress_remaining` for linear."""
-    if kind == "linear":
-        return 1.0 - it / iterations
-    if kind == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * it / iterations))
-    return 1.0
+def optimizer_stepper(policy: ActorCritic, control: ControlConfig) -> OptimizerStepper:
+    """Adam (eps 1e-5, SB3's and CleanRL's) behind the shared stepper: clip to `control.ppo.grad_clip`,
+    skip a non-finite step, stop after `MAX_NONFINITE_STEPS` in a row."""
+    params = list(policy.parameters())
+    return OptimizerStepper(
+        torch.optim.Adam(params, lr=control.lr, eps=1e-5),
+        params,
+        grad_clip=control.ppo.grad_clip,
+        max_nonfinite_steps=MAX_NONFINITE_STEPS,
+        limit_key=f"{MAX_NONFINITE_STEPS} in a row",
+        advice="lower control.lr or set control.ppo.grad_clip",
+    )
 
 
 def collect(
@@ -91,66 +115,62 @@ def collect(
 
 
 def update(
-    cfg: HoneConfig,
-    control: ControlConfig,
+    ppo: ControlPPOConfig,
     policy: ActorCritic,
-    optimizer: torch.optim.Optimizer,
+    stepper: OptimizerStepper,
     batch: dict[str, torch.Tensor],
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
+    targets: tuple[torch.Tensor, torch.Tensor],
+    *,
     clip: float,
+    seed: int,
+    where: str,
 ) -> dict[str, float]:
+    """`ppo.epochs` passes of `ppo.mini_batches` optimizer steps over the flattened batch; `targets` are
+    (advantages, returns) as [env, time]; `seed` orders the mini-batches (a function of the run's seed and
+    the RL step, so a resumed run shuffles as an unbroken one)."""
+    advantages, returns = targets
     size = advantages.numel()
     flat = {k: v.reshape(size, *v.shape[2:]) for k, v in batch.items()}
     adv, ret = advantages.reshape(size), returns.reshape(size)
-    mini = max(1, size // cfg.trainer.mini_batches)
     loss_fn = POLICY_LOSSES["ppo"]
+    clip_high = ppo.clip_high if ppo.clip_high is not None else clip
     sums: dict[str, float] = {}
     count = 0
-    for _ in range(cfg.trainer.ppo_epochs):
-        order = torch.randperm(size)
-        for start in range(0, size - mini + 1, mini):
-            idx = order[start : start + mini]
-            ones = torch.ones(len(idx), 1)
-            dist, new_values = policy.dist_value(flat["obs"][idx])
-            log_probs = dist.log_prob(flat["actions"][idx])
-            mb_adv = adv[idx].unsqueeze(1)
-            if control.normalize_advantages and len(idx) > 1:
-                mb_adv = masked_whiten(mb_adv, ones)
-            policy_loss, _loss_metrics = loss_fn(
-                log_probs=log_probs.unsqueeze(1),
-                old_log_probs=flat["log_probs"][idx].unsqueeze(1),
-                advantages=mb_adv,
-                response_mask=ones,
-                clip_low=clip,
-                clip_high=cfg.algorithm.clip_high if cfg.algorithm.clip_high is not None else clip,
-            )
-            v_loss, _ = value_loss(
-                new_values.unsqueeze(1),
-                flat["values"][idx].unsqueeze(1),
-                ret[idx].unsqueeze(1),
-                ones,
-                clip=control.clip_value,
-            )
-            entropy = dist.entropy().mean()
-            loss = policy_loss + control.value_coef * v_loss - cfg.algorithm.entropy_coef * entropy
-            optimizer.zero_grad()
-            loss.backward()
-            if cfg.trainer.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.trainer.grad_clip)
-            optimizer.step()
-            with torch.no_grad():
-                log_ratio = log_probs - flat["log_probs"][idx]
-                step_metrics = {
-                    "loss/policy": float(policy_loss),
-                    "loss/value": float(v_loss),
-                    "entropy": float(entropy),
-                    "approx_kl": float(((log_ratio.exp() - 1) - log_ratio).mean()),  # k3 (Schulman)
-                    "clip_frac": float(((log_ratio.exp() - 1).abs() > clip).float().mean()),
-                }
-            for key, value in step_metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
-            count += 1
+    for idx in mini_batches(size, epochs=ppo.epochs, splits=ppo.mini_batches, seed=seed):
+        ones = torch.ones(len(idx), 1)
+        dist, new_values = policy.dist_value(flat["obs"][idx])
+        log_probs = dist.log_prob(flat["actions"][idx])
+        mb_adv = adv[idx].unsqueeze(1)
+        if ppo.normalize_advantages and len(idx) > 1:
+            mb_adv = masked_whiten(mb_adv, ones)
+        policy_loss, _loss_metrics = loss_fn(
+            log_probs=log_probs.unsqueeze(1),
+            old_log_probs=flat["log_probs"][idx].unsqueeze(1),
+            advantages=mb_adv,
+            response_mask=ones,
+            clip_low=clip,
+            clip_high=clip_high,
+        )
+        v_loss, _ = value_loss(
+            new_values.unsqueeze(1), flat["values"][idx].unsqueeze(1), ret[idx].unsqueeze(1), ones,
+            clip=ppo.clip_value,
+        )  # fmt: skip
+        entropy = dist.entropy().mean()
+        loss = policy_loss + ppo.value_coef * v_loss - ppo.entropy_coef * entropy
+        grad_norm = stepper.step([loss], where)
+        with torch.no_grad():
+            log_ratio = log_probs - flat["log_probs"][idx]
+            step_metrics = {
+                "loss/policy": float(policy_loss),
+                "loss/value": float(v_loss),
+                "entropy": float(entropy),
+                "approx_kl": float(((log_ratio.exp() - 1) - log_ratio).mean()),  # k3 (Schulman)
+                "clip_frac": float(((log_ratio.exp() - 1).abs() > clip).float().mean()),
+                "grad_norm": grad_norm,
+            }
+        for key, value in step_metrics.items():
+            sums[key] = sums.get(key, 0.0) + value
+        count += 1
     ones = torch.ones_like(ret).unsqueeze(1)
     metrics = {k: v / max(count, 1) for k, v in sums.items()}
     metrics["explained_variance"] = explained_variance(flat["values"].unsqueeze(1), ret.unsqueeze(1), ones)
@@ -159,15 +179,18 @@ def update(
 
 
 def train_on(
-    cfg: HoneConfig,
     control: ControlConfig,
     policy: ActorCritic,
-    optimizer: torch.optim.Optimizer,
+    stepper: OptimizerStepper,
     batch: dict[str, torch.Tensor],
-    remaining: float,
+    *,
+    progress: float,
+    seed: int,
+    where: str,
 ) -> dict[str, float]:
     """One PPO update on a collected [env, time] batch: GAE with its episode boundaries, then `update` at
-    this step's clip range (annealed with the learning rate under `control.anneal_clip`)."""
+    this step's clip range (`progress`: the share of the run done; with `anneal_clip` the clip range decays
+    as `control.schedule` decays the learning rate)."""
     advantages, returns = ADVANTAGE_ESTIMATORS["gae"](
         token_rewards=batch["rewards"],
         response_mask=torch.ones_like(batch["rewards"]),
@@ -175,8 +198,22 @@ def train_on(
         next_values=batch["next_values"],
         dones=batch["dones"],
         terminated=batch["terminated"],
-        gamma=cfg.algorithm.gamma,
-        lam=cfg.algorithm.lam,
+        gamma=control.gamma,
+        lam=control.ppo.lam,
     )
-    clip = (cfg.algorithm.clip_low or 0.2) * (remaining if control.anneal_clip else 1.0)
-    return update(cfg, control, policy, optimizer, batch, advantages, returns, clip)
+    clip = control.ppo.clip * (decay_factor(control.schedule, progress) if control.ppo.anneal_clip else 1.0)
+    return update(
+        control.ppo, policy, stepper, batch, (advantages, returns), clip=clip, seed=seed, where=where
+    )
+
+
+def _acting_network(control: ControlConfig, observation_space: Any, action_space: Any) -> ActorCritic:
+    return make_policy(control, observation_space, action_space)
+
+
+register_control_algorithm(
+    "ppo",
+    ControlAlgorithm(
+        loop="onpolicy", reads=("ppo",), acting_network=_acting_network, plot=PLOT_METRICS, multi_agent=True
+    ),
+)

@@ -1,20 +1,20 @@
 """Offline RL on a Minari dataset (`control.algorithm: bc | td3_bc | iql | awr | cql`, `data.source:
-minari:<id>`), then optionally online (offline-to-online): the learners of `offline_learners`.
+minari:<id>`), then optionally online (offline-to-online): the learners of `hone.control.algos.offline`.
 
-1. The dataset's episodes are read (`hone.control.datasets`), a `control.holdout` share of them kept
+1. The dataset's episodes are read (`hone.control.datasets`), a `control.offline.holdout` share of them kept
    apart; its transitions fill a replay buffer (actions rescaled to [-1, 1]). With `control.normalize_obs`
    observations are standardised by the dataset's mean and standard deviation, fixed from then on (as
    TD3+BC's §5 and CORL's `normalize: true`); the statistics are saved with the policy for `hone eval`.
-2. `control.offline_updates` gradient updates, each on `control.batch_size` transitions drawn uniformly;
-   one RL step (a row of metrics.jsonl) is `control.updates_per_step` of them, with the held-out episodes'
-   `val/action_mse` (the policy's deterministic action against the data's); every `run.eval_every` RL
-   steps and at the end, `eval/return` and `eval/normalized_score` (D4RL's, from the dataset's reference
-   scores, as Minari's `get_normalized_score`).
-3. `control.online_steps` (offline-to-online, as IQL's §5.3 fine-tunes): the same learner
+2. `control.offline.updates` gradient updates, each on `control.offpolicy.batch_size` transitions drawn
+   uniformly; one RL step (a row of metrics.jsonl) is `control.offline.updates_per_step` of them, with the
+   held-out episodes' `val/action_mse` (the policy's deterministic action against the data's); every
+   `run.eval_every` RL steps and at the end, `eval/return` and `eval/normalized_score` (D4RL's, from the
+   dataset's reference scores, as Minari's `get_normalized_score`).
+3. `control.offline.online_steps` (offline-to-online, as IQL's §5.3 fine-tunes): the same learner
    acts in the environment (its exploration: IQL/AWR/CQL sample their policy, BC/TD3+BC add Gaussian
    noise), each step's transition joins the buffer that already holds the dataset, and one update per
    environment step (`train_freq`, `gradient_steps`) goes on as offline. `hone train --init RUN` starts
-   from RUN's final networks and optimizers (`model/learner.pt`), so `control.offline_updates: 0` there
+   from RUN's final networks and optimizers (`model/learner.pt`), so `control.offline.updates: 0` there
    fine-tunes an offline run.
 
 Checkpoints (`run.save_every` RL steps, and at the end of the offline updates) hold the policy, the
@@ -36,27 +36,38 @@ import numpy as np
 import torch
 
 from hone.config import ControlConfig, HoneConfig
-from hone.control.algos.offline import Learner, make_learner
-from hone.control.checkpoint import PolicyFolder, open_control_run, restore, save_every
+from hone.control.algos.offline import OfflineLearner
+from hone.control.algos.registry import ControlAlgorithm
+from hone.control.algos.sac_td3 import check_action_space
+from hone.control.checkpoint import PolicyFolder
 from hone.control.datasets import OfflineDataset, Transitions, load_offline
 from hone.control.envs import ControlEnvError, make_eval_env, make_vector_env
-from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy, unit_action
-from hone.control.loops.offpolicy import check_action_space, env_step
+from hone.control.evaluate import ControlResult, episode_metrics, evaluate, unit_action
+from hone.control.loops.offpolicy import env_step, learning_rates, scale_lrs
 from hone.control.normalize import Normalizer
+from hone.control.policy_io import save_policy
 from hone.control.replay import ReplayBuffer
-from hone.run.lifecycle import RunInterrupted, open_run_log, where_stopped
-from hone.signals import raise_if_signalled
-from hone.tracking import Progress, plot_metrics
-from hone.tracking.plot import DEFAULT_PLOT_METRICS
-from hone.training.checkpoint import RNG, RNG_FILE, Checkpointer, Part
+from hone.run.session import RunSession
+from hone.tracking import MetricsLogger, Progress
+from hone.tracking.progress import OFFLINE
+from hone.training.checkpoint import RNG, RNG_FILE, Part
+from hone.training.optim import RLSchedule
 
 LEARNER_FILE = "learner.pt"
-PLOT_METRICS = ["eval/normalized_score", "eval/return", "loss/actor", "loss/q", "loss/v", "val/action_mse"]
 
 
-def train_offline(cfg: HoneConfig, init: Path | None = None, resume: bool = False) -> ControlResult:
+def train_offline(
+    cfg: HoneConfig,
+    algorithm: ControlAlgorithm,
+    *,
+    init: Path | None = None,
+    resume: bool = False,
+    dry_run: bool = False,
+) -> ControlResult | str:
+    """Train (or resume) the offline run `cfg`, from `init`'s learner when given; with `dry_run`, read the
+    dataset, build the learner, say what it found and stop before writing anything."""
     control = cfg.control
-    assert control is not None
+    assert control is not None and algorithm.learner is not None
     if resume and init is not None:
         raise ControlEnvError("--resume goes on from the run's own checkpoint: drop --init")
     if cfg.data.source is None:
@@ -64,31 +75,35 @@ def train_offline(cfg: HoneConfig, init: Path | None = None, resume: bool = Fals
             f"control.algorithm {control.algorithm} learns from a dataset: set data.source: minari:<id> "
             "(write one with `hone collect`)"
         )
-    torch.manual_seed(cfg.run.seed)
-    torch.set_num_threads(cfg.run.threads or 1)
+    offline = control.offline
+    session = RunSession(cfg.run, resume=resume, threads=cfg.run.threads or 1)
     env = make_eval_env(control)
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
     check_action_space(control, action_space)
     data = load_offline(
         cfg.data.source,
-        root=control.dataset_root,
+        root=offline.dataset_root,
         observation_space=observation_space,
         action_space=action_space,
-        holdout=control.holdout,
+        holdout=offline.holdout,
     )
     obs_dim = int(observation_space.shape[0])
-    learner = make_learner(cfg, obs_dim, action_space)
+    learner = algorithm.learner(control, obs_dim, action_space)
     if init is not None:
         load_learner(learner, init, control)
+    if dry_run:
+        held = 0 if data.holdout is None else len(data.holdout)
+        source = cfg.data.source
+        return f"{source}: {len(data.train)} training transitions, {held} held out; actions {action_space}"
+    base_lrs = learning_rates(learner.steps.values())  # before a restore sets the saved ones
     normalizer = dataset_normalizer(control, data.train, obs_dim)
     buffer = ReplayBuffer(
-        len(data.train) + control.online_steps, obs_dim, learner.action_dim, seed=cfg.run.seed
+        len(data.train) + offline.online_steps, obs_dim, learner.action_dim, seed=cfg.run.seed
     )
     train = data.train
     buffer.add(normalizer.observations(train.obs, update=False), train.actions, train.rewards,
                normalizer.observations(train.next_obs, update=False), train.terminated)  # fmt: skip
-    run_dir, checkpointer, latest = open_control_run(cfg, resume)
     state = _LoopState(rng=np.random.default_rng(cfg.run.seed))
     parts: dict[str, Part] = {
         "model/": PolicyFolder(learner.actor, normalizer),
@@ -97,20 +112,14 @@ def train_offline(cfg: HoneConfig, init: Path | None = None, resume: bool = Fals
         "loop": state,
         RNG_FILE: RNG,  # last: loading the others must not draw after it
     }
-    if latest is not None:
-        restore(checkpointer, latest, parts)
-    with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
-        try:
-            result = _run(
-                cfg, control, learner, buffer, data, normalizer, (run_dir, checkpointer, parts), log
-            )
-        except KeyboardInterrupt:
-            raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
-    save_policy(learner.actor, normalizer, run_dir / "model")
-    torch.save(learner.state_dict(), run_dir / "model" / LEARNER_FILE)
-    if cfg.logging.plot:
-        keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
-        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
+    if session.latest is not None:
+        session.restore(parts)
+    with session.open_log(cfg, state.step if session.latest else None) as log, session.interrupts():
+        result = _run(cfg, control, session, (learner, base_lrs), buffer, data, normalizer, parts, log)
+    save_policy(learner.actor, normalizer, session.dir / "model")
+    torch.save(learner.state_dict(), session.dir / "model" / LEARNER_FILE)
+    session.plot(cfg.logging, algorithm.plot)
+    session.finish(result.summary(control.algorithm))
     return result
 
 
@@ -127,16 +136,16 @@ def dataset_normalizer(control: ControlConfig, train: Transitions, obs_dim: int)
     return normalizer
 
 
-def load_learner(learner: Learner, run: Path, control: ControlConfig) -> None:
+def load_learner(learner: OfflineLearner, run: Path, control: ControlConfig) -> None:
     """`--init RUN`: RUN's final networks and optimizers (their moments), with this run's learning rates
-    (a saved optimizer carries its own, which would silently override `trainer.lr` / `control.q_lr`); one
-    line when they are not this learner's."""
+    (a saved optimizer carries its own, which would silently override `control.lr` /
+    `control.offpolicy.q_lr`); one line when they are not this learner's."""
     file = run / "model" / LEARNER_FILE if (run / "model").is_dir() else run / LEARNER_FILE
     if not file.is_file():
         raise ControlEnvError(
             f"--init {run}: no {LEARNER_FILE} there (an offline run's directory, runs/<name>)"
         )
-    optimizers = _optimizers(learner)
+    optimizers = [stepper.optimizer for stepper in learner.steps.values()]
     rates = [[group["lr"] for group in opt.param_groups] for opt in optimizers]
     try:
         learner.load_state_dict(torch.load(file, weights_only=True))
@@ -150,26 +159,25 @@ def load_learner(learner: Learner, run: Path, control: ControlConfig) -> None:
             group["lr"] = lr
 
 
-def _optimizers(learner: Learner) -> list[torch.optim.Optimizer]:
-    parts = [*vars(learner).values(), *getattr(learner, "opts", {}).values()]
-    return [part for part in parts if isinstance(part, torch.optim.Optimizer)]
-
-
 def _run(
     cfg: HoneConfig,
     control: ControlConfig,
-    learner: Learner,
+    session: RunSession,
+    learning: tuple[OfflineLearner, list[list[float]]],
     buffer: ReplayBuffer,
     data: OfflineDataset,
     normalizer: Normalizer,
-    saving: tuple[Path, Checkpointer, dict[str, Part]],
-    log: Any,
+    parts: dict[str, Part],
+    log: MetricsLogger,
 ) -> ControlResult:
-    run_dir, checkpointer, parts = saving
+    learner, base_lrs = learning
+    offline, batch_size = control.offline, control.offpolicy.batch_size
     state: _LoopState = parts["loop"]
-    offline_steps = math.ceil(control.offline_updates / control.updates_per_step)
-    online_steps = math.ceil(control.online_steps / control.rollout_steps)
+    offline_steps = math.ceil(offline.updates / offline.updates_per_step)
+    online_steps = math.ceil(offline.online_steps / control.rollout_steps)
     total = offline_steps + online_steps
+    lr = RLSchedule(control.schedule, control.warmup_steps, total)
+    stopped_by = ""
 
     def scored(metrics: dict[str, float]) -> dict[str, float]:
         score = data.normalized_score(metrics["eval/return"])
@@ -180,35 +188,50 @@ def _run(
         log.log(0, state.start_eval)
     holdout = None if data.holdout is None else _holdout_batch(data.holdout, normalizer)
     online = _Online(control, cfg.run.seed, normalizer) if online_steps else None
-    with Progress(total=total, enabled=cfg.logging.progress, description="offline") as progress:
+    shown = Progress(
+        total=total, initial=state.step, enabled=cfg.logging.progress, description=control.algorithm,
+        time_left_s=session.time_left(), fields=OFFLINE,
+    )  # fmt: skip
+    with shown as progress:
         try:
             for step in range(state.step + 1, total + 1):
-                raise_if_signalled()
+                session.check()
+                scale_lrs(learner.steps.values(), base_lrs, lr.factor(step - 1))
                 if step <= offline_steps:
-                    done = (step - 1) * control.updates_per_step
-                    updates = min(control.updates_per_step, control.offline_updates - done)
-                    metrics = _mean(
-                        [learner.update(buffer.sample(control.batch_size)) for _ in range(updates)]
-                    )
+                    done = (step - 1) * offline.updates_per_step
+                    updates = min(offline.updates_per_step, offline.updates - done)
+                    metrics = _mean([learner.update(buffer.sample(batch_size)) for _ in range(updates)])
                     metrics["offline/updates"] = float(done + updates)
                 else:
                     assert online is not None
                     metrics = online.steps(learner, buffer, state.rng)
                 if holdout is not None:
                     metrics["val/action_mse"] = _action_mse(learner.actor, holdout)
-                if step == total or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+                out_of_time = session.out_of_time()
+                last = step == total or out_of_time
+                if session.due(step, cfg.run.eval_every, last=last):
                     state.final_eval = scored(evaluate(learner.actor, control, normalizer))
                     metrics |= state.final_eval
                 log.log(step, metrics)
                 state.step = step
-                progress.update(step, {"eval/return": state.final_eval["eval/return"]})
-                if step <= offline_steps and save_every(cfg, step, last=step == offline_steps):
-                    checkpointer.save(step, parts)
+                progress.update(step, metrics | {"eval/return": state.final_eval["eval/return"]})
+                # the online phase is not checkpointed: a resume there goes on from the offline updates' end
+                if step <= offline_steps and session.due(
+                    step, cfg.run.save_every, last=step == offline_steps or last
+                ):
+                    session.checkpointer.save(step, parts)
+                if out_of_time:
+                    stopped_by = "time limit"
+                    session.say_out_of_time(step)
+                    break
         finally:
             if online is not None:
                 online.close()
     env_steps = 0 if online is None else online.env_steps
-    return ControlResult(run_dir, total, env_steps, state.start_eval, state.final_eval)
+    result = ControlResult(session.dir, state.step, env_steps, state.start_eval, state.final_eval)
+    result.updates, result.stopped_by = min(state.step, offline_steps) * offline.updates_per_step, stopped_by
+    result.updates = min(result.updates, offline.updates)
+    return result
 
 
 @dataclass
@@ -262,7 +285,9 @@ class _Online:
         self.episodes: deque[tuple[float, int]] = deque(maxlen=100)
         self.started = time.perf_counter()
 
-    def steps(self, learner: Learner, buffer: ReplayBuffer, rng: np.random.Generator) -> dict[str, float]:
+    def steps(
+        self, learner: OfflineLearner, buffer: ReplayBuffer, rng: np.random.Generator
+    ) -> dict[str, float]:
         control, n = self.control, self.control.num_envs
         scale, bias = learner.actor.scale.numpy(), learner.actor.bias.numpy()
         rows: list[dict[str, float]] = []
@@ -273,9 +298,10 @@ class _Online:
                 self.envs, seen, action * scale + bias, action, buffer, self.episodes, self.observe
             )
             self.env_steps, self.vector_steps = self.env_steps + n, self.vector_steps + 1
-            if self.vector_steps % control.train_freq == 0:
+            if self.vector_steps % control.offpolicy.train_freq == 0:
                 rows += [
-                    learner.update(buffer.sample(control.batch_size)) for _ in range(control.gradient_steps)
+                    learner.update(buffer.sample(control.offpolicy.batch_size))
+                    for _ in range(control.offpolicy.gradient_steps)
                 ]
         seconds = max(time.perf_counter() - self.started, 1e-9)
         return (

@@ -1,341 +1,126 @@
-"""SAC and TD3 on a gymnasium environment with a Box action space (`control.algorithm: sac | td3`), on the
-algorithm core's `hone.algorithms.qlearning` (targets, losses, Polyak averaging, the tanh-Gaussian
-log-prob) and the networks of `hone.control.offpolicy`.
+"""The off-policy loop (`control.algorithm: sac | td3`, `hone.control.algos.sac_td3`): act, store each
+transition in a replay buffer, update from it.
 
-SAC: Haarnoja et al. 2018a, "Soft Actor-Critic" (arXiv:1801.01290), in the form of Haarnoja et al. 2018b,
-"Soft Actor-Critic Algorithms and Applications" (arXiv:1812.05905): twin Q critics with target copies and
-no separate V network (§6), a tanh-squashed Gaussian actor, the temperature α learned towards an entropy
-target of −|A| (§5). TD3: Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic
-Methods" (arXiv:1802.09477): clipped double-Q, target policy smoothing, the actor and the target networks
-updated every `policy_delay` critic updates, Gaussian exploration noise.
-
-The schedule is SB3's (and CleanRL's): `learning_starts` environment steps of uniformly random actions,
-then after every `train_freq` vector-environment steps `gradient_steps` updates, each on `batch_size`
-transitions drawn uniformly from the replay buffer (`hone.control.replay`). A SAC update: the critics' step
-(the target at the current α), the targets' Polyak step, then every `policy_delay`-th update (1: every one,
-SB3; CleanRL's policy_frequency 2) `policy_delay` pairs of α's step and the actor's step, the actor's loss
-at α before its step (SB3's order: α and the critics' target both use the value from before this update's
-α step). TD3: the critics' step every update, the actor's and the targets' every `policy_delay`-th.
-
-Departures, each shared with a peer: one learning rate (`trainer.lr`) for the actor, the critics and α
-unless `control.q_lr` sets the critics' and α's (CleanRL), and no gradient clipping (`trainer.grad_clip` is
-not read), as SB3; the critics' loss is the sum of the two
-MSEs without SAC's ½ (CleanRL; see `q_loss`); noise scales are in [-1, 1] action units (SB3; CleanRL
-scales by the action range to the same effect). The paper's SAC takes one gradient step per environment
-step after 1000 (v1) or 10000 random steps; `learning_starts` and `train_freq` / `gradient_steps` set that.
-
-Logging: one RL step (one row of metrics.jsonl) is `control.rollout_steps` steps of every environment, so
-RL steps = env_steps / (num_envs × rollout_steps); the losses, α and Q are means over that step's updates.
+The schedule is SB3's (and CleanRL's): `offpolicy.learning_starts` environment steps of uniformly random
+actions, then after every `offpolicy.train_freq` vector-environment steps `offpolicy.gradient_steps` updates,
+each on `offpolicy.batch_size` transitions drawn uniformly from the buffer (`hone.control.replay`). One RL
+step (one row of metrics.jsonl) is `control.rollout_steps` steps of every environment; its losses, α and Q
+are means over that step's updates. The run around it is the session every family shares
+(`hone.run.session`): the time budget, signals, checkpoints (the buffer too) with exact `--resume`.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-import torch
 
-from hone.algorithms.qlearning import (
-    polyak_update,
-    q_loss,
-    sac_actor_loss,
-    sac_alpha_loss,
-    sac_critic_target,
-    smoothed_target_action,
-    td3_actor_loss,
-    td3_target,
-)
 from hone.config import ControlConfig, HoneConfig
-from hone.control.checkpoint import (
-    LoopState,
-    checkpoint_parts,
-    open_control_run,
-    reseed_if_lost,
-    restore,
-    save_every,
-)
-from hone.control.envs import ControlEnvError, make_vector_env
-from hone.control.evaluate import ControlResult, episode_metrics, evaluate, save_policy, solved
-from hone.control.offpolicy import DeterministicActor, SquashedGaussianActor, TwinQ
+from hone.control.algos.registry import ControlAlgorithm
+from hone.control.algos.sac_td3 import OffPolicyLearner, check_action_space
+from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
+from hone.control.envs import make_vector_env
+from hone.control.evaluate import ControlResult, episode_metrics, evaluate, solved
+from hone.control.policy_io import save_policy
 from hone.control.replay import ReplayBuffer
-from hone.run.lifecycle import RunInterrupted, open_run_log, where_stopped
-from hone.signals import raise_if_signalled
-from hone.tracking import Progress, plot_metrics
-from hone.tracking.plot import DEFAULT_PLOT_METRICS
-from hone.training.checkpoint import Checkpointer
-
-PLOT_METRICS = ["episode/return", "eval/return", "loss/q", "loss/actor", "alpha", "q/mean"]
+from hone.run.session import RunSession
+from hone.tracking import MetricsLogger, Progress
+from hone.tracking.progress import CONTROL
+from hone.training.checkpoint import Part
+from hone.training.optim import OptimizerStepper, RLSchedule
 
 
-def train_offpolicy(cfg: HoneConfig, resume: bool = False) -> ControlResult:
+def train_offpolicy(
+    cfg: HoneConfig, algorithm: ControlAlgorithm, *, resume: bool = False, dry_run: bool = False
+) -> ControlResult | str:
+    """Train (or resume) the off-policy run `cfg`; with `dry_run`, build the envs and the learner, check the
+    action space, say what it found and stop before writing anything."""
     control = cfg.control
-    assert control is not None
-    torch.manual_seed(cfg.run.seed)
-    torch.set_num_threads(cfg.run.threads or 1)  # small MLPs: one thread is fastest
-    run_dir, checkpointer, latest = open_control_run(cfg, resume)
-    envs = make_vector_env(control, cfg.run.seed)
-    state = LoopState(envs, None, rng=np.random.default_rng(cfg.run.seed))  # warm-up actions, TD3's noise
+    assert control is not None and algorithm.learner is not None
+    seed = cfg.run.seed
+    session = RunSession(cfg.run, resume=resume, threads=cfg.run.threads or 1)  # small MLPs: one thread
+    envs = make_vector_env(control, seed)
+    state = LoopState(envs, None, rng=np.random.default_rng(seed))  # warm-up actions, TD3's noise
     try:
         check_action_space(control, envs.single_action_space)
         obs_dim = envs.single_observation_space.shape[0]
-        learner = OffPolicyLearner(cfg, obs_dim, envs.single_action_space)
-        buffer = ReplayBuffer(control.buffer_size, obs_dim, learner.action_dim, seed=cfg.run.seed)
+        learner = algorithm.learner(control, obs_dim, envs.single_action_space)
+        if dry_run:
+            params = sum(p.numel() for p in learner.actor.parameters())
+            return (
+                f"{control.num_envs} envs: observations {envs.single_observation_space}, actions "
+                f"{envs.single_action_space}; actor {params} parameters"
+            )
+        base_lrs = learning_rates(learner.steps.values())  # before a restore sets the saved ones
+        buffer = ReplayBuffer(control.offpolicy.buffer_size, obs_dim, learner.action_dim, seed=seed)
         parts = checkpoint_parts(state, learner.actor, None, ("learner.pt", learner), buffer)
-        if latest is not None:
-            restore(checkpointer, latest, parts, state)
-            reset = reseed_if_lost(state, cfg.run.seed)
+        if session.latest is not None:
+            session.restore(parts)
+            reset = reseed_if_lost(state, seed)
             state.obs = state.obs if reset is None else reset
         else:
-            state.obs = envs.reset(seed=cfg.run.seed)[0]
-        with open_run_log(cfg, run_dir, resume_step=state.step if latest else None) as log:
-            try:
-                return _run(cfg, control, state, learner, buffer, (run_dir, checkpointer, parts), log)
-            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: one line saying where, and how to resume
-                raise RunInterrupted(f"interrupted {where_stopped(run_dir)}") from None
+            state.obs = envs.reset(seed=seed)[0]
+        with session.open_log(cfg, state.step if session.latest else None) as log, session.interrupts():
+            result = _run(cfg, control, session, state, (learner, base_lrs), buffer, parts, log)
+        save_policy(learner.actor, None, session.dir / "model")  # the actor, with its action scale and bias
+        session.plot(cfg.logging, algorithm.plot)
+        session.finish(result.summary(control.algorithm))
+        return result
     finally:
         state.envs.close()
         if state.envs is not envs:
             envs.close()
 
 
-def check_action_space(control: ControlConfig, space: Any) -> None:
-    """SAC's squashing and TD3's tanh need a Box with finite bounds: one line before anything runs."""
-    if hasattr(space, "n") or not hasattr(space, "low"):
-        raise ControlEnvError(
-            f"control.algorithm {control.algorithm} needs a Box action space; {control.env} has {space}: "
-            "use ppo"
-        )
-    if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-        raise ControlEnvError(
-            f"control.algorithm {control.algorithm} needs finite action bounds; {control.env} has {space}"
-        )
-
-
-class OffPolicyLearner:
-    """The networks, optimizers and one gradient update of SAC or TD3 (actions in [-1, 1])."""
-
-    def __init__(self, cfg: HoneConfig, obs_dim: int, action_space: Any) -> None:
-        control = cfg.control
-        assert control is not None
-        self.control, self.gamma, lr = control, cfg.algorithm.gamma, cfg.trainer.lr
-        q_lr = control.q_lr if control.q_lr is not None else lr
-        self.sac = control.algorithm in ("sac", "cql")  # CQL: SAC with a conservative critic loss
-        hidden, activation = control.hidden_sizes, control.activation
-        self.actor: SquashedGaussianActor | DeterministicActor
-        if self.sac:
-            self.actor = SquashedGaussianActor(obs_dim, action_space, hidden, activation)
-        else:
-            self.actor = DeterministicActor(obs_dim, action_space, hidden, activation)
-        self.action_dim = self.actor.action_dim
-        self.critic = TwinQ(obs_dim, self.action_dim, hidden, activation)
-        self.critic_target = frozen_copy(self.critic)
-        self.actor_target = None if self.sac else frozen_copy(self.actor)
-        # foreach: one fused kernel per Adam step, where torch's CPU default loops over the tensors
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, foreach=True)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=q_lr, foreach=True)
-        self.log_alpha = torch.tensor(
-            math.log(control.init_alpha), requires_grad=self.sac and control.autotune
-        )
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=q_lr) if self.log_alpha.requires_grad else None
-        self.policy_delay = control.policy_delay or (1 if self.sac else 2)
-        target = control.target_entropy
-        self.target_entropy = float(-self.action_dim if target is None else target)
-        self.updates = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """Every network, target copy and optimizer, log α and the update count (a checkpoint's
-        `learner.pt`)."""
-        state = {name: part.state_dict() for name, part in self._parts().items()}
-        return state | {"log_alpha": self.log_alpha.detach().clone(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, part in self._parts().items():
-            part.load_state_dict(state[name])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        self.updates = int(state["updates"])
-
-    def _parts(self) -> dict[str, Any]:
-        parts: dict[str, Any] = {
-            "actor": self.actor,
-            "critic": self.critic,
-            "critic_target": self.critic_target,
-        }
-        if self.actor_target is not None:
-            parts["actor_target"] = self.actor_target
-        parts |= {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
-        if self.alpha_opt is not None:
-            parts["alpha_opt"] = self.alpha_opt
-        return parts
-
-    def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Actions in [-1, 1] for a [num_envs, obs_dim] batch: SAC samples its policy; TD3 adds
-        N(0, exploration_noise²) to μ(s) and clips (Fujimoto et al. 2018 Algorithm 1)."""
-        if isinstance(self.actor, SquashedGaussianActor):
-            with torch.no_grad():
-                return self.actor.sample(torch.as_tensor(obs, dtype=torch.float32))[0].numpy()
-        return gaussian_noise(self.actor, obs, rng, self.control.exploration_noise)
-
-    def critic_targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """y for each transition: r + γ (1 - terminated) (the target critics' min at the next action, minus
-        α log π for SAC); a terminated transition's y is its reward."""
-        next_obs = batch["next_obs"]
-        with torch.no_grad():
-            if isinstance(self.actor, SquashedGaussianActor):
-                next_action, next_log_prob = self.actor.sample(next_obs)
-                q1, q2 = self.critic_target(next_obs, next_action)
-                return sac_critic_target(
-                    batch["rewards"], batch["terminated"], q1, q2, next_log_prob,
-                    alpha=self.log_alpha.exp(), gamma=self.gamma,
-                )  # fmt: skip
-            assert self.actor_target is not None
-            next_action = smoothed_target_action(
-                self.actor_target(next_obs),
-                noise_std=self.control.target_noise,
-                noise_clip=self.control.target_noise_clip,
-                low=-1.0,
-                high=1.0,
-            )
-            q1, q2 = self.critic_target(next_obs, next_action)
-            return td3_target(batch["rewards"], batch["terminated"], q1, q2, gamma=self.gamma)
-
-    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        self.updates += 1
-        return self._sac_update(batch) if self.sac else self._td3_update(batch)
-
-    def _critic_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        target = self.critic_targets(batch)
-        q1, q2 = self.critic(batch["obs"], batch["actions"])
-        loss = q_loss(q1, target) + q_loss(q2, target)
-        metrics = {"loss/q": loss.item(), "q/mean": (q1 + q2).mean().item() / 2}
-        penalty = self.critic_penalty(batch, q1, q2)
-        if penalty is not None:
-            loss = loss + penalty
-            metrics["loss/cql"] = penalty.item()
-        self.critic_opt.zero_grad()
-        loss.backward()
-        self.critic_opt.step()
-        return metrics
-
-    def critic_penalty(
-        self, batch: dict[str, torch.Tensor], q1: torch.Tensor, q2: torch.Tensor
-    ) -> torch.Tensor | None:
-        """A term added to the critics' loss (CQL's conservative penalty); none for SAC and TD3."""
-        return None
-
-    def td3_actor_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """TD3's actor loss, -mean Q1(s, μ(s)) (TD3+BC adds its behaviour-cloning term)."""
-        return td3_actor_loss(self.critic.first(batch["obs"], self.actor(batch["obs"])))
-
-    def _sac_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        assert isinstance(self.actor, SquashedGaussianActor)
-        metrics = {"alpha": float(self.log_alpha.detach().exp())}  # the α this update's target uses
-        metrics |= self._critic_step(batch)
-        polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=self.control.tau)
-        if self.updates % self.policy_delay:
-            return metrics
-        for _ in range(self.policy_delay):  # d > 1: as many actor steps as were skipped (CleanRL)
-            action, log_prob = self.actor.sample(batch["obs"])
-            alpha = self.log_alpha.detach().exp()  # the actor's α: the value before α's step (SB3)
-            if self.alpha_opt is not None:
-                alpha_loss = sac_alpha_loss(self.log_alpha, log_prob, target_entropy=self.target_entropy)
-                self.alpha_opt.zero_grad()
-                alpha_loss.backward()
-                self.alpha_opt.step()
-                metrics["loss/alpha"] = alpha_loss.item()
-            with _no_param_grads(self.critic):
-                q1, q2 = self.critic(batch["obs"], action)
-                actor_loss = sac_actor_loss(q1, q2, log_prob, alpha=alpha)
-                self.actor_opt.zero_grad()
-                actor_loss.backward()
-            self.actor_opt.step()
-        return metrics | {"loss/actor": actor_loss.item(), "entropy": -float(log_prob.detach().mean())}
-
-    def _td3_update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        assert self.actor_target is not None
-        metrics = self._critic_step(batch)
-        if self.updates % self.policy_delay == 0:
-            with _no_param_grads(self.critic):
-                actor_loss = self.td3_actor_loss(batch)
-                self.actor_opt.zero_grad()
-                actor_loss.backward()
-            self.actor_opt.step()
-            tau = self.control.tau
-            polyak_update(self.critic_target.parameters(), self.critic.parameters(), tau=tau)
-            polyak_update(self.actor_target.parameters(), self.actor.parameters(), tau=tau)
-            metrics["loss/actor"] = actor_loss.item()
-        return metrics
-
-
-def gaussian_noise(
-    actor: torch.nn.Module, obs: np.ndarray, rng: np.random.Generator, std: float
-) -> np.ndarray:
-    """A deterministic actor's action plus N(0, std²), clipped to [-1, 1] (TD3's exploration; BC's and
-    TD3+BC's online)."""
-    with torch.no_grad():
-        mu = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-    return np.clip(mu + rng.normal(0.0, std, size=mu.shape), -1.0, 1.0).astype(np.float32)
-
-
-@contextmanager
-def _no_param_grads(net: torch.nn.Module) -> Iterator[None]:
-    """The actor's loss differentiates through the critics to the action only: their weights' gradients
-    (which SB3 and CleanRL compute and then discard) are skipped. The same update, less CPU."""
-    net.requires_grad_(False)
-    try:
-        yield
-    finally:
-        net.requires_grad_(True)
-
-
-def frozen_copy(net: torch.nn.Module) -> Any:
-    target = copy.deepcopy(net)
-    target.requires_grad_(False)
-    return target
-
-
 def _run(
     cfg: HoneConfig,
     control: ControlConfig,
+    session: RunSession,
     state: LoopState,
-    learner: OffPolicyLearner,
+    learning: tuple[OffPolicyLearner, list[list[float]]],
     buffer: ReplayBuffer,
-    saving: tuple[Path, Checkpointer, dict[str, Any]],
-    log: Any,
+    parts: dict[str, Part],
+    log: MetricsLogger,
 ) -> ControlResult:
-    run_dir, checkpointer, parts = saving
+    learner, base_lrs = learning
+    offpolicy = control.offpolicy
     n, t = control.num_envs, control.rollout_steps
     iterations = max(1, control.env_steps // (n * t))
+    lr = RLSchedule(control.schedule, control.warmup_steps, iterations)
     assert state.rng is not None
     rng, episodes = state.rng, state.episodes
     scale, bias = learner.actor.scale.numpy(), learner.actor.bias.numpy()
     if state.step == 0:
         state.start_eval = evaluate(learner.actor, control)
         log.log(0, state.start_eval)
-    final_eval = state.start_eval
+    final_eval, stopped_by = state.start_eval, ""
     started, steps_before = time.perf_counter(), state.env_steps
-    with Progress(total=iterations, enabled=cfg.logging.progress, description="control") as progress:
+    total = Progress(
+        total=iterations, initial=state.step, enabled=cfg.logging.progress, description=control.algorithm,
+        time_left_s=session.time_left(), fields=CONTROL,
+    )  # fmt: skip
+    with total as progress:
         for it in range(state.step, iterations):
-            raise_if_signalled()
+            session.check()
+            scale_lrs(learner.steps.values(), base_lrs, lr.factor(it))
             sums: dict[str, float] = {}
             counts: dict[str, int] = {}
             for _ in range(t):
-                if state.env_steps < control.learning_starts:
+                if state.env_steps < offpolicy.learning_starts:
                     action = rng.uniform(-1.0, 1.0, size=(n, learner.action_dim)).astype(np.float32)
                 else:
                     action = learner.explore(state.obs, rng)
                 state.obs = env_step(state.envs, state.obs, action * scale + bias, action, buffer, episodes)
                 state.env_steps, state.vector_steps = state.env_steps + n, state.vector_steps + 1
-                if state.env_steps > control.learning_starts and state.vector_steps % control.train_freq == 0:
-                    for _ in range(control.gradient_steps):
-                        for key, value in learner.update(buffer.sample(control.batch_size)).items():
+                if (
+                    state.env_steps > offpolicy.learning_starts
+                    and state.vector_steps % offpolicy.train_freq == 0
+                ):
+                    for _ in range(offpolicy.gradient_steps):
+                        for key, value in learner.update(buffer.sample(offpolicy.batch_size)).items():
                             sums[key] = sums.get(key, 0.0) + value
                             counts[key] = counts.get(key, 0) + 1
             metrics = {key: total / counts[key] for key, total in sums.items()}
@@ -346,21 +131,35 @@ def _run(
             }
             metrics |= episode_metrics(episodes)
             state.step = step = it + 1
-            reached = solved(control, episodes)
-            if reached or step == iterations or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+            reached, out_of_time = solved(control, episodes), session.out_of_time()
+            last = reached or out_of_time or step == iterations
+            if session.due(step, cfg.run.eval_every, last=last):
                 final_eval = evaluate(learner.actor, control)
                 metrics |= final_eval
             log.log(step, metrics)
-            progress.update(step, {"reward/mean": metrics.get("episode/return", math.nan)})
-            if save_every(cfg, step, last=reached or step == iterations):
-                checkpointer.save(step, parts)
-            if reached:
+            progress.update(step, metrics)
+            if session.due(step, cfg.run.save_every, last=last):
+                session.checkpointer.save(step, parts)
+            if reached or out_of_time:
+                stopped_by = "stop_at_return" if reached else "time limit"
+                if out_of_time:
+                    session.say_out_of_time(step)
                 break
-    save_policy(learner.actor, None, run_dir / "model")  # the actor, with its action scale and bias
-    if cfg.logging.plot:
-        keys = PLOT_METRICS if cfg.logging.plot == list(DEFAULT_PLOT_METRICS) else cfg.logging.plot
-        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", keys, title=cfg.run.name)
-    return ControlResult(run_dir, state.step, state.env_steps, state.start_eval, final_eval)
+    return ControlResult(
+        session.dir, state.step, state.env_steps, state.start_eval, final_eval, stopped_by=stopped_by
+    )
+
+
+def learning_rates(steppers: Iterable[OptimizerStepper]) -> list[list[float]]:
+    """Each optimizer's learning rates as configured (what the schedule scales)."""
+    return [[group["lr"] for group in s.optimizer.param_groups] for s in steppers]
+
+
+def scale_lrs(steppers: Iterable[OptimizerStepper], base: list[list[float]], factor: float) -> None:
+    """Every optimizer's learning rates at `factor` × their configured ones (`control.schedule`)."""
+    for stepper, rates in zip(steppers, base, strict=True):
+        for group, rate in zip(stepper.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate * factor
 
 
 def env_step(

@@ -1,0 +1,117 @@
+"""One run's session, the same for every family (language-model RL, SFT/DPO/RM, control on- and off-policy,
+offline, teams): what a training loop asks of the run around it.
+
+    session = RunSession(cfg.run, resume=resume)          # seed and threads; the directory is chosen,
+                                                          # nothing is written
+    ... build the run; restore `session.latest` with `session.restore(parts)` ...
+    with session.open_log(cfg, resume_step) as log, session.interrupts():
+        for step in ...:
+            session.check()                               # a signal that was swallowed ends the run here
+            ...
+            if session.due(step, cfg.run.eval_every, last=last): evaluate
+            if session.due(step, cfg.run.save_every, last=last): session.checkpointer.save(step, parts)
+            if session.out_of_time(): break               # run.time_limit_s
+    session.plot(cfg.logging, family_default_keys)
+
+The run directory is written only by `open_log`, once set-up has passed, so a start refused by bad input
+leaves nothing behind and the same command, fixed, starts cleanly. A directory whose run saved no checkpoint
+and did not finish is reused with a one-line note; one with a checkpoint or a finished run is refused (resume
+it, or choose another `run.name`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from hone.run.lifecycle import (
+    RunInterrupted,
+    SetupError,
+    deadline,
+    open_run_dir,
+    open_run_log,
+    start_process,
+    where_stopped,
+)
+from hone.signals import raise_if_signalled
+from hone.tracking import METRICS_FILE, MetricsLogger, plot_metrics
+from hone.training.checkpoint import Part
+from hone.training.distributed import ONE_RANK, Ranks
+
+if TYPE_CHECKING:
+    from hone.config import HoneConfig, LoggingConfig, RunConfig
+
+log = logging.getLogger("hone")
+
+SUMMARY_FILE = "summary.json"  # written when a run ends; its presence marks the directory as a finished run
+
+
+class RunSession:
+    """The run's process settings, directory, checkpointer, clock and interrupts (see the module's
+    docstring). `latest` is the checkpoint a resume starts from (None for a new run)."""
+
+    def __init__(
+        self, run: RunConfig, *, resume: bool, ranks: Ranks = ONE_RANK, threads: int | None = None
+    ) -> None:
+        self.run = run
+        self.started = start_process(run, threads=threads)
+        self.dir, self.checkpointer, self.latest = open_run_dir(run, resume, ranks)
+        self.deadline = deadline(run, self.started)
+
+    def open_log(self, cfg: HoneConfig, resume_step: int | None = None) -> MetricsLogger:
+        """metrics.jsonl (TensorBoard, W&B) and config.yaml: the first writes into the run directory."""
+        return open_run_log(cfg, self.dir, resume_step=resume_step)
+
+    def restore(self, parts: dict[str, Part]) -> None:
+        """Load `latest` into `parts`; one line when it does not fit this run or is damaged."""
+        assert self.latest is not None
+        try:
+            self.checkpointer.load(self.latest, parts)
+        except Exception as e:
+            detail = " ".join(str(e).split())[:300]
+            raise SetupError(f"cannot resume from {self.latest}: {type(e).__name__}: {detail}") from None
+        log.info("resumed %s from %s", self.dir, self.latest.name)
+
+    def check(self) -> None:
+        """At a step boundary: end the run if a signal arrived whose own interrupt was swallowed."""
+        raise_if_signalled()
+
+    @contextmanager
+    def interrupts(self) -> Iterator[None]:
+        """Ctrl-C or SIGTERM inside: one line saying where the run stopped and how to go on."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise RunInterrupted(f"interrupted {where_stopped(self.dir)}") from None
+
+    @staticmethod
+    def due(step: int, every: int | None, *, last: bool = False) -> bool:
+        """The cadence of evals and saves: at the run's last step, and every `every` steps (0: never)."""
+        return last or bool(every and step % every == 0)
+
+    def time_left(self) -> float | None:
+        """Seconds left of `run.time_limit_s` (None: no budget)."""
+        return None if self.deadline is None else self.deadline - time.perf_counter()
+
+    def out_of_time(self) -> bool:
+        """The budget is spent: the loop ends after the step that crossed it (saved and evaluated as the
+        last one)."""
+        left = self.time_left()
+        return left is not None and left <= 0
+
+    def say_out_of_time(self, step: int) -> None:
+        log.info("time limit of %.0f s reached after step %d", self.run.time_limit_s, step)
+
+    def plot(self, logging_cfg: LoggingConfig, family_keys: Sequence[str]) -> None:
+        """curves.png of `logging.plot`, or the family's own curves when the recipe names none."""
+        keys = family_keys if logging_cfg.plot is None else logging_cfg.plot
+        if keys:
+            plot_metrics(self.dir / METRICS_FILE, self.dir / "curves.png", list(keys), title=self.run.name)
+
+    def finish(self, summary: Mapping[str, Any]) -> None:
+        """summary.json: the run's result in its family's own terms (and the mark of a finished run)."""
+        (self.dir / SUMMARY_FILE).write_text(json.dumps(dict(summary), indent=2, default=str) + "\n")
