@@ -177,7 +177,7 @@ def test_init_keeps_this_runs_learning_rates(tmp_path: Path, root: Path) -> None
     import gymnasium as gym
 
     from hone.config import load_config
-    from hone.control.algos.offline import make_learner
+    from hone.control.algos import control_algorithm
     from hone.control.loops.offline import load_learner
 
     assert (
@@ -187,7 +187,9 @@ def test_init_keeps_this_runs_learning_rates(tmp_path: Path, root: Path) -> None
     cfg = load_config("pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]",
                                        "control.lr=1e-5", "control.offpolicy.q_lr=2e-5"])  # fmt: skip
     assert cfg.control is not None
-    learner = make_learner(cfg, 3, gym.spaces.Box(-2.0, 2.0, (1,)))
+    make = control_algorithm("cql").learner
+    assert make is not None
+    learner = make(cfg.control, 3, gym.spaces.Box(-2.0, 2.0, (1,)))
     load_learner(learner, tmp_path / "runs" / "lr-source", cfg.control)
     assert learner.actor_opt.param_groups[0]["lr"] == 1e-5
     assert learner.critic_opt.param_groups[0]["lr"] == 2e-5
@@ -348,7 +350,8 @@ def test_cql_pushes_q_down_on_actions_the_data_lacks() -> None:
     cfg = load_config(
         "pendulum-iql", ["control.algorithm=cql", "control.hidden_sizes=[32,32]", "control.lr=1e-3"]
     )
-    learner = CQLLearner(cfg, 3, gym.spaces.Box(-2.0, 2.0, (1,)))
+    assert cfg.control is not None
+    learner = CQLLearner(cfg.control, 3, gym.spaces.Box(-2.0, 2.0, (1,)), sac=True)
     obs = torch.rand(64, 3) * 2 - 1
     batch = {
         "obs": obs,
@@ -389,8 +392,9 @@ def test_resume_of_an_offline_run_is_bit_identical(tmp_path: Path, root: Path) -
     assert again[-1]["loss/actor"] == rows[-1]["loss/actor"]
 
 
-def test_every_offline_algorithm_of_the_config_has_a_learner() -> None:
-    from hone.config.control import OFFLINE_ALGORITHMS
-    from hone.control.algos.offline import OFFLINE_LEARNERS
+def test_every_offline_algorithm_is_registered_with_a_learner() -> None:
+    from hone.control.algos import CONTROL_ALGORITHMS
 
-    assert set(OFFLINE_LEARNERS) == set(OFFLINE_ALGORITHMS)
+    offline = {name: a for name, a in CONTROL_ALGORITHMS.items() if a.loop == "offline"}
+    assert set(offline) == {"bc", "td3_bc", "iql", "awr", "cql"}
+    assert all(a.learner is not None and a.reads == ("offpolicy", "offline") for a in offline.values())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from hone.config.base import ConfigError, Section
 
@@ -254,22 +254,6 @@ class ControlConfig(Section):
     offpolicy: ControlOffPolicyConfig = Field(default_factory=ControlOffPolicyConfig)
     offline: ControlOfflineConfig = Field(default_factory=ControlOfflineConfig)
 
-    @model_validator(mode="after")
-    def _normalisation_with_ppo(self) -> ControlConfig:
-        # offline: the statistics are the dataset's, fixed before the first update (as TD3+BC's and CORL's)
-        if self.algorithm in ("sac", "td3") and (self.normalize_obs or self.normalize_reward):
-            raise ValueError(
-                f"control.normalize_obs / normalize_reward: not with control.algorithm "
-                f"{self.algorithm} (its replay buffer would hold observations under changing statistics)"
-            )
-        if self.algorithm in OFFLINE_ALGORITHMS and self.normalize_reward:
-            raise ValueError(
-                "control.normalize_reward: not with an offline algorithm (rewards are the data's)"
-            )
-        return self
-
-
-OFFLINE_ALGORITHMS = ("bc", "td3_bc", "iql", "awr", "cql")
 
 # Where control keys moved: (section, key) as a recipe once spelled it -> its place under `control:`.
 _SUBSECTION = {

@@ -68,6 +68,15 @@ def check_algorithm(cfg: HoneConfig) -> ControlAlgorithm:
             f"control.algorithm {name} does not train teams: control.env {control.env} is multi-agent; use "
             f"{' or '.join(multi)}"
         )
+    if algorithm.loop == "offpolicy" and (control.normalize_obs or control.normalize_reward):
+        raise ControlEnvError(
+            f"control.normalize_obs / normalize_reward: not with control.algorithm {name} (its replay buffer "
+            "would hold observations under changing statistics)"
+        )
+    if algorithm.loop == "offline" and control.normalize_reward:
+        raise ControlEnvError(
+            "control.normalize_reward: not with an offline algorithm (rewards are the data's)"
+        )
     if cfg.data.source is not None and algorithm.loop != "offline":
         raise ControlEnvError(
             f"data.source: control.algorithm {name} learns from its environment, not a dataset (an offline "
