@@ -31,7 +31,8 @@ import hone.data  # noqa: F401  (registers the vlm_count task)
 from hone.data.tasks import get_task
 from hone.models.resolve import resolve_model
 from hone.rollout.base import GenerationRequest
-from hone.rollout.engines.hf import HFSampler, sampler_model
+from hone.rollout.engines.hf import HFSampler
+from hone.rollout.engines.hf_engine import sampler_model
 from hone.rollout.prompts import encode_prompt
 from hone.training.collate import collate
 from hone.training.policy import Policy

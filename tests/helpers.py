@@ -277,6 +277,8 @@ class Scripted:
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         raise NotImplementedError
 
+    def close(self) -> None: ...
+
 
 # The HFSampler tests' tiny model and prompts (test_sampler.py, test_weights.py, test_vllm.py).
 CHARS = "abcdefghijklmnopqrstuvwxyz .!?"
@@ -434,6 +436,8 @@ class FixedSampler:
 
     def load_weights(self, state_dict: Any, version: int) -> None:
         self.policy_version = version
+
+    def close(self) -> None: ...
 
 
 class PlainTokenizer:

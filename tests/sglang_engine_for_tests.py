@@ -1,6 +1,7 @@
 """An SGLang-shaped engine, as a test double. What a new engine adds to Hone is a module like this one
-(an `Engine`: `build` a `Sampler`, name its `weight_source`) and one line in
-`hone.rollout.engines.ENGINES`; tests/test_engines.py adds that line with `monkeypatch.setitem`.
+(an `Engine`: `build` a `Sampler`, name its `weight_source`, declare its `capabilities`) and one
+`register_engine` line (`hone.rollout.engines`); tests/test_engines.py adds that line (`SGLANG`) with
+`monkeypatch.setitem`.
 
 Shaped like an out-of-process engine (SGLang, vLLM): it starts from the model *directory*, not from the
 trainer's model object, and a publish sends it the whole HF-named state dict with LoRA merged
@@ -17,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from hone.config import RolloutConfig
 from hone.rollout import GenerationRequest, HFSampler
-from hone.rollout.engines import TrainedModel, WeightSource
+from hone.rollout.engines import EngineCapabilities, RegisteredEngine, TrainedModel, WeightSource
 from hone.types import Rollout, SamplingParams
 
 
@@ -48,12 +49,21 @@ class SGLangSampler:
 
 
 class SGLangEngine:
-    """`rollout.engine: sglang` (once registered)."""
+    """`rollout.engine: sglang` (once registered). It declares nothing beyond the core: it samples in
+    `model.dtype`, takes weights only between calls and reports no fingerprint (only the version of a
+    load can be verified)."""
 
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
     built: ClassVar[list[SGLangSampler]] = []
 
     def build(
-        self, rollout: RolloutConfig, policy: TrainedModel, model_path: str, *, model_dtype: str
+        self,
+        rollout: RolloutConfig,
+        policy: TrainedModel,
+        model_path: str,
+        *,
+        model_dtype: str,
+        reuse_model: bool = False,
     ) -> SGLangSampler:
         sampler = SGLangSampler(model_path, policy.tokenizer, model_dtype)
         SGLangEngine.built.append(sampler)
@@ -61,3 +71,8 @@ class SGLangEngine:
 
     def weight_source(self, policy: TrainedModel) -> WeightSource:
         return policy.state_dict_for_sampler
+
+
+# Its registry line, as `register_engine("sglang", ...)` would add it: tests put it in `ENGINES` with
+# `monkeypatch.setitem`, so it goes again after each test.
+SGLANG = RegisteredEngine("tests.sglang_engine_for_tests:SGLangEngine", SGLangEngine.capabilities)

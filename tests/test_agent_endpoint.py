@@ -79,6 +79,8 @@ class ScriptedSampler:
     def load_weights(self, state_dict: object, version: int) -> None:
         self.policy_version = version
 
+    def close(self) -> None: ...
+
 
 def calculator_reply(prompt: str) -> str:
     """Calls the calculator on the question, then answers with the tool's result."""

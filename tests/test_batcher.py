@@ -121,6 +121,8 @@ class _SlowSampler:
 
     def load_weights(self, state_dict: object, version: int) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def test_closing_mid_call_interrupts_the_engine_and_joins_the_generation_thread() -> None:
     """What a Ctrl-C does: the episodes are cancelled while a generate call runs; `aclose` must end the

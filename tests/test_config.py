@@ -174,9 +174,10 @@ def test_override_below_a_null_section_fills_it(tmp_path: Path) -> None:
     assert cfg.model.lora is not None and cfg.model.lora.r == 4
 
 
-def test_a_sampler_dtype_is_for_the_hf_engine_only() -> None:
+def test_a_sampler_dtype_is_for_an_engine_that_casts_its_weights() -> None:
     assert load_config(None, ["rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
-    with pytest.raises(ConfigError, match=r"rollout\.dtype applies to the hf engine"):
+    casts = r"rollout\.dtype: bfloat16 needs an engine that casts its weights \(hf\); the vllm engine"
+    with pytest.raises(ConfigError, match=casts):
         load_config(None, ["rollout.dtype=bfloat16", "rollout.engine=vllm"])
 
 

@@ -62,6 +62,8 @@ KNOWN_EXCEPTIONS = {
         "config",
         "rollout",
     ): "rollout.engine is checked against the engine registry (names only, no engine loads)",
+    ("config", "rl"): "cluster.backend is checked against the placement registry (rl/placement/backends.py: "
+    "names and declared capabilities, which import nothing else)",
 }
 
 

@@ -17,7 +17,7 @@ from hone.rl.loop import train
 from hone.rl.placement.weights import LocalWeightChannel
 from hone.rollout import HFSampler
 from hone.rollout.base import GenerationRequest
-from hone.rollout.engines import hf as hf_engine
+from hone.rollout.engines import hf_engine
 from hone.rollout.fingerprint import (
     WeightMismatchError,
     bit_sum,

@@ -20,8 +20,7 @@ from hone.rl.loop import train
 from hone.rl.placement.weights import LocalWeightChannel, WeightPublishTimeout
 from hone.rl.producer import ScoredGroups
 from hone.rollout import HFSampler
-from hone.rollout.engines import hf as hf_engine
-from hone.run import lifecycle
+from hone.rollout.engines import hf_engine
 from tests.conftest import char_tokenizer
 from tests.helpers import (
     ATOL,
@@ -199,7 +198,7 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
         trained_versions.append((step, {r.policy_version for r in groups.rollouts}))
         return real_learn(self, groups, step)
 
-    monkeypatch.setattr(lifecycle, "build_components", recording_build)
+    monkeypatch.setattr(components, "build_components", recording_build)  # what setup_components calls
     monkeypatch.setattr(LocalWeightChannel, "publish", checked_publish)
     monkeypatch.setattr(Learner, "learn", recording_learn)
     finals = {}

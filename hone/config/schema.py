@@ -26,13 +26,20 @@ from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
 from hone.config.base import Section
 from hone.config.control import ControlConfig
 from hone.config.presets import PRESETS
-from hone.rollout.engines import check_engine
+from hone.registry import Registry
+from hone.rl.placement.backends import BACKENDS
+from hone.rollout.engines import ENGINES, check_engine, engine_capabilities
 
 
 def _check_registered(value: str, registry: dict[str, Any], kind: str) -> str:
     if value not in registry:
         raise ValueError(f"unknown {kind} {value!r}; registered: {', '.join(sorted(registry))}")
     return value
+
+
+def _declaring(registry: Registry[Any], capability: str) -> str:
+    """The names registered with `capability` declared (an engine's or a backend's), for an error line."""
+    return " | ".join(sorted(n for n, e in registry.items() if getattr(e.capabilities, capability)))
 
 
 class RunConfig(Section):
@@ -217,14 +224,15 @@ class RolloutConfig(Section):
     max_batch_size: int = Field(512, ge=1, description="most sequences the engine generates at once")
     dtype: Literal["model", "bfloat16"] = Field(
         "model",
-        description="hf: the sampler's copy of the weights in the policy's dtype, or in bfloat16 (decodes "
-        "faster on CPUs with AMX and on GPUs; its log-probs then differ from an fp32 trainer's)",
+        description="an engine that casts its weights (hf): the sampler's copy of the weights in the "
+        "policy's dtype, or in bfloat16 (decodes faster on CPUs with AMX and on GPUs; its log-probs then "
+        "differ from an fp32 trainer's); other engines sample in model.dtype",
     )
     interruptible: bool = Field(
         False,
-        description="async, hf engine: a publish lands mid-generation (between two tokens; the live rows are "
-        "re-prefilled with the new weights) instead of at the producer's next share; each token records its "
-        "version (Rollout.token_versions)",
+        description="async, on an engine and a cluster.backend that declare it (hf, local): a publish "
+        "lands mid-generation (between two tokens; the live rows are re-prefilled with the new weights) "
+        "instead of at the producer's next share; each token records its version (Rollout.token_versions)",
     )
     prefix_cache: bool = Field(
         True,
@@ -263,9 +271,12 @@ class RolloutConfig(Section):
         return check_engine(v)
 
     @model_validator(mode="after")
-    def _dtype_for_hf(self) -> RolloutConfig:
-        if self.dtype != "model" and self.engine != "hf":
-            raise ValueError("rollout.dtype applies to the hf engine; vLLM loads the model in its own dtype")
+    def _dtype_where_cast(self) -> RolloutConfig:
+        if self.dtype != "model" and not engine_capabilities(self.engine).dtype_override:
+            raise ValueError(
+                f"rollout.dtype: {self.dtype} needs an engine that casts its weights "
+                f"({_declaring(ENGINES, 'dtype_override')}); the {self.engine} engine samples in model.dtype"
+            )
         return self
 
 
@@ -914,8 +925,11 @@ class LearnerRoleConfig(Section):
 
 
 class ClusterConfig(Section):
-    backend: Literal["local", "ray"] = Field(
-        "local", description="ray: samplers and reward workers run as Ray actors, the learner in the driver"
+    backend: str = Field(
+        "local",
+        description="where producers run, a registered placement (hone.rl.placement.backends.BACKENDS): "
+        "local: in the driver's process (inline, or trainer.producers threads); ray: samplers and reward "
+        "workers run as Ray actors, the learner in the driver",
     )
     address: str | None = Field(
         None, description="ray: a cluster to attach to (else RAY_ADDRESS; else a local one is started)"
@@ -924,6 +938,11 @@ class ClusterConfig(Section):
     reward_workers: RewardWorkersConfig = Field(default_factory=RewardWorkersConfig)
     learner: LearnerRoleConfig = Field(default_factory=LearnerRoleConfig)
     start_timeout_s: float = Field(120.0, gt=0, description="ray: the most the actors may take to start")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_registered(cls, v: str) -> str:
+        return BACKENDS.check(v)
 
 
 class HoneConfig(Section):
@@ -998,13 +1017,18 @@ class HoneConfig(Section):
 
     @model_validator(mode="after")
     def _interruptible_where_built(self) -> HoneConfig:
+        # The engine's samplers and the placement must both declare that a publish can land between two
+        # tokens (`EngineCapabilities`, `BackendCapabilities`); others take weights between shares.
         if self.rollout.interruptible and (
-            self.trainer.mode != "async" or self.rollout.engine != "hf" or self.cluster.backend != "local"
+            self.trainer.mode != "async"
+            or not engine_capabilities(self.rollout.engine).interruptible
+            or not BACKENDS[self.cluster.backend].capabilities.interruptible
         ):
+            engines, backends = _declaring(ENGINES, "interruptible"), _declaring(BACKENDS, "interruptible")
             raise ValueError(
-                "rollout.interruptible needs trainer.mode: async, rollout.engine: hf and cluster.backend: "
-                "local (a synchronous run publishes between steps; vLLM and Ray actors take weights between "
-                "shares)"
+                f"rollout.interruptible needs trainer.mode: async, rollout.engine: {engines} and "
+                f"cluster.backend: {backends} (a synchronous run publishes between steps; other engines and "
+                "placements take weights between shares)"
             )
         return self
 
@@ -1012,9 +1036,10 @@ class HoneConfig(Section):
     def _replay_with_one_producer(self) -> HoneConfig:
         # The buffer lives in the one producer that samples every step in order; producers side by side
         # (threads or Ray actors) would each see a different, timing-dependent history.
-        if self.algorithm.replay.enabled and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
+        if self.algorithm.replay.enabled and not self._one_producer():
             raise ValueError(
-                "algorithm.replay needs one local producer (trainer.producers: 1, cluster.backend: local)"
+                "algorithm.replay needs one local producer (trainer.producers: 1, cluster.backend: "
+                f"{_declaring(BACKENDS, 'single_producer')})"
             )
         return self
 
@@ -1031,11 +1056,16 @@ class HoneConfig(Section):
     @model_validator(mode="after")
     def _agent_in_one_producer(self) -> HoneConfig:
         # The endpoint serves the run's one sampler: producer replicas and Ray actors have their own.
-        if self.rollout.agent and (self.trainer.producers > 1 or self.cluster.backend == "ray"):
+        if self.rollout.agent and not self._one_producer():
             raise ValueError(
-                "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: local)"
+                "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: "
+                f"{_declaring(BACKENDS, 'single_producer')})"
             )
         return self
+
+    def _one_producer(self) -> bool:
+        """The run produces in one producer, in the driver's process, in order."""
+        return self.trainer.producers == 1 and BACKENDS[self.cluster.backend].capabilities.single_producer
 
     @model_validator(mode="after")
     def _distill_alone_trains_every_group(self) -> HoneConfig:

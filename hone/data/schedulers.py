@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from hone.data.passrates import CoolDown, Outcome, PassRates
 from hone.plugins import load_object
+from hone.registry import Registry
 from hone.types import Sample
 
 
@@ -216,7 +217,9 @@ class DifficultyScheduler:
         self.batch_pass = state["batch_pass"]
 
 
-SCHEDULERS: dict[str, type] = {"uniform": UniformScheduler, "difficulty": DifficultyScheduler}
+SCHEDULERS: Registry[type] = Registry("scheduler")
+SCHEDULERS.add("uniform", UniformScheduler)
+SCHEDULERS.add("difficulty", DifficultyScheduler)
 
 
 def resolve_scheduler(spec: str) -> type:

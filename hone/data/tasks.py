@@ -17,10 +17,11 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, ClassVar, TypeVar
 
+from hone.registry import Registry
 from hone.types import Sample
 from hone.verifiers.math import math_reward
 
-TASKS: dict[str, type[Task]] = {}
+TASKS: Registry[type[Task]] = Registry("task")
 T = TypeVar("T", bound="type[Task]")
 
 
@@ -28,18 +29,16 @@ def register_task(name: str) -> Callable[[T], T]:
     """Class decorator: make a `Task` subclass constructible as `TASKS[name](**options)`."""
 
     def add(cls: T) -> T:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is already registered ({TASKS[name].__qualname__})")
+        TASKS.add(name, cls)  # a second task under one name is a `ValueError`
         cls.name = name
-        TASKS[name] = cls
         return cls
 
     return add
 
 
 def get_task(name: str, **options: Any) -> Task:
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)}")
+    """The task registered as `name`, built with `options`; an unknown name is a one-line `KeyError`
+    naming the registered ones."""
     return TASKS[name](**options)
 
 

@@ -210,9 +210,8 @@ def register_env(name: str) -> Callable[[E], E]:
 # Spec prefixes naming a family of environments an adapter builds (`prefix<id>`), each with the
 # `pkg.mod:function(id, args) -> environment class` that builds one; loaded only when a recipe names one
 # (the adapters need optional dependencies).
-ENV_FAMILIES: dict[str, str] = {
-    "verifiers:": "hone.envs.verifiers_env:verifiers_env",  # a verifiers environment, by its id
-}
+ENV_FAMILIES: Registry[str] = Registry("environment family")
+ENV_FAMILIES.add("verifiers:", "hone.envs.verifiers_env:verifiers_env")  # a verifiers environment, by its id
 
 
 def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:

@@ -7,6 +7,7 @@ seconds with one clear line, before any model is loaded or trained.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -22,12 +23,14 @@ from hone.rewards.resolve import load_reward
 from hone.rl.placement.weights import LocalWeightChannel, WeightChannel
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes, load_agent
-from hone.rollout.engines import WeightSource, get_engine
+from hone.rollout.engines import WeightSource, engine_capabilities, get_engine
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.run.lifecycle import SetupError
 from hone.training.models import check_teacher_tokenizer, check_tokenizer, load_policy, pad_token_id
 from hone.training.policy import Policy
 from hone.types import Sample
+
+log = logging.getLogger("hone")
 
 
 @dataclass(kw_only=True)
@@ -68,6 +71,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     if cfg.distill.teacher is not None:  # before an SFT warm start or any sampling
         check_teacher_tokenizer(cfg.distill, tokenizer, cfg.model.path)
     pad_id = pad_token_id(tokenizer)
+    warn_unverified(cfg)  # once per run: producer replicas and Ray actors build theirs elsewhere
     sampler = build_sampler(cfg, policy, model_path)
     source = weight_source(cfg, policy)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
@@ -106,9 +110,22 @@ def build_components(cfg: HoneConfig) -> RunComponents:
     )
 
 
-def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
-    """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0)."""
-    return get_engine(cfg.rollout.engine).build(cfg.rollout, policy, model_path, model_dtype=cfg.model.dtype)
+def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str, *, reuse_model: bool = False) -> Sampler:
+    """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0); with
+    `reuse_model`, `policy`'s model is the sampler's to take (`Engine.build`)."""
+    engine = get_engine(cfg.rollout.engine)
+    return engine.build(cfg.rollout, policy, model_path, model_dtype=cfg.model.dtype, reuse_model=reuse_model)
+
+
+def warn_unverified(cfg: HoneConfig) -> None:
+    """One line at start when `trainer.verify_weights` can check only the version number of each load:
+    the engine reports no fingerprint of the weights it holds (`EngineCapabilities.fingerprint`)."""
+    if cfg.trainer.verify_weights and not engine_capabilities(cfg.rollout.engine).fingerprint:
+        log.warning(
+            "trainer.verify_weights: the %r engine reports no weight fingerprint, so only the version number "
+            "of each weight load is checked, not the weights",
+            cfg.rollout.engine,
+        )
 
 
 def weight_source(cfg: HoneConfig, policy: Policy) -> WeightSource:
@@ -143,9 +160,7 @@ def close_samplers(*parts: RunComponents) -> None:
     for p in parts:
         if p.agent is not None:
             p.agent.close()
-        close = getattr(p.sampler, "close", None)
-        if close is not None:
-            close()
+        p.sampler.close()
 
 
 def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> EpisodeLimits:

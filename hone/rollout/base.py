@@ -45,7 +45,8 @@ class Sampler(Protocol):
     sets `policy_version`, so each rollout records which weights produced it (what an asynchronous
     mode's staleness bound will check; the synchronous loop is always on-policy).
     `eos_token_ids` are the ids a response stops on (see `eos_token_ids`): a multi-turn episode reads a
-    turn as ended by the very same set.
+    turn as ended by the very same set. `close` stops what the sampler runs outside this process (a vLLM
+    server); the run calls it once, at its end; a sampler with nothing outside has an empty one.
     """
 
     policy_version: int
@@ -56,6 +57,8 @@ class Sampler(Protocol):
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[Rollout]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class GenerationInterrupted(Exception):

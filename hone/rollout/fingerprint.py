@@ -125,7 +125,8 @@ class WeightMismatchError(HoneError, RuntimeError):
 def verify_load(sampler: object, tensors: Mapping[str, torch.Tensor], version: int) -> bool:
     """After `sampler.load_weights(tensors, version)`: raise `WeightMismatchError` unless the sampler says
     it is at `version` and holds exactly `tensors` (in its own dtype). False when the engine cannot report
-    a fingerprint (a third-party `Sampler` without `weights_fingerprint`): only the version was checked."""
+    a fingerprint (its `EngineCapabilities.fingerprint` is off): only the version was checked, which the
+    run said in one line at start (`hone.rl.components.warn_unverified`), not at every load."""
     engine = type(sampler).__name__
     held_version = getattr(sampler, "policy_version", version)
     if held_version != version:

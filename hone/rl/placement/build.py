@@ -4,36 +4,40 @@
     trainer.mode: async, trainer.producers k  ThreadExecutor(k producers)          η = trainer.max_staleness
     cluster.backend: ray                     RayExecutor(cluster.samplers.count)  η as the mode says
 
-The driver process always runs the loop and the learner; only the executor changes (see `rollouts`).
+The driver process always runs the loop and the learner; only the executor changes (see `rollouts`), made
+by the factory `cluster.backend` is registered with (`backends`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hone.config import HoneConfig
+from hone.plugins import load_object
 from hone.rl.components import RunComponents, close_samplers, producer_replica
+from hone.rl.placement.backends import BACKENDS
 from hone.rl.placement.executors import InlineExecutor, ThreadExecutor
 from hone.rl.placement.source import Executor, PromptPlan, Rollouts
 from hone.rl.placement.staleness import StalenessController
 from hone.rl.producer import Producer, ProducerSettings
 from hone.rl.replay import ReplayBuffer
 
+# What a backend's registry line names (`backends.register_backend`).
+ExecutorFactory = Callable[[HoneConfig, RunComponents, ReplayBuffer | None], Executor]
+
 
 def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None) -> Executor:
-    """The executor the recipe asks for. `replay` goes to the first producer (the config allows it only
-    when that is the only one)."""
-    retries = cfg.trainer.producer_retries
-    if cfg.cluster.backend == "ray":
-        from hone.rl.placement.ray.executor import RayExecutor  # ray: an optional extra
+    """The executor the recipe's `cluster.backend` builds (`backends.BACKENDS`). `replay` goes to the
+    first producer (the config allows it only with one producer of a backend that declares it)."""
+    entry = BACKENDS[cfg.cluster.backend]
+    factory: ExecutorFactory = load_object(entry.executor, what=f"cluster.backend {cfg.cluster.backend!r}")
+    return factory(cfg, parts, replay)
 
-        recipe = cfg.model_dump(mode="json")
-        return RayExecutor(
-            cfg.cluster,
-            recipe,
-            parts.weight_source,
-            parts.weights,
-            retries=retries,
-            verify=cfg.trainer.verify_weights,
-        )
+
+def local_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None) -> Executor:
+    """`cluster.backend: local`: the run's producer inline (sync), or `trainer.producers` producers on
+    threads (async), each but the first over a replica of the run's sampler."""
+    retries = cfg.trainer.producer_retries
     settings = ProducerSettings.of(cfg)
     producer = Producer(parts, settings, replay)
     if cfg.trainer.mode == "async":

@@ -1,6 +1,6 @@
 """The weight channel: how the learner's new weights reach the sampler, one version at a time.
 
-The sampler owns its weights (a copy made at set-up, see `engines.hf.sampler_model`); it never shares the
+The sampler owns its weights (a copy made at set-up, see `hf_engine.sampler_model`); it never shares the
 learner's model object, so a learner update can never change weights under a generation in flight. One
 version is one learner step that updated the weights; `publish(version)` makes the learner's current
 weights that version on the sampler. The sampler side marks the spans where its weights must hold still
@@ -68,7 +68,7 @@ class LocalWeightChannel:
     """In-process transport: a tensor copy from the learner's model into the sampler's own.
 
     `source()` returns the tensors to copy, named as the sampler's model names them (for the HF sampler's
-    copy of the policy model: the trainable parameters, see `engines.hf.sampler_tensors`; for an engine
+    copy of the policy model: the trainable parameters, see `hf_engine.sampler_tensors`; for an engine
     that takes plain HF weights: `Policy.state_dict_for_sampler`). A publish made while the sampler is
     between holds copies straight into the sampler (the synchronous loop: no extra memory); one made
     while it holds copies the tensors once more into a snapshot (memory: one more copy of what `source`

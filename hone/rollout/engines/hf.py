@@ -24,12 +24,9 @@ traffic, 2.2x over 6 turns.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -45,10 +42,6 @@ from hone.rollout.engines.prefix_cache import PrefixStore
 from hone.rollout.engines.token_sampling import check_params, sample_next
 from hone.rollout.fingerprint import Fingerprint, fingerprint
 from hone.types import Rollout, SamplingParams, VisionInputs
-
-if TYPE_CHECKING:
-    from hone.config import RolloutConfig
-    from hone.rollout.engines.base import TrainedModel, WeightSource
 
 # A stop string of m characters is at most 4m UTF-8 bytes and every non-special token carries at least one
 # byte, so it lies within the last 4m tokens; a few more tokens of left context keep decoders that strip a
@@ -72,8 +65,8 @@ class _Sequence:
 
 class HFSampler:
     """`Sampler` over an in-process transformers model. In a run it owns its model (a copy of the
-    policy's, `sampler_model`) and takes new weights only through
-    `load_weights` (`orchestration.weights`); sharing a trainer's model object works too (see the prefix
+    policy's, `hf_engine.sampler_model`) and takes new weights only through
+    `load_weights` (`hone.rl.placement.weights`); sharing a trainer's model object works too (see the prefix
     cache in the module docstring).
 
     `sampler_logprobs` are log softmax(logits / temperature) of the chosen token over the *full*
@@ -110,6 +103,9 @@ class HFSampler:
         # Interruptible rollouts (`rollout.interruptible`): called before every token; True when it has
         # just loaded newer weights (`load_weights`), so the live rows are re-prefilled with them.
         self.between_tokens: Callable[[], bool] | None = None
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives in this process and goes with the sampler."""
 
     def interrupt(self) -> None:
         """Make the running `generate` call raise `GenerationInterrupted` after its current token
@@ -384,42 +380,6 @@ class HFSampler:
         window = 4 * max(len(s) for s in stop) + _STOP_CONTEXT_TOKENS
         texts = self.tokenizer.batch_decode([s.tokens[-window:] for s in sequences], skip_special_tokens=True)
         return [any(s in text for s in stop) for text in texts]
-
-
-class HFEngine:
-    """`rollout.engine: hf`: an `HFSampler` over the sampler's own copy of the policy's model
-    (`sampler_model`); a publish copies the trainable tensors into that copy (`sampler_tensors`)."""
-
-    def build(
-        self, rollout: RolloutConfig, policy: TrainedModel, model_path: str, *, model_dtype: str
-    ) -> HFSampler:
-        return HFSampler(
-            sampler_model(policy, rollout.dtype),
-            policy.tokenizer,
-            max_batch_size=rollout.max_batch_size,
-            prefix_cache=rollout.prefix_cache,
-        )
-
-    def weight_source(self, policy: TrainedModel) -> WeightSource:
-        return partial(sampler_tensors, policy)
-
-
-def sampler_model(policy: TrainedModel, dtype: str = "model") -> nn.Module:
-    """The sampler's own copy of the policy's model (LoRA wrapper included, so it computes exactly what
-    the policy does). It costs one more copy of the weights (two in all: 2 x 4 bytes/parameter in fp32)
-    and keeps a learner update from ever changing weights under a generation. Its parameters keep the
-    policy's `requires_grad` flags although nothing backpropagates through them: with them off, CPU
-    inference ran other kernels (log-probs differed in the last bit, measured on the tiny Qwen2), and a
-    synchronous run must sample exactly what it did when the sampler shared the policy's model.
-    `rollout.dtype: bfloat16` casts the copy (each publish then casts as it copies: `copy_`)."""
-    model = copy.deepcopy(policy.model)
-    return model.to(torch.bfloat16) if dtype == "bfloat16" else model
-
-
-def sampler_tensors(policy: TrainedModel) -> dict[str, torch.Tensor]:
-    """What a publish copies into `sampler_model`'s copy: the policy's trainable parameters (a LoRA run:
-    the adapter), by the names both models share. Frozen tensors were copied at set-up and never change."""
-    return {name: p.detach() for name, p in policy.model.named_parameters() if p.requires_grad}
 
 
 def _image_keys(vision: VisionInputs | None) -> tuple[str, ...]:

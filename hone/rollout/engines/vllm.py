@@ -47,7 +47,7 @@ import types
 from collections.abc import Collection
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from safetensors.torch import save_file
@@ -56,6 +56,7 @@ from transformers import PreTrainedTokenizerBase
 from hone.errors import HoneError
 from hone.models.vision import vision_token_ids
 from hone.rollout.base import GenerationRequest, eos_token_ids
+from hone.rollout.engines.base import EngineCapabilities
 from hone.rollout.fingerprint import Fingerprint
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams, VisionInputs
@@ -79,8 +80,18 @@ class VLLMEngine:
     """`rollout.engine: vllm`: a `VLLMSampler` that starts from the model directory; a publish sends the
     whole HF-named state dict, LoRA merged (`Policy.state_dict_for_sampler`), which vLLM loads in place."""
 
+    # As its registry line declares: it loads the model in `model.dtype` and takes weights between
+    # shares, never mid-generation; it reports a fingerprint of what it holds.
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(fingerprint=True)
+
     def build(
-        self, rollout: RolloutConfig, policy: TrainedModel, model_path: str, *, model_dtype: str
+        self,
+        rollout: RolloutConfig,
+        policy: TrainedModel,
+        model_path: str,
+        *,
+        model_dtype: str,
+        reuse_model: bool = False,  # vLLM loads the model files itself, whatever this process holds
     ) -> VLLMSampler:
         return VLLMSampler(
             model_path,

@@ -28,11 +28,9 @@ from hone.rl.placement.ray.cluster import RayClusterError, await_restart
 from hone.rl.placement.source import produce_with_retries
 from hone.rl.placement.weights import LocalWeightChannel
 from hone.rl.producer import Producer, ProducerSettings, PromptBatch, ScoredGroups
-from hone.rollout import HFSampler, Sampler
 from hone.rollout.fingerprint import Fingerprint, Fingerprinted
 from hone.rollout.multiturn import Episodes
 from hone.training.models import load_policy
-from hone.training.policy import Policy
 from hone.types import Rollout, Sample
 
 log = logging.getLogger("hone")
@@ -120,24 +118,6 @@ class RemoteRewards:
         return metrics
 
 
-def sampler_engine(cfg: HoneConfig, policy: Policy, model_path: str) -> Sampler:
-    """A sampler actor's engine over the one model it loaded (`policy`: no optimizer, nothing trains it).
-    The HF engine takes that model itself (a local run's sampler needs its own copy,
-    `components.sampler_model`, because the learner trains the original; here nothing else uses it): the
-    same module, LoRA wrapper and `requires_grad` flags as the local copy, so one actor samples bit for
-    bit what a local run does. vLLM loads the model files itself (`components.build_sampler`)."""
-    if cfg.rollout.engine != "hf":
-        return build_sampler(cfg, policy, model_path)
-    assert policy.tokenizer is not None  # `Policy.from_pretrained` loads one
-    model: torch.nn.Module = policy.model
-    return HFSampler(
-        model.to(torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else model,
-        policy.tokenizer,
-        max_batch_size=cfg.rollout.max_batch_size,
-        prefix_cache=cfg.rollout.prefix_cache,
-    )
-
-
 class SamplerActor:
     """A producer in its own process: an engine, the reward (or `RemoteRewards` over the reward workers),
     the environments and the training prompts (dynamic sampling refills from them); `load` installs a
@@ -164,7 +144,9 @@ class SamplerActor:
         policy = load_policy(config.model, model_path)  # the model as the learner builds it; no optimizer
         tokenizer = policy.tokenizer
         assert tokenizer is not None  # `from_pretrained` loads one
-        self.engine = sampler_engine(config, policy, model_path)
+        # The one model this actor loaded: no optimizer, nothing trains it, so an engine that samples over
+        # a model object takes it instead of a copy (`reuse_model`); vLLM loads the model files itself.
+        self.engine = build_sampler(config, policy, model_path, reuse_model=True)
         pad_id = pad_token_id(tokenizer)
         # `Producer` reads the tokenizer as `parts.policy.tokenizer`; the channel is unused here (`load`).
         parts = RunComponents(
@@ -200,6 +182,4 @@ class SamplerActor:
         return produce_with_retries(self.producer, prompts, retries)
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()

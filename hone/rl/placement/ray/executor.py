@@ -35,12 +35,14 @@ from typing import Any
 
 import torch
 
-from hone.config import ClusterConfig
+from hone.config import ClusterConfig, HoneConfig
+from hone.rl.components import RunComponents
 from hone.rl.placement.ray.actors import CALL_TIMEOUT_S, RewardActor, SamplerActor
 from hone.rl.placement.ray.cluster import await_restart, bundle, place, remove
 from hone.rl.placement.source import ProducerError
 from hone.rl.placement.weights import WeightChannel
 from hone.rl.producer import PromptBatch, ScoredGroups
+from hone.rl.replay import ReplayBuffer
 from hone.rollout.fingerprint import Fingerprint, WeightMismatchError, compare, expected_for
 
 log = logging.getLogger("hone")
@@ -243,3 +245,16 @@ class RayExecutor:
         """Kill the actors and remove their placement groups."""
         remove([*self._actors, *self._reward_workers], self._groups)
         self._actors, self._reward_workers, self._groups = [], [], []
+
+
+def ray_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None) -> RayExecutor:
+    """`cluster.backend: ray` (`backends`): the run's producers as sampler actors, fed the weights of the
+    driver's channel. `replay` is always None here: the config refuses a replay buffer on Ray."""
+    return RayExecutor(
+        cfg.cluster,
+        cfg.model_dump(mode="json"),
+        parts.weight_source,
+        parts.weights,
+        retries=cfg.trainer.producer_retries,
+        verify=cfg.trainer.verify_weights,
+    )
