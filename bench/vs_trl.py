@@ -268,8 +268,8 @@ def hone_config(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> l
 def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> list[dict[str, str]]:
     """The prompts Hone's run draws, in its order (its `PromptStream`), with their answers."""
     from hone.config import load_config
+    from hone.data.schedulers import PromptStream
     from hone.data.splits import load_data
-    from hone.rollout.prompts import PromptStream
 
     cfg = load_config(None, hone_config(w, run_dir, dtype, device))
     task, train, _ = load_data(cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed)

@@ -14,8 +14,8 @@ from hone.algorithms import ADVANTAGE_ESTIMATORS, scores_to_token_rewards
 from hone.cli import main
 from hone.config import load_config
 from hone.rl.collapse import collapse_metrics, group_reward_std, turn_entropies
-from hone.rl.learner import anchored_fraction, entropy_guard, turn_advantage_metrics
 from hone.tracking import read_metrics, read_samples
+from hone.training.advantages import anchored_fraction, entropy_guard, turn_advantage_metrics
 from hone.training.collate import collate, turn_tensors
 from hone.types import Rollout, TrainBatch
 from tests.helpers import tiny_run

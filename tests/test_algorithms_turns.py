@@ -10,9 +10,9 @@ import torch
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, scores_to_token_rewards
 from hone.config import load_config
-from hone.rl.learner import compute_advantages
 from hone.rl.start import response_budget
 from hone.rollout.multiturn import EpisodeLimits, Episodes
+from hone.training.advantages import compute_advantages
 from hone.training.collate import collate
 from hone.types import Rollout
 

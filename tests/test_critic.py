@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from hone.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, scores_to_token_rewards
 from hone.algorithms.advantages import hyperparameters, reads_values
 from hone.config import ConfigError, load_config
-from hone.rl.learner import compute_advantages
 from hone.rl.loop import train
+from hone.training.advantages import compute_advantages
 from hone.types import Rollout
 from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
 
@@ -184,8 +184,9 @@ def test_an_estimators_hyperparameters_are_its_keyword_parameters_beyond_the_bat
 def test_a_new_estimator_gets_its_hyperparameters_from_the_algorithm_section(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The newcomer's path (docs/architecture.md): an estimator function that names a hyperparameter
-    receives the `algorithm` field of that name; one that reads `values` makes the critic required."""
+    """An estimator function that names a hyperparameter with an `algorithm` key receives that key's value
+    (one without is `algorithm.advantage_args`: tests/test_advantage_args.py); one that reads `values`
+    makes the critic required."""
     seen: dict[str, float] = {}
 
     def discounted_mean(

@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from hone.algorithms.distill import DISTILL_MODES, distill_advantages
 from hone.config import AlgorithmConfig, ConfigError, DistillConfig, load_config
-from hone.rl.learner import compute_advantages
 from hone.rl.loop import train
 from hone.run.lifecycle import SetupError
+from hone.training.advantages import compute_advantages
 from hone.training.models import check_same_vocab
 from hone.types import Rollout
 from tests.conftest import char_tokenizer, tiny_qwen2

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from hone.config import AlgorithmConfig, ConfigError, TrainerConfig, load_config
+from hone.data.schedulers import PromptStream
 from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward
 from hone.rewards.scoring import RewardOutageError
@@ -20,12 +21,11 @@ from hone.rl import evaluate as evaluate_module
 from hone.rl import start as rl_start
 from hone.rl.components import RunComponents
 from hone.rl.learner import Learner
-from hone.rl.loop import SetupError, rl_step, train
+from hone.rl.loop import SetupError, learn_step, train
 from hone.rl.placement.weights import LocalWeightChannel
 from hone.rl.producer import Producer, ProducerSettings, drop_zero_variance_groups
 from hone.rollout.base import GenerationRequest
 from hone.rollout.multiturn import EpisodeLimits, Episodes
-from hone.rollout.prompts import PromptStream
 from hone.training.collate import collate
 from hone.training.distributed import ONE_RANK
 from hone.training.policy import Policy
@@ -289,7 +289,7 @@ def test_a_run_directory_is_never_overwritten(tmp_path: Path, micro_model_dir: P
 def one_step(
     monkeypatch: pytest.MonkeyPatch, responses: dict[str, list[list[int]]], reward: RewardScorer
 ) -> tuple[dict[str, float], RecordingTrainer]:
-    """`rl_step` on fixed rollouts (`responses[sample_id]`: the token ids of each of its n responses),
+    """`learn_step` on fixed rollouts (`responses[sample_id]`: the token ids of each of its n responses),
     through the producer and learner the loop uses."""
 
     def respond(request: GenerationRequest, params: SamplingParams) -> list[Rollout]:
@@ -333,7 +333,7 @@ def one_step(
         pad_id=0,
         publish=rollouts.publish,
     )
-    metrics = rl_step(0, rollouts, learner)
+    metrics = learn_step(0, rollouts, learner)[1]
     return metrics, trainer
 
 

@@ -15,10 +15,10 @@ import yaml
 from pydantic import BaseModel
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, aggregate_loss, scores_to_token_rewards
-from hone.algorithms.advantages import hyperparameters
 from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig, load_config
 from hone.config.aliases import PEER_KEYS
 from hone.config.presets import PRESET_SECTIONS, PRESETS, apply_preset, explicit_over_preset
+from hone.training.advantages import estimator_settings
 
 # Keys other engineers add in issue 31; allowed to be missing from the schema until they land.
 PENDING_KEYS = {"logging.samples", "algorithm.preset"}
@@ -176,12 +176,11 @@ def _advantages(cfg: HoneConfig, rewards: list[float]) -> list[float]:
     """One group's advantages by the config's estimator, its hyperparameters filled as the learner does."""
     mask = torch.ones(len(rewards), 3)
     algo = cfg.algorithm
-    settings = {name: getattr(algo, name) for name in hyperparameters(algo.advantage) if hasattr(algo, name)}
     adv, _ = ADVANTAGE_ESTIMATORS[algo.advantage](
         token_rewards=scores_to_token_rewards(torch.tensor(rewards), mask),
         response_mask=mask,
         group_ids=torch.zeros(len(rewards), dtype=torch.long),
-        **settings,
+        **estimator_settings(algo),
     )
     assert torch.equal(adv, adv[:, :1].expand_as(adv))  # one advantage per response, on every token
     return adv[:, 0].tolist()

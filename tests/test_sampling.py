@@ -14,12 +14,13 @@ import torch
 from hone.config import AlgorithmConfig, ConfigError, ReplayConfig, TrainerConfig, load_config
 from hone.rewards import RewardScorer
 from hone.rl.components import RunComponents
-from hone.rl.learner import Learner, truncation_mask
-from hone.rl.loop import rl_step, train
+from hone.rl.learner import Learner
+from hone.rl.loop import learn_step, train
 from hone.rl.placement.weights import LocalWeightChannel
 from hone.rl.producer import Producer, ProducerSettings
 from hone.rl.replay import ReplayBuffer, is_replayed
 from hone.rollout.base import GenerationRequest
+from hone.training.advantages import truncation_mask
 from hone.training.collate import collate
 from hone.training.policy import Policy
 from hone.training.trainer import RLTrainer
@@ -64,7 +65,7 @@ def _step(
     overrides: list[str],
     truncated: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[dict[str, float], RecordingTrainer]:
-    """One `rl_step` through the loop's producer and learner on fixed rollouts: the step's prompts are
+    """One `learn_step` through the loop's producer and learner on fixed rollouts: the step's prompts are
     `step_ids`, the training set (what a refill draws from) `pool_ids`."""
     pool = {i: Sample(id=i, prompt=i) for i in pool_ids}
     sampler = _fake_sampler(truncated)
@@ -99,7 +100,7 @@ def _step(
         pad_id=0,
         publish=rollouts.publish,
     )
-    return rl_step(3, rollouts, learner), trainer
+    return learn_step(3, rollouts, learner)[1], trainer
 
 
 POOL = [f"u{i}" for i in range(6)] + [f"v{i}" for i in range(6)]

@@ -9,9 +9,11 @@ losses (`offline`: BC, TD3+BC, IQL, AWR, CQL) take one row per transition. On-po
 
 from hone.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
+    BATCH_INPUT_BUILDERS,
     discounted_returns,
     group_stats,
     register_advantage,
+    register_batch_input,
 )
 from hone.algorithms.aggregation import AGGREGATION_MODES, aggregate_loss
 from hone.algorithms.distill import DISTILL_MODES, distill_advantages, register_distill
@@ -62,6 +64,7 @@ from hone.algorithms.value import explained_variance, value_loss
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
+    "BATCH_INPUT_BUILDERS",
     "DEFAULT_BETA",
     "DISTILL_MODES",
     "KL_ESTIMATORS",
@@ -90,6 +93,7 @@ __all__ = [
     "polyak_update",
     "q_loss",
     "register_advantage",
+    "register_batch_input",
     "register_distill",
     "register_kl",
     "register_off_policy",

@@ -13,13 +13,14 @@ discounts nor resets the return. Rewards placed on masked positions are ignored.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 
 from hone.algorithms.utils import masked_whiten, sequence_scores
 from hone.registry import Registry
+from hone.types import Rollout
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
@@ -43,15 +44,37 @@ BATCH_INPUTS = frozenset(
     }
 )
 
+# Batch inputs beyond the built-in ones: `(rollouts, columns) -> tensor`, rows in the batch's order and
+# (for a per-token input) `columns` response columns aligned as `hone.training.collate` aligns them
+# (column t scores token t + 1). An estimator that names one as a keyword parameter receives it, built
+# from the step's rollouts; so an estimator with a new input is one file too (its builder beside it).
+BatchInputFn = Callable[[Sequence[Rollout], int], torch.Tensor]
+BATCH_INPUT_BUILDERS: Registry[BatchInputFn] = Registry("batch input")
+
+
+def register_batch_input(name: str) -> Callable[[BatchInputFn], BatchInputFn]:
+    """Register a builder of batch input `name` (see `BATCH_INPUT_BUILDERS`)."""
+    if name in BATCH_INPUTS:  # the learner fills those itself: a second source would be ambiguous
+        raise ValueError(f"batch input {name!r} is built in; register another name")
+    return BATCH_INPUT_BUILDERS.register(name)
+
+
+def _keywords(name: str) -> frozenset[str]:
+    parameters = inspect.signature(ADVANTAGE_ESTIMATORS[name]).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
 
 def hyperparameters(name: str) -> frozenset[str]:
-    """The hyperparameters estimator `name` declares: its keyword parameters that are not batch inputs.
-    The learner fills each one from the `algorithm` config field of that name (one it lacks keeps the
-    estimator's default), so a new estimator with a new hyperparameter is its function here plus that
-    config field, and nothing in between."""
-    parameters = inspect.signature(ADVANTAGE_ESTIMATORS[name]).parameters.values()
-    named = {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    return frozenset(named - BATCH_INPUTS)
+    """The hyperparameters estimator `name` declares: its keyword parameters that are not batch inputs
+    (built in or registered). The learner fills each one from the `algorithm` config field of that name,
+    or else from `algorithm.advantage_args` (one set in neither keeps the estimator's default), so a new
+    estimator with a new hyperparameter is its function and nothing else."""
+    return _keywords(name) - BATCH_INPUTS - frozenset(BATCH_INPUT_BUILDERS)
+
+
+def built_inputs(name: str) -> frozenset[str]:
+    """The registered batch inputs (`BATCH_INPUT_BUILDERS`) estimator `name` reads."""
+    return _keywords(name) & frozenset(BATCH_INPUT_BUILDERS)
 
 
 def reads_values(name: str) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hone.config import ConfigError, HoneConfig, load_config
+from hone.rewards import is_correct
 from hone.rl.report import conversation
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def eval_records(rollouts: Sequence[Rollout], tokenizer: PreTrainedTokenizerBase
     """`hone eval --samples FILE`'s records, one per response: the prompt as the model saw it, the
     response, its reward (and parts), whether it is correct, and its failures (reward error or timeout,
     environment error: such a response is not graded); a multi-turn episode's conversation too."""
-    from hone.rl.evaluate import failed, is_correct  # the model-loading side: not at import
+    from hone.rl.evaluate import failed  # the model-loading side: not at import
 
     return [
         {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hone.algorithms import (
     ADVANTAGE_ESTIMATORS,
@@ -20,7 +20,7 @@ from hone.algorithms import (
     POLICY_LOSSES,
     PREFERENCE_LOSSES,
 )
-from hone.algorithms.advantages import reads_values
+from hone.algorithms.advantages import hyperparameters, reads_values
 from hone.algorithms.metrics import check_pass_at_ks
 from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
 from hone.config.base import Section
@@ -479,6 +479,11 @@ class AlgorithmConfig(Section):
         description="advantage estimator (hone.algorithms.ADVANTAGE_ESTIMATORS): grpo, dr_grpo, rloo, "
         "reinforce_pp, gae (with a critic section)... (verl: adv_estimator)",
     )
+    advantage_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the estimator's own keyword hyperparameters that no key of this section sets, e.g. "
+        "{whiten: true} for gae or a plugin estimator's; checked against its signature",
+    )
     policy_loss: str = Field(
         "ppo",
         description="policy loss (hone.algorithms.POLICY_LOSSES): ppo (clipped ratio), gspo (sequence "
@@ -551,6 +556,27 @@ class AlgorithmConfig(Section):
     @classmethod
     def _advantage(cls, v: str) -> str:
         return _check_registered(v, ADVANTAGE_ESTIMATORS, "advantage estimator")
+
+    @field_validator("advantage_args")
+    @classmethod
+    def _advantage_args(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        advantage = info.data.get("advantage")
+        if advantage is None:  # an unknown estimator: its own error says so
+            return v
+        declared = hyperparameters(advantage)
+        # One place per value: a hyperparameter this section has a key for is set by that key.
+        keyed = sorted(declared & cls.model_fields.keys())
+        own = sorted(declared - cls.model_fields.keys())
+        for key in v:
+            if key in keyed:
+                raise ValueError(f"{key!r} is algorithm.{key}: set it there (one key per value)")
+            if key not in declared:
+                also = f" ({', '.join(keyed)}: algorithm keys)" if keyed else ""
+                raise ValueError(
+                    f"advantage estimator {advantage!r} has no hyperparameter {key!r}; "
+                    f"it accepts {', '.join(own) or 'none'}{also}"
+                )
+        return v
 
     @field_validator("policy_loss")
     @classmethod

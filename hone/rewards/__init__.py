@@ -16,7 +16,14 @@ from hone.rewards.base import (
 )
 from hone.rewards.code import code_reward, extract_code
 from hone.rewards.registry import REWARDS, register_reward
-from hone.rewards.scoring import CORRECTNESS, RewardComponent, RewardScorer, reward_failed, score_rollouts
+from hone.rewards.scoring import (
+    CORRECTNESS,
+    RewardComponent,
+    RewardScorer,
+    is_correct,
+    reward_failed,
+    score_rollouts,
+)
 from hone.rewards.shaping import overlong_penalty
 from hone.verifiers.budget import own_time_budget
 from hone.verifiers.math import extract_answer, math_reward, top_answer_share
@@ -34,6 +41,7 @@ __all__ = [
     "code_reward",
     "extract_answer",
     "extract_code",
+    "is_correct",
     "math_reward",
     "overlong_penalty",
     "own_time_budget",

@@ -45,6 +45,9 @@ from hone.verifiers.budget import call_deadline
 logger = logging.getLogger(__name__)
 
 CORRECTNESS = "reward/correctness"  # per-rollout metric: the correctness component's unweighted value
+# A response is correct when its correctness component earns full marks: shaping terms (an overlong
+# penalty, a format bonus) move its reward, not its correctness.
+CORRECT_AT = 1.0 - 1e-6
 _FAILURE_FLAGS = ("reward/error", "reward/timeout")
 # Built-in rewards that grade an answer right or wrong: the default correctness component.
 VERIFIER_REWARDS = ("task", "math", "code", "env")
@@ -319,6 +322,11 @@ class OutageWatch:
                 step + 1,
                 limit,
             )
+
+
+def is_correct(rollout: Rollout) -> bool:
+    """Whether `rollout` is correct (what `eval/accuracy` and the curriculum's pass rates count)."""
+    return rollout.metrics[CORRECTNESS] >= CORRECT_AT
 
 
 def reward_failed(rollout: Rollout) -> bool:

@@ -16,9 +16,9 @@ from hone.algorithms.metrics import check_pass_at_ks
 from hone.config import HoneConfig
 from hone.errors import HoneError
 from hone.rewards import (
-    CORRECTNESS,
     RewardFn,
     RewardScorer,
+    is_correct,
     reward_failed,
     score_rollouts,
     top_answer_share,
@@ -30,14 +30,6 @@ from hone.rollout.episodes import play_sync
 from hone.rollout.multiturn import ENV_ERRORS, Episodes
 from hone.rollout.prompts import episode_kind
 from hone.types import Rollout, Sample, SamplingParams
-
-# A response is correct when its correctness component (see `RewardScorer`) earns full marks:
-# shaping terms (an overlong penalty, a format bonus) move its reward, not its correctness.
-CORRECT_AT = 1.0 - 1e-6
-
-
-def is_correct(rollout: Rollout) -> bool:
-    return rollout.metrics[CORRECTNESS] >= CORRECT_AT
 
 
 def failed(rollout: Rollout) -> bool:

@@ -55,7 +55,7 @@ from hone.tracking import (
 from hone.tracking.plot import DEFAULT_PLOT_METRICS
 from hone.training.distributed import ONE_RANK, Ranks
 
-__all__ = ["RunInterrupted", "RunResult", "SetupError", "learn_step", "rl_step", "run_learner", "train"]
+__all__ = ["RunInterrupted", "RunResult", "SetupError", "learn_step", "run_learner", "train"]
 
 log = logging.getLogger("hone")
 
@@ -75,20 +75,13 @@ class RunResult:
     resume_eval: dict[str, float] = field(default_factory=dict)
 
 
-def rl_step(
-    step: int, rollouts: RolloutSource, learner: Learner, lead: LeadRanks | None = None
-) -> dict[str, float]:
-    """One RL step: take the next step's scored groups and learn from them (synchronous:
-    `learn(produce(step))`; on N learner ranks every rank learns from them, `lead` telling the others);
-    returns the producer's metrics, the learner's, whether it updated the policy and had a signal
-    (`report.step_signal`), and the step's time and throughput."""
-    return learn_step(step, rollouts, learner, lead)[1]
-
-
 def learn_step(
     step: int, rollouts: RolloutSource, learner: Learner, lead: LeadRanks | None = None
 ) -> tuple[ScoredGroups, dict[str, float]]:
-    """`rl_step`, with the step's scored groups."""
+    """One RL step: take the next step's scored groups and learn from them (synchronous:
+    `learn(produce(step))`; on N learner ranks every rank learns from them, `lead` telling the others);
+    returns the groups, and the producer's metrics, the learner's, whether it updated the policy and had
+    a signal (`report.step_signal`), and the step's time and throughput."""
     t0 = time.perf_counter()
     groups = rollouts.take()
     version = learner.version

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from hone.data.passrates import Outcome
-from hone.rewards import reward_failed
-from hone.rl.evaluate import is_correct
+from hone.rewards import is_correct, reward_failed
 from hone.types import Rollout
 
 

@@ -8,7 +8,6 @@ from transformers import PreTrainedTokenizerBase
 from transformers.processing_utils import ProcessorMixin
 
 from hone.data.images import load_image
-from hone.data.schedulers import PromptStream as PromptStream  # re-exported: moved to hone.data
 from hone.errors import HoneError
 from hone.models.chat import chat_ids, chat_text
 from hone.models.vision import encode_images, image_placeholders
