@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -82,7 +84,10 @@ class Pair(ParallelEnv):  # type: ignore[misc, valid-type]
 
     metadata: ClassVar[dict[str, Any]] = {"name": "pair_v0"}
 
-    def __init__(self, limit: int = 3, goal: int | None = None) -> None:
+    def __init__(
+        self, limit: int = 3, goal: int | None = None, sigterm_at: int | None = None, token: str = ""
+    ) -> None:
+        self.sigterm_at, self.token = sigterm_at, token  # SIGTERM at the token's step `sigterm_at`
         self.possible_agents = ["left", "right"]
         self.agents: list[str] = []
         self.limit, self.goal = limit, goal
@@ -104,6 +109,7 @@ class Pair(ParallelEnv):  # type: ignore[misc, valid-type]
         return self._obs(), {agent: {} for agent in self.agents}
 
     def step(self, actions: dict[str, int]) -> tuple[dict, dict, dict, dict, dict]:
+        _count_down(self)
         self.steps += 1
         rewards = {}
         for i, agent in enumerate(self.agents):
@@ -153,3 +159,33 @@ class Slide(Walk):
 
     def _obs(self) -> np.ndarray:
         return np.array([getattr(self, "position_f", 0.0) / 10], dtype=np.float32)
+
+
+class SignalAfter(gym.Wrapper):  # type: ignore[type-arg]
+    """The registered env `env` that sends this process SIGTERM at the `steps`-th step taken by the envs of
+    `token` (every copy and eval env counts): a deterministic stop for the run-contract tests, as a
+    scheduler's `kill` would come, at a known point of the run."""
+
+    def __init__(self, env: str, steps: int, token: str, **kwargs: Any) -> None:
+        super().__init__(gym.make(env, **kwargs))
+        self.sigterm_at: int | None = steps
+        self.token = token
+
+    def step(self, action: Any) -> Any:
+        _count_down(self)
+        return super().step(action)
+
+
+# Steps taken by every env of a token (training and eval envs alike), and the tokens signalled: once, so a
+# resumed run in the same process is not stopped again.
+_STEPS: dict[str, int] = {}
+_SIGNALLED: set[str] = set()
+
+
+def _count_down(env: Any) -> None:
+    if env.sigterm_at is None or env.token in _SIGNALLED:
+        return
+    _STEPS[env.token] = _STEPS.get(env.token, 0) + 1
+    if _STEPS[env.token] == env.sigterm_at:
+        _SIGNALLED.add(env.token)
+        os.kill(os.getpid(), signal.SIGTERM)

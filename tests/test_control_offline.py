@@ -398,3 +398,39 @@ def test_every_offline_algorithm_is_registered_with_a_learner() -> None:
     offline = {name: a for name, a in CONTROL_ALGORITHMS.items() if a.loop == "offline"}
     assert set(offline) == {"bc", "td3_bc", "iql", "awr", "cql"}
     assert all(a.learner is not None and a.reads == ("offpolicy", "offline") for a in offline.values())
+
+
+def test_the_offline_family_dry_runs_keeps_its_budget_and_resumes_after_sigterm(
+    tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run contract (issue 48) for offline learners: a dry run reads the dataset and writes nothing;
+    `run.time_limit_s` ends the run after the step that spends it; SIGTERM (here during the eval after RL
+    step 2, from the eval env) is one line with the checkpoint to resume from, and the resume finishes."""
+    import json
+    import signal
+
+    assert main([*_offline(tmp_path, root, "d"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "training transitions" in out and "dry run:" in out
+    assert not (tmp_path / "runs" / "d").exists()
+    assert main(_offline(tmp_path, root, "t", "run.time_limit_s=1e-9")) == 0
+    assert "(run.time_limit_s reached)" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    assert (summary["steps"], summary["updates"], summary["stopped_by"]) == (1, 100, "time limit")
+    run = tmp_path / "runs" / "s"
+    # evals at steps 0, 1 and 2 play 400 steps each (two Pendulum episodes): the 1000th is in step 2's
+    signalled = [
+        "control.env=tests.control_envs_for_tests:SignalAfter",
+        f"control.env_args={{env: Pendulum-v1, steps: 1000, token: {run}}}",
+        "run.eval_every=1",
+        "run.save_every=1",
+        "control.offline.updates=400",
+    ]
+    assert main(_offline(tmp_path, root, "s", *signalled)) == 128 + signal.SIGTERM
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        line
+        == f"hone: interrupted at step 1; last checkpoint step 1; resume with `hone train --resume {run}`"
+    )
+    assert main(["train", "--resume", str(run)]) == 0
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]

@@ -250,6 +250,11 @@ class ControlConfig(Section):
         description="the learning rate over the run's RL steps after the warm-up (SB3's lin_<lr>: linear)",
     )
     warmup_steps: int = Field(0, ge=0, description="RL steps of linear learning-rate warm-up")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="a plugin algorithm's own hyperparameters (run.plugins), checked against the ones it "
+        "declares; the built-in algorithms read their subsection below instead",
+    )
     ppo: ControlPPOConfig = Field(default_factory=ControlPPOConfig)
     offpolicy: ControlOffPolicyConfig = Field(default_factory=ControlOffPolicyConfig)
     offline: ControlOfflineConfig = Field(default_factory=ControlOfflineConfig)
@@ -314,49 +319,52 @@ _FROM_LM_SECTIONS = {
 _DROPPED = {("algorithm", "advantage"): "gae"}  # required once, never read: ppo's advantages are GAE
 
 
+def legacy_key(keys: list[str], algorithm: str, value: Any) -> list[str] | None:
+    """Where a key a control recipe once spelled `keys` (set to `value`) lives now (`["control", "offpolicy",
+    "batch_size"]`); `[]` for one that is no longer read (dropped); None for a key that did not move."""
+    if len(keys) == 2 and keys[0] == "control" and keys[1] in _SUBSECTION:
+        return ["control", _SUBSECTION[keys[1]], "updates" if keys[1] == "offline_updates" else keys[1]]
+    path = _FROM_LM_SECTIONS.get((keys[0], keys[-1])) if len(keys) == 2 else None
+    if path is not None:
+        # sac, td3 and the offline algorithms never read PPO's keys, nor (before) a schedule
+        read = algorithm == "ppo" or (path[0] != "ppo" and keys[1] != "schedule")
+        return ["control", *path] if read else []
+    dropped = len(keys) == 2 and _DROPPED.get((keys[0], keys[1]), object()) == value
+    return [] if dropped else None  # algorithm.advantage other than gae: a language-model key, refused
+
+
 def move_legacy_keys(tree: dict[str, Any]) -> list[str]:
     """Move a control recipe's keys from where they once lived to their place in `control:` (in `tree`,
-    before validation); returns 'old -> new' for each key moved, for one deprecation line."""
+    before validation; a recipe that gives both spellings of one key is refused); returns 'old -> new' for
+    each key moved, for one deprecation line."""
     control = tree.get("control")
     if not isinstance(control, dict):
         return []
+    algorithm = str(control.get("algorithm", "ppo"))
     moved: list[str] = []
-
-    def put(path: tuple[str, ...], value: Any, old: str) -> None:
-        node = control
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                return
-            node = child
-        new = f"control.{'.'.join(path)}"
-        if path[-1] in node and node[path[-1]] != value:  # which one the user meant cannot be known
-            raise ConfigError(
-                f"{old} and {new} are both set (to {value!r} and {node[path[-1]]!r}): keep {new}"
-            )
-        node[path[-1]] = value
-        moved.append(f"{old} -> {new}")
-
-    for key in [k for k in control if k in _SUBSECTION]:
-        new = "updates" if key == "offline_updates" else key
-        put((_SUBSECTION[key], new), control.pop(key), f"control.{key}")
-    ppo = control.get("algorithm", "ppo") == "ppo"
-    for (section, key), path in _FROM_LM_SECTIONS.items():
-        body = tree.get(section)
-        if not (isinstance(body, dict) and key in body):
+    old_keys = [["control", k] for k in control if k in _SUBSECTION]
+    old_keys += [[s, k] for (s, k) in [*_FROM_LM_SECTIONS, *_DROPPED] if k in (tree.get(s) or {})]
+    for keys in old_keys:
+        new = legacy_key(keys, algorithm, tree[keys[0]][keys[1]])
+        if new is None:
             continue
-        value = body.pop(key)
-        if ppo or (
-            path[0] != "ppo" and key != "schedule"
-        ):  # sac/td3/offline never read PPO's keys or a schedule
-            put(path, value, f"{section}.{key}")
-        else:
-            moved.append(
-                f"{section}.{key} (not read by control.algorithm {control.get('algorithm')}: dropped)"
-            )
-    for (section, key), value in _DROPPED.items():
-        body = tree.get(section)
-        if isinstance(body, dict) and body.get(key) == value:
-            body.pop(key)
-            moved.append(f"{section}.{key} (not read: dropped)")
+        value = tree[keys[0]].pop(keys[1])
+        moved.append(note(keys, new, algorithm))
+        if not new:
+            continue
+        node = tree
+        for part in new[:-1]:
+            node = node.setdefault(part, {})
+        if new[-1] in node and node[new[-1]] != value:  # which one the user meant cannot be known
+            where = ".".join(new)
+            given = f"(to {value!r} and {node[new[-1]]!r})"
+            raise ConfigError(f"{'.'.join(keys)} and {where} are both set {given}: keep {where}")
+        node[new[-1]] = value
     return moved
+
+
+def note(keys: list[str], new: list[str], algorithm: str) -> str:
+    """'old -> new' (or why it was dropped), for the deprecation line."""
+    if new:
+        return f"{'.'.join(keys)} -> {'.'.join(new)}"
+    return f"{'.'.join(keys)} (not read by control.algorithm {algorithm}: dropped)"

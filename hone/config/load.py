@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from hone.config.aliases import PEER_KEYS
 from hone.config.base import ConfigError
-from hone.config.control import move_legacy_keys
+from hone.config.control import legacy_key, move_legacy_keys, note
 from hone.config.keys import sections, suggest
 from hone.config.presets import apply_preset, explicit_over_preset
 from hone.config.schema import HoneConfig
@@ -94,6 +94,14 @@ def _set_dotted(tree: dict[str, Any], keys: list[str], value: Any, origin: str) 
             raise ConfigError(f"{origin}: {'.'.join(keys[: depth + 1])} is not a section")
         node = child
     node[keys[-1]] = value
+
+
+def _moved(move: Any, tree: dict[str, Any], path: Path) -> list[str]:
+    try:
+        moved: list[str] = move(tree)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return moved
 
 
 def _format_error(error: ValidationError, origin: str) -> str:
@@ -200,20 +208,29 @@ def load_config(
     from_cwd = packaged or text.startswith(RUN_CONFIG_HEADER)
     base = relative_to or (Path.cwd() if from_cwd else path.resolve().parent)
     tree = _read_recipe(path, text)
+    moved = _moved(move_legacy_keys, tree, path)  # the recipe's own old spellings of control keys
     _resolve_paths(tree, base)
+    parsed = [(parse_override(text), text) for text in overrides]
+    control = tree.get("control")
+    is_control = isinstance(control, dict) or any(keys[0] == "control" for (keys, _), _t in parsed)
+    algorithm = str((control or {}).get("algorithm", "ppo")) if isinstance(control, dict) else "ppo"
+    algorithm = next((str(v) for (keys, v), _t in parsed if keys == ["control", "algorithm"]), algorithm)
     overridden: set[tuple[str, ...]] = set()
-    for text in overrides:
-        keys, value = parse_override(text)
+    for (keys, value), text in parsed:
+        new = legacy_key(keys, algorithm, value) if is_control else None
+        if (
+            new is not None
+        ):  # an old spelling of a control key: set where it lives now; it wins, as overrides do
+            moved.append(note(keys, new, algorithm))
+            if not new:
+                continue
+            keys = new
         _set_dotted(tree, keys, value, f"override {text!r}")
         overridden.add(tuple(keys))
     _resolve_paths(tree, Path.cwd(), only=overridden)
     _extend_import_path([Path.cwd()] if packaged else [Path.cwd(), path.resolve().parent])
     _import_plugins(tree)
     origin = f"{path}" + (" + overrides" if overrides else "")
-    try:
-        moved = move_legacy_keys(tree)
-    except ConfigError as e:
-        raise ConfigError(f"{origin}: {e}") from None
     if moved:  # still read; the recipe should say it the new way
         log.warning("%s: control keys have moved (still read this once): %s", origin, "; ".join(moved))
     try:

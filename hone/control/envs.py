@@ -14,9 +14,12 @@ imports the package of a known family itself (highway-env's ids, ale-py's), or t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -175,14 +178,15 @@ def make_vector_env(control: ControlConfig, seed: int) -> Any:
     elif control.flatten_obs:
         wrappers = [gym.wrappers.FlattenObservation]
     try:
-        envs = gym.make_vec(
-            env,
-            num_envs=control.num_envs,
-            vectorization_mode=control.vectorization,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            wrappers=wrappers,
-            **env_args,
-        )
+        with _workers_leave_signals_to_the_run():
+            envs = gym.make_vec(
+                env,
+                num_envs=control.num_envs,
+                vectorization_mode=control.vectorization,
+                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                wrappers=wrappers,
+                **env_args,
+            )
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         raise ControlEnvError(f"control.env {control.env!r}: {type(e).__name__}: {e}") from None
     except ImportError as e:
@@ -287,3 +291,33 @@ def episode_end_infos(
             f"(it has {sorted(k for k in final if not k.startswith('_'))})"
         )
     return [{k: float(final[k][i]) for k in keys} for i in np.flatnonzero(ended)]
+
+
+def close_envs(envs: Any, *, abort: bool = False) -> None:
+    """Close a vector env. `abort` (the run ends on an error, Ctrl-C or SIGTERM): an async env's worker
+    processes are terminated rather than asked to close: after a signal to the process group they may be
+    gone or mid-step, and gymnasium's polite close would wait on their pipes for ever. A polite close that
+    takes over `CLOSE_TIMEOUT_S` terminates them too."""
+    if type(getattr(envs, "unwrapped", envs)).__name__ == "AsyncVectorEnv":
+        envs.close(terminate=abort, timeout=CLOSE_TIMEOUT_S)
+    else:
+        envs.close()
+
+
+CLOSE_TIMEOUT_S = 10.0
+
+
+@contextlib.contextmanager
+def _workers_leave_signals_to_the_run() -> Iterator[None]:
+    """While an async vector env forks its workers: they inherit SIGINT ignored and SIGTERM at its default
+    (not the run's handler, which would raise KeyboardInterrupt in each worker and print its traceback when
+    Ctrl-C or a scheduler signals the process group). The run itself ends them (`close_envs`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])

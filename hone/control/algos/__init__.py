@@ -9,6 +9,7 @@ from hone.control.algos import offline, ppo, sac_td3
 from hone.control.algos.registry import (
     CONTROL_ALGORITHMS,
     ControlAlgorithm,
+    algorithm_args,
     check_algorithm,
     control_algorithm,
     register_control_algorithm,
@@ -17,6 +18,7 @@ from hone.control.algos.registry import (
 __all__ = [
     "CONTROL_ALGORITHMS",
     "ControlAlgorithm",
+    "algorithm_args",
     "check_algorithm",
     "control_algorithm",
     "offline",

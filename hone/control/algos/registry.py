@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from hone.config import ControlConfig, HoneConfig
@@ -36,6 +37,7 @@ class ControlAlgorithm:
     learner: Callable[[ControlConfig, int, Any], Any] | None = None  # (control, obs dim, action space)
     multi_agent: bool = False  # trains on `pettingzoo:` environments too (parameters shared by the agents)
     box_actions: bool = False  # needs a Box action space with finite bounds
+    args: type[BaseModel] | None = None  # a plugin's own hyperparameters, given as `control.args`
 
 
 CONTROL_ALGORITHMS: Registry[ControlAlgorithm] = Registry("control algorithm")
@@ -92,4 +94,26 @@ def check_algorithm(cfg: HoneConfig) -> ControlAlgorithm:
             raise ControlEnvError(
                 f"{', '.join(changed)}: not read by control.algorithm {name} (it reads {reads}); remove them"
             )
+    algorithm_args(control, algorithm)
     return algorithm
+
+
+def algorithm_args(control: ControlConfig, algorithm: ControlAlgorithm | None = None) -> BaseModel | None:
+    """`control.args` validated against what the algorithm declares (None when it declares none); one
+    line naming the key otherwise."""
+    algorithm = algorithm or control_algorithm(control.algorithm)
+    if algorithm.args is None:
+        if control.args:
+            raise ControlEnvError(
+                f"control.args: control.algorithm {control.algorithm} declares no args (a built-in reads "
+                "its subsection of control:)"
+            )
+        return None
+    try:
+        return algorithm.args.model_validate(control.args)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise ControlEnvError(
+            f"control.args.{key}: {first['msg']} (control.algorithm {control.algorithm})"
+        ) from None

@@ -26,6 +26,7 @@ updates and plays its online phase again)."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from hone.control.algos.registry import ControlAlgorithm
 from hone.control.algos.sac_td3 import check_action_space
 from hone.control.checkpoint import PolicyFolder
 from hone.control.datasets import OfflineDataset, Transitions, load_offline
-from hone.control.envs import ControlEnvError, make_eval_env, make_vector_env
+from hone.control.envs import ControlEnvError, close_envs, make_eval_env, make_vector_env
 from hone.control.evaluate import ControlResult, episode_metrics, evaluate, unit_action
 from hone.control.loops.offpolicy import env_step, learning_rates, scale_lrs
 from hone.control.normalize import Normalizer
@@ -318,7 +319,7 @@ class _Online:
         return self.normalizer.observations(obs, update=False)
 
     def close(self) -> None:
-        self.envs.close()
+        close_envs(self.envs, abort=sys.exc_info()[0] is not None)
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

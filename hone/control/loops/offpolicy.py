@@ -11,6 +11,7 @@ are means over that step's updates. The run around it is the session every famil
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,7 +23,7 @@ from hone.config import ControlConfig, HoneConfig
 from hone.control.algos.registry import ControlAlgorithm
 from hone.control.algos.sac_td3 import OffPolicyLearner, check_action_space
 from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
-from hone.control.envs import make_vector_env
+from hone.control.envs import close_envs, make_vector_env
 from hone.control.evaluate import ControlResult, episode_metrics, evaluate, solved
 from hone.control.policy_io import save_policy
 from hone.control.replay import ReplayBuffer
@@ -70,9 +71,10 @@ def train_offpolicy(
         session.finish(result.summary(control.algorithm))
         return result
     finally:
-        state.envs.close()
+        aborted = sys.exc_info()[0] is not None  # a signal or an error: worker processes are not waited on
+        close_envs(state.envs, abort=aborted)
         if state.envs is not envs:
-            envs.close()
+            close_envs(envs, abort=aborted)
 
 
 def _run(

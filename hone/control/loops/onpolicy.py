@@ -14,6 +14,7 @@ checkpoints every `run.save_every` RL steps with exact `--resume`, evals every `
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from hone.control.algos.ppo import collect, optimizer_stepper, train_on
 from hone.control.algos.registry import ControlAlgorithm
 from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
 from hone.control.encoders import make_policy
-from hone.control.envs import make_vector_env
+from hone.control.envs import close_envs, make_vector_env
 from hone.control.evaluate import ControlResult, action_bounds, as_tensor, episode_metrics, evaluate, solved
 from hone.control.multiagent import ParallelBatch, SharedActorCritic, evaluate_team, is_multi_agent
 from hone.control.normalize import Normalizer
@@ -128,9 +129,10 @@ def train_onpolicy(
         session.finish(result.summary("ppo"))
         return result
     finally:
-        state.envs.close()
+        aborted = sys.exc_info()[0] is not None  # a signal or an error: worker processes are not waited on
+        close_envs(state.envs, abort=aborted)
         if state.envs is not arena.envs:
-            arena.envs.close()
+            close_envs(arena.envs, abort=aborted)
 
 
 def _run(
