@@ -94,7 +94,7 @@ SAC_TASKS: dict[str, dict] = {
 
 def run_hone(seed: int) -> dict[str, float]:
     from hone.config import load_config
-    from hone.control.loops.onpolicy import train_control
+    from hone.control.loops import train_control
     from hone.tracking import read_metrics
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +160,7 @@ def run_sb3(seed: int) -> dict[str, float]:
 
 def run_hone_sac(seed: int, task: str = "pendulum", steps: int | None = None) -> dict[str, float]:
     from hone.config import load_config
-    from hone.control.loops.onpolicy import train_control
+    from hone.control.loops import train_control
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [

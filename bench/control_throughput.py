@@ -96,7 +96,7 @@ def raw_envpool_rate(env: str, n: int, seconds: float) -> float:
 def ppo_rate(recipe: str, env: str, n: int, backend: str, extra: list[str], env_steps: int) -> float:
     """Environment steps per second of Hone's PPO loop (collect + GAE + update)."""
     from hone.config import load_config
-    from hone.control.loops.onpolicy import train_control
+    from hone.control.loops import train_control
     from hone.tracking import read_metrics
 
     with tempfile.TemporaryDirectory() as tmp:

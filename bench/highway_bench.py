@@ -60,7 +60,7 @@ def main() -> None:
     from hone.config import load_config
     from hone.control.envs import make_eval_env
     from hone.control.evaluate import POLICY_FILE
-    from hone.control.loops.onpolicy import train_control
+    from hone.control.loops import train_control
     from hone.control.policy import ActorCritic
     from hone.tracking import read_metrics
 

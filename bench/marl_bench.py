@@ -48,9 +48,8 @@ def _overrides(run_dir: str, args: argparse.Namespace) -> list[str]:
 
 
 def random_team(episodes: int) -> float:
-    from hone.control.loops.marl import evaluate
-
     from hone.config import load_config
+    from hone.control.multiagent import evaluate_team as evaluate
 
     cfg = load_config("simple-spread-mappo", [f"control.eval_episodes={episodes}"])
     assert cfg.control is not None
@@ -61,7 +60,7 @@ def train(team: str, run_dir: str, args: argparse.Namespace) -> dict[str, object
     """One run of the recipe with `team`'s critic: CPU-seconds, the eval curve, and the final policy's team
     return on `args.episodes` eval episodes (the random team's seeds)."""
     from hone.config import load_config
-    from hone.control.loops.onpolicy import evaluate_saved, train_control
+    from hone.control.loops import evaluate_saved, train_control
     from hone.tracking import read_metrics
 
     overrides = [

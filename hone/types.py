@@ -2,7 +2,7 @@
 
 Every arrow of the loop carries one of these plain dataclasses, never a back-channel:
 `data` makes `Sample`s, `rollout` turns them into `Rollout`s, `rewards` fills in `reward`,
-and `orchestration` collates scored rollouts into a training `Batch`.
+and `training.collate` collates scored rollouts into a training `Batch`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from hone.config import RolloutConfig
 from hone.rollout import GenerationRequest, HFSampler
-from hone.rollout.engines import EngineCapabilities, RegisteredEngine, TrainedModel, WeightSource
+from hone.rollout.engines import EngineCapabilities, ModelFiles, RegisteredEngine, TrainedModel, WeightSource
 from hone.types import Rollout, SamplingParams
 
 
@@ -56,16 +56,8 @@ class SGLangEngine:
     capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
     built: ClassVar[list[SGLangSampler]] = []
 
-    def build(
-        self,
-        rollout: RolloutConfig,
-        policy: TrainedModel,
-        model_path: str,
-        *,
-        model_dtype: str,
-        reuse_model: bool = False,
-    ) -> SGLangSampler:
-        sampler = SGLangSampler(model_path, policy.tokenizer, model_dtype)
+    def build(self, rollout: RolloutConfig, policy: TrainedModel, files: ModelFiles) -> SGLangSampler:
+        sampler = SGLangSampler(files.path, policy.tokenizer, files.dtype)
         SGLangEngine.built.append(sampler)
         return sampler
 

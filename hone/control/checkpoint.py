@@ -29,18 +29,25 @@ import json
 import logging
 import pickle
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from hone.config import ControlConfig
+from hone.control.evaluate import ControlResult, solved
 from hone.control.normalize import Normalizer
 from hone.control.policy_io import POLICY_FILE, save_policy
 from hone.control.replay import ReplayBuffer
+from hone.tracking import MetricsLogger, Progress
 from hone.training.checkpoint import RNG, RNG_FILE, Part
+
+if TYPE_CHECKING:
+    from hone.run.session import RunSession
 
 log = logging.getLogger("hone")
 
@@ -61,6 +68,37 @@ class LoopState:
     start_eval: dict[str, float] = field(default_factory=dict)
     rng: np.random.Generator | None = None  # SAC/TD3: warm-up actions and TD3's exploration noise
     envs_restored: bool = False
+    final_eval: dict[str, float] = field(default_factory=dict)  # the latest eval (this session's)
+    stopped_by: str = ""  # why the run ended before its last step ("time limit", "stop_at_return")
+
+    def begin(self, log: Any, evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """The eval before the first step (logged as step 0), or a resumed run's, kept in its checkpoint."""
+        if self.step == 0:
+            self.start_eval = evaluate()
+            log.log(0, self.start_eval)
+        return self.start_eval
+
+    def end_step(
+        self,
+        session: RunSession,
+        control: ControlConfig,
+        metrics: dict[str, float],
+        out: tuple[MetricsLogger, Progress, dict[str, Part]],
+        play: Callable[[], dict[str, float]],
+        last: bool,
+    ) -> bool:
+        """The RL step `self.step` ends (`RunSession.end_step`), also at `control.stop_at_return`; True when
+        the run ends here."""
+        reached = "stop_at_return" if solved(control, self.episodes) else ""
+        self.stopped_by, evaluated = session.end_step(self.step, metrics, out, play, last=last, stop=reached)
+        self.final_eval = evaluated or self.final_eval or self.start_eval
+        return bool(self.stopped_by)
+
+    def result(self, run_dir: Path) -> ControlResult:
+        final = self.final_eval or self.start_eval
+        return ControlResult(
+            run_dir, self.step, self.env_steps, self.start_eval, final, stopped_by=self.stopped_by
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {

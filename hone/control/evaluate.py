@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,23 +59,34 @@ def evaluate(
     `policy.act` returns actions in the environment's units (Box actions are clipped to the bounds here)."""
     env = video.open_env(lambda render: make_eval_env(control, render)) if video else make_eval_env(control)
     low, high = action_bounds(env.action_space)
+
+    def act(obs: Any) -> Any:
+        seen = obs if normalizer is None else normalizer.observations(obs[None], update=False)[0]
+        with torch.no_grad():
+            action = policy.act(as_tensor(seen).unsqueeze(0), deterministic=True)[0].numpy()
+        return np.clip(action, low, high) if low is not None else int(action)
+
+    return play_episodes(env, control.eval_episodes, act, video, step)
+
+
+def play_episodes(
+    env: Any, episodes: int, act: Callable[[Any], Any], video: Video | None, step: int
+) -> dict[str, float]:
+    """Episode i reset with seed EVAL_SEED + i and played with `act(observation) -> action` to its end
+    (every row of a team's env done); `eval/return` (summed over a team's agents) and `eval/length`,
+    means over the episodes. Closes `env`."""
     returns, lengths = [], []
     try:
-        for i in range(control.eval_episodes):
+        for i in range(episodes):
             obs, _ = env.reset(seed=EVAL_SEED + i)
             recording = video.episode(env, step, i) if video else None
             if recording:
                 recording.frame()
             total, length, done = 0.0, 0, False
             while not done:
-                seen = obs if normalizer is None else normalizer.observations(obs[None], update=False)[0]
-                with torch.no_grad():
-                    action = policy.act(as_tensor(seen).unsqueeze(0), deterministic=True)[0].numpy()
-                if low is not None:
-                    action = np.clip(action, low, high)
-                obs, reward, terminated, truncated, _ = env.step(action if low is not None else int(action))
-                total, length = total + float(reward), length + 1
-                done = bool(terminated or truncated)
+                obs, reward, terminated, truncated, _ = env.step(act(obs))
+                total, length = total + float(np.sum(reward)), length + 1
+                done = bool(np.logical_or(terminated, truncated).all())
                 if recording:
                     recording.frame()
             if recording:

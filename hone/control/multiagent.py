@@ -27,7 +27,7 @@ from torch.distributions import Distribution
 
 from hone.config import ControlConfig
 from hone.control.envs import ControlEnvError, check_spaces
-from hone.control.evaluate import EVAL_SEED, action_bounds, as_tensor
+from hone.control.evaluate import EVAL_SEED, action_bounds, as_tensor, play_episodes
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
 from hone.control.video import Video
@@ -278,37 +278,15 @@ def evaluate_team(
     env = video.open_env(make) if video else make(False)
     low, high = action_bounds(env.single_action_space)
     rng = np.random.default_rng(EVAL_SEED)
-    returns, lengths = [], []
-    try:
-        for i in range(control.eval_episodes):
-            obs, _ = env.reset(seed=EVAL_SEED + i)
-            recording = video.episode(env, step, i) if video else None
-            if recording:
-                recording.frame()
-            total, length, done = 0.0, 0, False
-            while not done:
-                action: np.ndarray
-                if policy is None:
-                    action = (
-                        rng.integers(env.single_action_space.n, size=env.num_rows)
-                        if low is None or high is None
-                        else rng.uniform(low, high, size=(env.num_rows, *low.shape))
-                    )
-                else:
-                    x = as_tensor(obs if normalizer is None else normalizer.observations(obs, update=False))
-                    with torch.no_grad():
-                        action = policy.act(x, deterministic=True).numpy()
-                    if low is not None:
-                        action = np.clip(action, low, high)
-                obs, reward, terminated, truncated, _ = env.step(action)
-                total, length = total + float(reward.sum()), length + 1
-                done = bool(np.logical_or(terminated, truncated).all())
-                if recording:
-                    recording.frame()
-            if recording:
-                recording.close()
-            returns.append(total)
-            lengths.append(length)
-    finally:
-        env.close()
-    return {"eval/return": float(np.mean(returns)), "eval/length": float(np.mean(lengths))}
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        if policy is None:
+            if low is None or high is None:
+                return rng.integers(env.single_action_space.n, size=env.num_rows)
+            return rng.uniform(low, high, size=(env.num_rows, *low.shape))
+        x = as_tensor(obs if normalizer is None else normalizer.observations(obs, update=False))
+        with torch.no_grad():
+            action = policy.act(x, deterministic=True).numpy()
+        return np.clip(action, low, high) if low is not None else action
+
+    return play_episodes(env, control.eval_episodes, act, video, step)

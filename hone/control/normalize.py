@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from hone.config import ControlConfig
+
 EPS = 1e-8
 
 
@@ -59,6 +61,15 @@ class Normalizer:
         self.return_rms = RunningMeanStd() if rewards else None
         self.returns = np.zeros(num_envs, np.float64)
         self.gamma, self.clip_obs, self.clip_reward = gamma, clip_obs, clip_reward
+
+    @classmethod
+    def of(cls, control: ControlConfig, width: int, rows: int, *, rewards: bool = False) -> Normalizer:
+        """The normaliser `control` asks for over `rows` rows of `width` features: observations as
+        `control.normalize_obs`, rewards (training only) with `rewards` and `control.normalize_reward`."""
+        return cls(
+            width, rows, observations=control.normalize_obs, rewards=rewards and control.normalize_reward,
+            gamma=control.gamma, clip_obs=control.clip_obs, clip_reward=control.clip_reward,
+        )  # fmt: skip
 
     def observations(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
         if self.obs_rms is None:

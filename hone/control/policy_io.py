@@ -72,15 +72,7 @@ def load_saved(
             f"model.path {folder}: {POLICY_FILE} is not a control.algorithm {control.algorithm} policy of "
             f"this run's shape: {detail}"
         ) from None
-    normalizer = Normalizer(
-        obs_dim,
-        rows,
-        observations=control.normalize_obs,
-        rewards=False,
-        gamma=1.0,  # rewards are not normalised in eval: unread
-        clip_obs=control.clip_obs,
-        clip_reward=control.clip_reward,
-    )
+    normalizer = Normalizer.of(control, obs_dim, rows)
     stats_file = folder / NORMALIZATION_FILE
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
     if normalizer.obs_rms is not None:

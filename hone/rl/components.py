@@ -23,7 +23,7 @@ from hone.rewards.resolve import load_reward
 from hone.rl.placement.weights import LocalWeightChannel, WeightChannel
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes, load_agent
-from hone.rollout.engines import WeightSource, engine_capabilities, get_engine
+from hone.rollout.engines import ModelFiles, WeightSource, engine_capabilities, get_engine
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.run.lifecycle import SetupError
 from hone.training.models import check_teacher_tokenizer, check_tokenizer, load_policy, pad_token_id
@@ -114,7 +114,7 @@ def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str, *, reuse_mod
     """The `rollout.engine` sampler, owning a copy of the policy's current weights (version 0); with
     `reuse_model`, `policy`'s model is the sampler's to take (`Engine.build`)."""
     engine = get_engine(cfg.rollout.engine)
-    return engine.build(cfg.rollout, policy, model_path, model_dtype=cfg.model.dtype, reuse_model=reuse_model)
+    return engine.build(cfg.rollout, policy, ModelFiles(model_path, cfg.model.dtype, reuse_model))
 
 
 def warn_unverified(cfg: HoneConfig) -> None:

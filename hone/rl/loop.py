@@ -1,10 +1,10 @@
 """The RL loop: each step `learn(produce(step))`, then eval, log and checkpoint.
 
 This is the only module that knows the order of the stages, at the level of producer
-(`orchestration.producer`: prompts → sample → score → filter) and learner (`orchestration.learner`:
+(`rl.producer`: prompts → sample → score → filter) and learner (`rl.learner`:
 collate → old/ref log-probs → advantages → update → publish weights), which talk through a
-`RolloutSource` (`orchestration.rollouts`). This process runs the loop whatever the back-end: only where
-the producers run changes (`orchestration.placement`: inline, threads, Ray actors). The learner's seam is
+`RolloutSource` (`rl.placement.source`). This process runs the loop whatever the back-end: only where
+the producers run changes (`rl.placement.build`: inline, threads, Ray actors). The learner's seam is
 `learner.learn(groups, step)` plus the tensors a publish sends (`components.weight_source`), so a learner
 of N ranks can stand behind the same two calls. Each step is a pure function of
 (seed, step, weights, optimizer state, LR): prompts come from the curriculum (`data.scheduler`; its state

@@ -77,7 +77,8 @@ def new_run_dir(run: RunConfig, *, resumable: bool = True) -> Path:
     run_dir = Path(run.dir) / run.name
     if not (run_dir / METRICS_FILE).exists():
         return run_dir
-    finished = (run_dir / "summary.json").exists()
+    # summary.json marks every finished run; a saved model (`model/`, an SFT run's `sft/`) one too
+    finished = any((run_dir / name).exists() for name in ("summary.json", "model", "sft"))
     if finished or Checkpointer(run_dir).latest() is not None:
         resume = f"resume it with `hone train --resume {run_dir}` or " if resumable and not finished else ""
         raise SetupError(f"{run_dir} already holds a run; {resume}choose another run.name")

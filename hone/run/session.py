@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,8 @@ from hone.run.lifecycle import (
     where_stopped,
 )
 from hone.signals import raise_if_signalled
-from hone.tracking import METRICS_FILE, MetricsLogger, plot_metrics
+from hone.tracking import METRICS_FILE, MetricsLogger, Progress, plot_metrics
+from hone.tracking.progress import Shown
 from hone.training.checkpoint import Part
 from hone.training.distributed import ONE_RANK, Ranks
 
@@ -80,6 +81,21 @@ class RunSession:
         """At a step boundary: end the run if a signal arrived whose own interrupt was swallowed."""
         raise_if_signalled()
 
+    def steps(self, steps: Iterable[int]) -> Iterator[int]:
+        """`steps`, each after `check()`."""
+        for step in steps:
+            self.check()
+            yield step
+
+    def progress(
+        self, logging_cfg: LoggingConfig, total: int, initial: int, description: str, fields: Sequence[Shown]
+    ) -> Progress:
+        """The progress display of a run of `total` steps from `initial`, in the family's own `fields`."""
+        return Progress(
+            total=total, initial=initial, enabled=logging_cfg.progress, description=description,
+            time_left_s=self.time_left(), fields=fields,
+        )  # fmt: skip
+
     @contextmanager
     def interrupts(self) -> Iterator[None]:
         """Ctrl-C or SIGTERM inside: one line saying where the run stopped and how to go on."""
@@ -105,6 +121,33 @@ class RunSession:
 
     def say_out_of_time(self, step: int) -> None:
         log.info("time limit of %.0f s reached after step %d", self.run.time_limit_s, step)
+
+    def end_step(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        out: tuple[MetricsLogger, Progress, dict[str, Part]],
+        evaluate: Callable[[], dict[str, float]],
+        *,
+        last: bool,
+        stop: str = "",
+    ) -> tuple[str, dict[str, float] | None]:
+        """The end of a training step as every family ends it: evaluate when due (into the step's metrics),
+        log them, show progress, checkpoint `out`'s parts when due. `last`: the run's last planned step;
+        `stop`: a reason of the family's own to end here. Returns why the run ends after this step ("" to
+        go on; "time limit" once `run.time_limit_s` is spent) and the eval, if one ran."""
+        log_, progress, parts = out
+        stopping = stop or ("time limit" if self.out_of_time() else "")
+        last = last or bool(stopping)
+        evaluated = evaluate() if self.due(step, self.run.eval_every, last=last) else None
+        metrics |= evaluated or {}
+        log_.log(step, metrics)
+        progress.update(step, metrics)
+        if self.due(step, self.run.save_every, last=last):
+            self.checkpointer.save(step, parts)
+        if stopping == "time limit":
+            self.say_out_of_time(step)
+        return stopping, evaluated
 
     def plot(self, logging_cfg: LoggingConfig, family_keys: Sequence[str]) -> None:
         """curves.png of `logging.plot`, or the family's own curves when the recipe names none."""

@@ -49,7 +49,7 @@ from hone.control.normalize import Normalizer
 from hone.control.policy_io import save_policy
 from hone.control.replay import ReplayBuffer
 from hone.run.session import RunSession
-from hone.tracking import MetricsLogger, Progress
+from hone.tracking import MetricsLogger
 from hone.tracking.progress import OFFLINE
 from hone.training.checkpoint import RNG, RNG_FILE, Part
 from hone.training.optim import RLSchedule
@@ -81,7 +81,8 @@ def train_offline(
     env = make_eval_env(control)
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
-    check_action_space(control, action_space)
+    if algorithm.box_actions:
+        check_action_space(control, action_space)
     data = load_offline(
         cfg.data.source,
         root=offline.dataset_root,
@@ -127,10 +128,7 @@ def train_offline(
 def dataset_normalizer(control: ControlConfig, train: Transitions, obs_dim: int) -> Normalizer:
     """The dataset's observation mean and variance, frozen (`update=False` everywhere); a pass-through
     without `control.normalize_obs`."""
-    normalizer = Normalizer(
-        obs_dim, 1, observations=control.normalize_obs, rewards=False, gamma=1.0,
-        clip_obs=control.clip_obs, clip_reward=control.clip_reward,
-    )  # fmt: skip
+    normalizer = Normalizer.of(control, obs_dim, 1)
     if normalizer.obs_rms is not None:
         normalizer.obs_rms.mean = train.obs.mean(0).astype(np.float64)
         normalizer.obs_rms.var = train.obs.var(0).astype(np.float64)
@@ -189,14 +187,9 @@ def _run(
         log.log(0, state.start_eval)
     holdout = None if data.holdout is None else _holdout_batch(data.holdout, normalizer)
     online = _Online(control, cfg.run.seed, normalizer) if online_steps else None
-    shown = Progress(
-        total=total, initial=state.step, enabled=cfg.logging.progress, description=control.algorithm,
-        time_left_s=session.time_left(), fields=OFFLINE,
-    )  # fmt: skip
-    with shown as progress:
+    with session.progress(cfg.logging, total, state.step, control.algorithm, OFFLINE) as progress:
         try:
-            for step in range(state.step + 1, total + 1):
-                session.check()
+            for step in session.steps(range(state.step + 1, total + 1)):
                 scale_lrs(learner.steps.values(), base_lrs, lr.factor(step - 1))
                 if step <= offline_steps:
                     done = (step - 1) * offline.updates_per_step

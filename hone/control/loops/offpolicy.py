@@ -15,6 +15,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,11 @@ from hone.control.algos.registry import ControlAlgorithm
 from hone.control.algos.sac_td3 import OffPolicyLearner, check_action_space
 from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
 from hone.control.envs import close_envs, make_vector_env
-from hone.control.evaluate import ControlResult, episode_metrics, evaluate, solved
+from hone.control.evaluate import ControlResult, episode_metrics, evaluate
 from hone.control.policy_io import save_policy
 from hone.control.replay import ReplayBuffer
 from hone.run.session import RunSession
-from hone.tracking import MetricsLogger, Progress
+from hone.tracking import MetricsLogger
 from hone.tracking.progress import CONTROL
 from hone.training.checkpoint import Part
 from hone.training.optim import OptimizerStepper, RLSchedule
@@ -46,7 +47,8 @@ def train_offpolicy(
     envs = make_vector_env(control, seed)
     state = LoopState(envs, None, rng=np.random.default_rng(seed))  # warm-up actions, TD3's noise
     try:
-        check_action_space(control, envs.single_action_space)
+        if algorithm.box_actions:
+            check_action_space(control, envs.single_action_space)
         obs_dim = envs.single_observation_space.shape[0]
         learner = algorithm.learner(control, obs_dim, envs.single_action_space)
         if dry_run:
@@ -95,18 +97,10 @@ def _run(
     assert state.rng is not None
     rng, episodes = state.rng, state.episodes
     scale, bias = learner.actor.scale.numpy(), learner.actor.bias.numpy()
-    if state.step == 0:
-        state.start_eval = evaluate(learner.actor, control)
-        log.log(0, state.start_eval)
-    final_eval, stopped_by = state.start_eval, ""
+    state.begin(log, partial(evaluate, learner.actor, control))
     started, steps_before = time.perf_counter(), state.env_steps
-    total = Progress(
-        total=iterations, initial=state.step, enabled=cfg.logging.progress, description=control.algorithm,
-        time_left_s=session.time_left(), fields=CONTROL,
-    )  # fmt: skip
-    with total as progress:
-        for it in range(state.step, iterations):
-            session.check()
+    with session.progress(cfg.logging, iterations, state.step, control.algorithm, CONTROL) as progress:
+        for it in session.steps(range(state.step, iterations)):
             scale_lrs(learner.steps.values(), base_lrs, lr.factor(it))
             sums: dict[str, float] = {}
             counts: dict[str, int] = {}
@@ -133,23 +127,11 @@ def _run(
             }
             metrics |= episode_metrics(episodes)
             state.step = step = it + 1
-            reached, out_of_time = solved(control, episodes), session.out_of_time()
-            last = reached or out_of_time or step == iterations
-            if session.due(step, cfg.run.eval_every, last=last):
-                final_eval = evaluate(learner.actor, control)
-                metrics |= final_eval
-            log.log(step, metrics)
-            progress.update(step, metrics)
-            if session.due(step, cfg.run.save_every, last=last):
-                session.checkpointer.save(step, parts)
-            if reached or out_of_time:
-                stopped_by = "stop_at_return" if reached else "time limit"
-                if out_of_time:
-                    session.say_out_of_time(step)
+            play = partial(evaluate, learner.actor, control)
+            out = (log, progress, parts)
+            if state.end_step(session, control, metrics, out, play, last=step == iterations):
                 break
-    return ControlResult(
-        session.dir, state.step, state.env_steps, state.start_eval, final_eval, stopped_by=stopped_by
-    )
+    return state.result(session.dir)
 
 
 def learning_rates(steppers: Iterable[OptimizerStepper]) -> list[list[float]]:

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from hone.control.algos.registry import ControlAlgorithm
 from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
 from hone.control.encoders import make_policy
 from hone.control.envs import close_envs, make_vector_env
-from hone.control.evaluate import ControlResult, action_bounds, as_tensor, episode_metrics, evaluate, solved
+from hone.control.evaluate import ControlResult, action_bounds, as_tensor, episode_metrics, evaluate
 from hone.control.multiagent import ParallelBatch, SharedActorCritic, evaluate_team, is_multi_agent
 from hone.control.normalize import Normalizer
 from hone.control.policy import ActorCritic
@@ -37,7 +38,7 @@ from hone.control.policy_io import save_policy
 from hone.control.video import Video
 from hone.run.session import RunSession
 from hone.seeding import derive_seed
-from hone.tracking import MetricsLogger, Progress
+from hone.tracking import MetricsLogger
 from hone.tracking.progress import CONTROL
 from hone.training.checkpoint import Part
 from hone.training.optim import OptimizerStepper, RLSchedule
@@ -102,15 +103,7 @@ def train_onpolicy(
         if dry_run:
             return arena.describe()
         stepper = optimizer_stepper(arena.policy, control)
-        normalizer = Normalizer(
-            arena.obs_width,
-            arena.rows,
-            observations=control.normalize_obs,
-            rewards=control.normalize_reward,
-            gamma=control.gamma,
-            clip_obs=control.clip_obs,
-            clip_reward=control.clip_reward,
-        )
+        normalizer = Normalizer.of(control, arena.obs_width, arena.rows, rewards=True)
         parts = checkpoint_parts(state, arena.policy, normalizer, ("optimizer.pt", stepper.optimizer))
         reset = None
         if session.latest is not None:
@@ -153,18 +146,10 @@ def _run(
     episodes = state.episodes  # (return, length) of the last 100 training episodes
     end_infos: deque[dict[str, float]] = deque(maxlen=100)  # their control.episode_info_keys (not resumed)
     video = Video(session.dir / "videos", cfg.logging.video_episodes) if cfg.logging.video else None
-    if state.step == 0:
-        state.start_eval = arena.evaluate(arena.policy, normalizer, video, 0)
-        log.log(0, state.start_eval)
-    final_eval, stopped_by = state.start_eval, ""
+    state.begin(log, partial(arena.evaluate, arena.policy, normalizer, video, 0))
     started, steps_before = time.perf_counter(), state.env_steps
-    total = Progress(
-        total=iterations, initial=state.step, enabled=cfg.logging.progress, description=control.algorithm,
-        time_left_s=session.time_left(), fields=CONTROL,
-    )  # fmt: skip
-    with total as progress:
-        for it in range(state.step, iterations):
-            session.check()
+    with session.progress(cfg.logging, iterations, state.step, control.algorithm, CONTROL) as progress:
+        for it in session.steps(range(state.step, iterations)):
             stepper.set_lr(control.lr * lr.factor(it))
             infos = (control, end_infos) if control.episode_info_keys else None
             batch, state.obs = collect(
@@ -187,20 +172,8 @@ def _run(
             for key in control.episode_info_keys if end_infos else ():
                 metrics[f"episode/{key}"] = float(np.mean([values[key] for values in end_infos]))
             state.step = step
-            reached, out_of_time = solved(control, episodes), session.out_of_time()
-            last = reached or out_of_time or step == iterations
-            if session.due(step, cfg.run.eval_every, last=last):
-                final_eval = arena.evaluate(arena.policy, normalizer, video, step)
-                metrics |= final_eval
-            log.log(step, metrics)
-            progress.update(step, metrics)
-            if session.due(step, cfg.run.save_every, last=last):
-                session.checkpointer.save(step, parts)
-            if reached or out_of_time:
-                stopped_by = "stop_at_return" if reached else "time limit"
-                if out_of_time:
-                    session.say_out_of_time(step)
+            play = partial(arena.evaluate, arena.policy, normalizer, video, step)
+            out = (log, progress, parts)
+            if state.end_step(session, control, metrics, out, play, last=step == iterations):
                 break
-    return ControlResult(
-        session.dir, state.step, state.env_steps, state.start_eval, final_eval, stopped_by=stopped_by
-    )
+    return state.result(session.dir)

@@ -1,9 +1,9 @@
 """The one rollout source: admission, ordered take, retries and the staleness/idle metrics, over an executor.
 
 The loop drives training through `RolloutSource.take()` alone. `Rollouts` is the one implementation;
-where the producing runs is its `Executor` (`orchestration.executors`: inline, threads;
-`orchestration.ray_executor`: Ray actors), so synchronous, asynchronous and Ray training differ only in
-the executor and η (`orchestration.placement` picks them from the recipe):
+where the producing runs is its `Executor` (`rl.placement.executors`: inline, threads;
+`rl.placement.ray.executor`: Ray actors), so synchronous, asynchronous and Ray training differ only in
+the executor and η (`rl.placement.build` picks them from the recipe):
 
     sync   = Rollouts(InlineExecutor(producer), ahead=0)       produced inside `take`, in the loop's thread
     async  = Rollouts(ThreadExecutor(k producers), ahead=η)     produced ahead in k threads

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hone.plugins import load_object
 from hone.registry import Registry
-from hone.rollout.engines.base import Engine, EngineCapabilities, TrainedModel, WeightSource
+from hone.rollout.engines.base import Engine, EngineCapabilities, ModelFiles, TrainedModel, WeightSource
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ __all__ = [
     "ENGINES",
     "Engine",
     "EngineCapabilities",
+    "ModelFiles",
     "RegisteredEngine",
     "TrainedModel",
     "WeightSource",

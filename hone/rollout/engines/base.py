@@ -53,24 +53,25 @@ class EngineCapabilities:
     fingerprint: bool = False
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """The policy's model as an engine may load it: `path` is the resolved `model.path` (a directory an
+    out-of-process engine loads), `dtype` is `model.dtype`. `reuse_model`: nothing else uses or trains
+    `policy.model` (a Ray sampler actor's), so an engine that samples over a model object may take that one
+    instead of its own copy; others ignore it."""
+
+    path: str
+    dtype: str
+    reuse_model: bool = False
+
+
 class Engine(Protocol):
     """A generation engine, registered by name in `hone.rollout.engines.ENGINES` (`rollout.engine`)."""
 
     capabilities: ClassVar[EngineCapabilities]
 
-    def build(
-        self,
-        rollout: RolloutConfig,
-        policy: TrainedModel,
-        model_path: str,
-        *,
-        model_dtype: str,
-        reuse_model: bool = False,
-    ) -> Sampler:
-        """A sampler holding `policy`'s current weights as version 0. `model_path` is the resolved
-        `model.path` (a directory an out-of-process engine loads), `model_dtype` is `model.dtype`.
-        `reuse_model`: nothing else uses or trains `policy.model` (a Ray sampler actor's), so an engine
-        that samples over a model object may take that one instead of its own copy; others ignore it."""
+    def build(self, rollout: RolloutConfig, policy: TrainedModel, files: ModelFiles) -> Sampler:
+        """A sampler holding `policy`'s current weights as version 0 (`files`: where they came from)."""
         ...
 
     def weight_source(self, policy: TrainedModel) -> WeightSource:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from hone.rollout.engines.base import EngineCapabilities
+from hone.rollout.engines.base import EngineCapabilities, ModelFiles
 from hone.rollout.engines.hf import HFSampler
 
 if TYPE_CHECKING:
@@ -30,20 +30,12 @@ class HFEngine:
         interruptible=True, dtype_override=True, fingerprint=True
     )
 
-    def build(
-        self,
-        rollout: RolloutConfig,
-        policy: TrainedModel,
-        model_path: str,
-        *,
-        model_dtype: str,
-        reuse_model: bool = False,
-    ) -> HFSampler:
+    def build(self, rollout: RolloutConfig, policy: TrainedModel, files: ModelFiles) -> HFSampler:
         # A Ray sampler actor's model is its own (nothing trains it there): sampled over as loaded, the
         # same module, LoRA wrapper and `requires_grad` flags as a local run's copy, so one actor samples
         # bit for bit what a local run does.
-        model = sampler_model(policy, rollout.dtype) if not reuse_model else policy.model
-        if reuse_model and rollout.dtype == "bfloat16":
+        model = sampler_model(policy, rollout.dtype) if not files.reuse_model else policy.model
+        if files.reuse_model and rollout.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
         return HFSampler(
             model,

@@ -56,7 +56,7 @@ from transformers import PreTrainedTokenizerBase
 from hone.errors import HoneError
 from hone.models.vision import vision_token_ids
 from hone.rollout.base import GenerationRequest, eos_token_ids
-from hone.rollout.engines.base import EngineCapabilities
+from hone.rollout.engines.base import EngineCapabilities, ModelFiles
 from hone.rollout.fingerprint import Fingerprint
 from hone.seeding import derive_seed
 from hone.types import Rollout, SamplingParams, VisionInputs
@@ -84,21 +84,13 @@ class VLLMEngine:
     # shares, never mid-generation; it reports a fingerprint of what it holds.
     capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(fingerprint=True)
 
-    def build(
-        self,
-        rollout: RolloutConfig,
-        policy: TrainedModel,
-        model_path: str,
-        *,
-        model_dtype: str,
-        reuse_model: bool = False,  # vLLM loads the model files itself, whatever this process holds
-    ) -> VLLMSampler:
+    def build(self, rollout: RolloutConfig, policy: TrainedModel, files: ModelFiles) -> VLLMSampler:
         return VLLMSampler(
-            model_path,
+            files.path,
             policy.tokenizer,
             eos_token_ids(policy.model, policy.tokenizer),
             python=rollout.vllm_python,
-            dtype=model_dtype,
+            dtype=files.dtype,
             kv_cache_gib=rollout.vllm_kv_cache_gib,
             timeout_s=rollout.vllm_timeout_s,
         )
