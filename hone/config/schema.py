@@ -687,7 +687,7 @@ class TrainerConfig(Section):
         1,
         description="async: η, the most weight versions a trained rollout may lag the learner (0 = sync); "
         "auto: adjusted every step from the learner's wait, the importance weights' ESS and the reward trend "
-        "(rl.placement.staleness), within [0, max_staleness_cap]",
+        "(hone.rl.placement.staleness), within [0, max_staleness_cap]",
     )
     max_staleness_cap: int = Field(
         8, ge=0, description="async, max_staleness auto: the largest η it may admit"
