@@ -19,13 +19,17 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from hone.config import ControlConfig, HoneConfig
-from hone.config.control import ControlOfflineConfig, ControlOffPolicyConfig, ControlPPOConfig
 from hone.control.errors import ControlEnvError
 from hone.control.multiagent import is_multi_agent
 from hone.registry import Registry
 
 Loop = Literal["onpolicy", "offpolicy", "offline"]
-SUBSECTIONS = {"ppo": ControlPPOConfig, "offpolicy": ControlOffPolicyConfig, "offline": ControlOfflineConfig}
+# `control:`'s subsections (`ppo`, `offpolicy`, `offline`, ...): its fields that are sections of their own.
+SUBSECTIONS: dict[str, type[BaseModel]] = {
+    name: field.annotation
+    for name, field in ControlConfig.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+}
 
 
 @dataclass(frozen=True)
