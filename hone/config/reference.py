@@ -37,16 +37,26 @@ def _jsonable(value: Any) -> Any:
 
 def commented_yaml(cfg: HoneConfig, header: list[str] | None = None) -> str:
     """`cfg` as YAML with each key's description in a comment above it and `# *` after a value that is not
-    the key's default; `yaml.safe_load` of the text gives `cfg.model_dump(mode="json")` back."""
+    the key's default; `yaml.safe_load` of the text gives `cfg.model_dump(mode="json")` back (a control
+    run's: `cfg.to_yaml()`, the sections it reads)."""
     lines = [f"# {line}" for line in header or []]
     lines.append(f"# `{CHANGED}` after a value: differs from the key's default")
-    _section(HoneConfig, cfg.model_dump(mode="json"), 0, lines)
+    values = cfg.model_dump(mode="json")
+    if cfg.control is not None:  # a control run reads these only (`HoneConfig.to_yaml`): the rest is noise
+        values = yaml.safe_load(cfg.to_yaml())
+        lines.append("# a control run: only what it reads (run, model.path, data.source, logging, control)")
+    _section(HoneConfig, values, 0, lines, sparse=cfg.control is not None)
     return "\n".join(lines) + "\n"
 
 
-def _section(model: type[BaseModel], values: dict[str, Any], depth: int, lines: list[str]) -> None:
+def _section(
+    model: type[BaseModel], values: dict[str, Any], depth: int, lines: list[str], sparse: bool = False
+) -> None:
+    """`sparse`: only the keys `values` holds (a control run's config)."""
     pad = "  " * depth
     for name, field in model.model_fields.items():
+        if sparse and name not in values:
+            continue
         value = values.get(name)
         inner, many = section_of(field.annotation)
         if field.description:
@@ -56,9 +66,9 @@ def _section(model: type[BaseModel], values: dict[str, Any], depth: int, lines: 
             if many:  # named entries (reward.components.<name>): each one a section
                 for entry, body in value.items():
                     lines.append(f"{pad}  {_flow(entry)}:")
-                    _section(inner, body, depth + 2, lines)
+                    _section(inner, body, depth + 2, lines, sparse)
             else:
-                _section(inner, value, depth + 1, lines)
+                _section(inner, value, depth + 1, lines, sparse)
             continue
         mark = "" if value == _dumped_default(field) else f"  # {CHANGED}"
         lines.append(f"{pad}{name}: {_flow(value)}{mark}")

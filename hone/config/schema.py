@@ -1117,7 +1117,7 @@ class HoneConfig(Section):
         tree = self.model_dump(mode="json")
         if self.control is not None:  # only what a control run reads: the rest must stay at its defaults
             tree = {
-                "run": tree["run"],
+                "run": {k: v for k, v in tree["run"].items() if k not in ("steps", "callbacks")},
                 "model": {"path": self.model.path},
                 **({"data": {"source": self.data.source}} if self.data.source is not None else {}),
                 "logging": tree["logging"],
