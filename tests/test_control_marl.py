@@ -346,3 +346,17 @@ def test_truncation_at_max_cycles_is_bootstrapped_from_the_final_observation(
     assert torch.allclose(out["next_values"][:, 1], policy.value(out["obs"][:, 2]))  # mid-episode: V(s')
     assert len(episodes) == 1 and episodes[0][1] == 3  # one team episode, on the first agent's row
     assert episodes[0][0] == pytest.approx(float(out["rewards"][:, :3].sum()))
+
+
+def test_a_team_run_records_eval_videos(tmp_path: Path, simple_spread_v3: Any) -> None:
+    """The team's eval episodes are recorded as one agent's are (the first copy's rgb_array frames)."""
+    pytest.importorskip("imageio_ffmpeg", reason="imageio-ffmpeg (the video extra) is not installed")
+    args = [
+        "simple-spread-mappo", f"run.dir={tmp_path}", "run.name=v", "control.num_envs=2",
+        "control.rollout_steps=25", "control.env_steps=100", "control.eval_episodes=1", "logging.video=true",
+        "logging.video_episodes=1", "logging.progress=false", "logging.tensorboard=false", "logging.plot=[]",
+    ]  # fmt: skip
+    assert main(["train", *args]) == 0
+    videos = sorted(p.name for p in (tmp_path / "v" / "videos").iterdir())
+    assert videos == ["step-0-episode-0.mp4", "step-2-episode-0.mp4"]
+    assert all((tmp_path / "v" / "videos" / name).stat().st_size > 1000 for name in videos)
