@@ -110,7 +110,9 @@ def test_a_built_in_estimators_unkeyed_hyperparameter_is_an_advantage_arg() -> N
 
 
 def test_a_control_run_refuses_advantage_args() -> None:
-    with pytest.raises(ConfigError, match=r"algorithm\.advantage_args: not read by a control run"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.advantage_args\.whiten: language-model keys a control run"
+    ):
         load_config("cartpole-ppo", ["algorithm.advantage_args.whiten=true"])
 
 

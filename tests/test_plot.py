@@ -58,7 +58,8 @@ def _panels(figure: Any) -> list[str]:
 
 
 def test_logging_plot_defaults_to_the_default_set_and_an_empty_list_turns_it_off() -> None:
-    assert LoggingConfig().plot == list(DEFAULT_PLOT_METRICS)
+    assert LoggingConfig().plot is None  # each family's own curves; a language model's are these
+    assert "null = the family's own" in (LoggingConfig.model_fields["plot"].description or "")
     assert {"reward/mean", "eval/accuracy", "entropy", "kl"} <= set(DEFAULT_PLOT_METRICS)
     assert "[]" in (LoggingConfig.model_fields["plot"].description or "")  # says how to turn it off
     assert load_config(None, ["logging.plot=[]"]).logging.plot == []
