@@ -163,11 +163,11 @@ def _launch(ns: argparse.Namespace, cfg: HoneConfig, world: int) -> int:
 
 def _offline_dry_run(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     """`hone sft|dpo|rm --dry-run`: the checks a start makes, in one process; nothing written."""
-    from hone.cli import dry_run
+    from hone.cli.dry_run import dry_run_dpo, dry_run_rm, dry_run_sft
 
     if ns.resume:
         raise ConfigError("--dry-run checks a new run; drop --resume")
-    {"sft": dry_run.dry_run_sft, "dpo": dry_run.dry_run_dpo, "rm": dry_run.dry_run_rm}[ns.command](cfg)
+    {"sft": dry_run_sft, "dpo": dry_run_dpo, "rm": dry_run_rm}[ns.command](cfg)
     return 0
 
 
