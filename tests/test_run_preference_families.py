@@ -66,10 +66,13 @@ def family_args(command: str, tmp_path: Path, model_dir: Path, name: str, *extra
 def test_dry_run_checks_and_writes_nothing(
     command: str, tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = family_args(command, tmp_path, micro_model_dir, "dry")
+    args = family_args(
+        command, tmp_path, micro_model_dir, "dry", *(["dpo.eval=true"] if command == "dpo" else [])
+    )
     assert main([args[0], "--dry-run", *args[1:]]) == 0
     out = capsys.readouterr().out
     assert "nothing was trained or written" in out and "first" in out
+    assert command != "dpo" or "held-out problems before and after DPO" in out
     assert not (tmp_path / "dry").exists()
     bad = [*args[1:], "model.path=/no/such/model"]
     assert main([args[0], "--dry-run", *bad]) == 2  # a start's refusal, one line

@@ -145,6 +145,16 @@ def dry_run_dpo(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
     say(f"model     {cfg.model.path}")
     s = settings
     say(f"dpo       {s.steps} steps of {s.batch_size}, {s.loss} loss, beta {s.beta:g}, lr {s.lr:g}")
+    if cfg.dpo.eval:  # the RL eval before and after: its data and reward
+        factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+        try:
+            task, _, held_out = load_data(
+                cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
+            )
+        finally:
+            release_envs()
+        load_reward(cfg.reward, task)
+        say(f"eval      {len(held_out)} held-out problems before and after DPO (dpo.eval)")
     say(run_dir)
     _show_pair(cfg, pairs[0], tokenizer, say)
     say("\ndry run: recipe, preference pairs and tokenizer are fine; nothing was trained or written")
