@@ -9,12 +9,14 @@ import json
 import signal
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from hone.cli import main
+from hone.training import fit as fit_module
 from hone.training.checkpoint import Checkpointer
 from hone.training.fit import FitPlan, FitSaves, Stats, fit
 from tests.helpers import assert_same_weights, dpo_args, write_jsonl
@@ -136,7 +138,9 @@ class _Weights:
         self.module.load_state_dict(load_file(directory / "w.safetensors"))
 
 
-def _fit(tmp_path: Path, interrupt_at: int | None = None, resume: bool = False) -> torch.nn.Module:
+def _fit(
+    tmp_path: Path, interrupt_at: int | None = None, resume: bool = False, deadline: float | None = None
+) -> torch.nn.Module:
     """6 steps of a dropout MLP (the RNG matters) on 5 examples (epochs wrap mid-batch); with
     `interrupt_at`, a KeyboardInterrupt inside that step's second micro-batch forward."""
     torch.manual_seed(0)
@@ -166,7 +170,17 @@ def _fit(tmp_path: Path, interrupt_at: int | None = None, resume: bool = False) 
         restore=(lambda parts: checkpointer.load(latest, parts)) if resume else None,
     )
     plan = FitPlan(steps=6, batch_size=3, lr=1e-2, warmup_steps=2, schedule="cosine", seed=3)
-    fit(model, list(model.parameters()), 5, plan, losses, name="test", advice="", saves=saves)
+    fit(
+        model,
+        list(model.parameters()),
+        5,
+        plan,
+        losses,
+        name="test",
+        advice="",
+        saves=saves,
+        deadline=deadline,
+    )
     return model
 
 
@@ -180,3 +194,19 @@ def test_an_interrupt_inside_a_step_saves_the_step_before_and_resume_is_exact(tm
         assert torch.equal(a, b)
     saved = sorted(p.name for p in (tmp_path / "straight" / "checkpoints").iterdir())
     assert saved == ["step-4", "step-6"]  # run.save_every and the last step
+
+
+def test_a_deadline_between_steps_saves_the_last_step_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clock (read once before each step) passes the deadline before step 4: step 3 is saved, and a
+    resume without the deadline ends where an unbroken run does."""
+    ticks = iter(range(100))
+    monkeypatch.setattr(fit_module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    _fit(tmp_path / "timed", deadline=2.5)
+    monkeypatch.undo()
+    assert Checkpointer(tmp_path / "timed").latest() == tmp_path / "timed" / "checkpoints" / "step-3"
+    resumed = _fit(tmp_path / "timed", resume=True)
+    straight = _fit(tmp_path / "straight")
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
