@@ -1,4 +1,5 @@
-"""`hone train --dry-run`: everything a run checks before it trains, then what the model will be asked.
+"""`hone train --dry-run`: everything a run checks before it trains, then what the model will be asked;
+`hone sft|dpo|rm --dry-run` likewise for the offline families (`dry_run_sft`, `dry_run_dpo`, `dry_run_rm`).
 
 It validates the recipe, loads the data (both splits) and the reward, loads the tokenizer, and prints two
 training prompts exactly as the policy sees them (chat template and system prompt applied) with their
@@ -12,6 +13,7 @@ import asyncio
 import inspect
 import json
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from transformers import AutoTokenizer
 
@@ -24,6 +26,7 @@ from hone.rollout.prompts import render_prompt
 from hone.types import Sample
 
 SHOWN = 2  # prompts printed
+_T = TypeVar("_T")
 
 
 def dry_run(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
@@ -74,3 +77,108 @@ async def _awaited(value: object) -> object:
 def _reward_names(cfg: HoneConfig) -> str:
     parts = cfg.reward.resolved()
     return ", ".join(f"{name} ({c.fn}, weight {c.weight:g})" for name, c in parts.items())
+
+
+def _fail_as_setup(fn: Callable[[], _T]) -> _T:
+    """A model path, tokenizer or row that cannot be encoded: one line, as a start would say it."""
+    from hone.run.lifecycle import SetupError
+
+    try:
+        return fn()
+    except (ValueError, OSError) as e:
+        raise SetupError(str(e)) from e
+
+
+def _run_dir_note(cfg: HoneConfig, command: str) -> str:
+    from hone.run.lifecycle import new_run_dir
+
+    run_dir = new_run_dir(cfg.run, command=command)  # a directory holding a run is refused, as at a start
+    return f"run dir   {run_dir} (written only by a real start)"
+
+
+def dry_run_sft(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
+    """`hone sft --dry-run`: the demonstrations (`sft.data` or the task's), the held-out data, the tokenizer
+    and the run directory; the first demonstration as it is trained on."""
+    from hone.rl.warmstart import sft_pairs
+
+    run_dir = _run_dir_note(cfg, "sft")
+    factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    try:
+        task, _, held_out = load_data(
+            cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
+        )
+    finally:
+        release_envs()
+    load_reward(cfg.reward, task)  # validation and the eval after SFT score with it
+    scripted = factory is not None and cfg.sft.data is None
+    pairs = [] if scripted else _fail_as_setup(lambda: sft_pairs(cfg, task))
+    tokenizer = _fail_as_setup(lambda: AutoTokenizer.from_pretrained(resolve_model(cfg.model.path)))
+    if tokenizer.eos_token_id is None:
+        from hone.run.lifecycle import SetupError
+
+        raise SetupError("SFT needs a tokenizer with an eos token so the model learns to stop")
+    source = cfg.sft.data or "the task's demonstrations"
+    shown = "the environment's scripted demonstrations" if scripted else f"{len(pairs)} pairs from {source}"
+    say(f"data      {shown}; {len(held_out)} problems held out for the eval after SFT")
+    say(f"model     {cfg.model.path}")
+    say(f"sft       up to {cfg.sft.max_steps} steps of {cfg.sft.batch_size}, lr {cfg.sft.lr:g}")
+    say(run_dir)
+    if pairs:
+        sample, response = pairs[0]
+        say("\n--- first demonstration: prompt ---")
+        say(render_prompt(sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt))
+        say(f"--- response (trained on): {response!r}")
+    say("\ndry run: recipe, demonstrations, data and tokenizer are fine; nothing was trained or written")
+
+
+def dry_run_dpo(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
+    """`hone dpo --dry-run`: the preference pairs, each encoded with the model's tokenizer (no weights)."""
+    from hone.preference.commands import dpo_settings, encode_dpo_pairs, load_pairs
+
+    run_dir = _run_dir_note(cfg, "dpo")
+    pairs = load_pairs(cfg.dpo, cfg.dpo.data, "dpo.data")
+    settings = dpo_settings(cfg)
+    tokenizer = _fail_as_setup(lambda: AutoTokenizer.from_pretrained(resolve_model(cfg.model.path)))
+    encoded = _fail_as_setup(lambda: encode_dpo_pairs(cfg, pairs, tokenizer))
+    longest = max(max(len(p.chosen[0]), len(p.rejected[0])) for p in encoded)
+    say(f"data      {len(pairs)} preference pairs from {cfg.dpo.data} (longest sequence {longest} tokens)")
+    say(f"model     {cfg.model.path}")
+    s = settings
+    say(f"dpo       {s.steps} steps of {s.batch_size}, {s.loss} loss, beta {s.beta:g}, lr {s.lr:g}")
+    if cfg.dpo.eval:  # the RL eval before and after: its data and reward
+        factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+        try:
+            task, _, held_out = load_data(
+                cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
+            )
+        finally:
+            release_envs()
+        load_reward(cfg.reward, task)
+        say(f"eval      {len(held_out)} held-out problems before and after DPO (dpo.eval)")
+    say(run_dir)
+    _show_pair(cfg, pairs[0], tokenizer, say)
+    say("\ndry run: recipe, preference pairs and tokenizer are fine; nothing was trained or written")
+
+
+def dry_run_rm(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
+    """`hone rm --dry-run`: the training and held-out pairs, each encoded as the reward model scores it."""
+    from hone.preference.commands import rm_encoder, rm_pairs, rm_tokenizer
+
+    run_dir = _run_dir_note(cfg, "rm")
+    train, held_out = rm_pairs(cfg)
+    tokenizer = _fail_as_setup(lambda: rm_tokenizer(resolve_model(cfg.model.path)))
+    encode = rm_encoder(cfg, tokenizer)
+    _fail_as_setup(lambda: [encode(p) for p in [*train, *held_out]])
+    say(f"data      {len(train)} training pairs, {len(held_out)} held out")
+    say(f"model     {cfg.model.path} (a new one-logit score head)")
+    say(f"rm        {cfg.rm.steps} steps of {cfg.rm.batch_size}, lr {cfg.rm.lr:g}")
+    say(run_dir)
+    _show_pair(cfg, train[0], tokenizer, say)
+    say("\ndry run: recipe, preference pairs and tokenizer are fine; nothing was trained or written")
+
+
+def _show_pair(cfg: HoneConfig, pair: Any, tokenizer: Any, say: Callable[[str], None]) -> None:
+    say("\n--- first pair: prompt ---")
+    say(render_prompt(pair.sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt))
+    say(f"--- chosen:   {pair.chosen!r}")
+    say(f"--- rejected: {pair.rejected!r}")

@@ -1,7 +1,7 @@
 """`hone` command line: train, sft, eval, pairs, dpo, rm.
 
 hone train [RECIPE] [section.key=value ...]     (no recipe: the embedded default)
-hone train --resume runs/<name> [overrides]
+hone train --resume runs/<name> [overrides]     (sft, dpo and rm too; each takes --dry-run as well)
 hone sft [RECIPE] [overrides]                  (SFT only; the model lands in runs/<name>/sft)
 hone eval [RECIPE] --model PATH [overrides]    (greedy accuracy; eval.n / eval.k for pass@k)
 hone pairs [RECIPE] [overrides]                (preference pairs labelled by the recipe's reward)
@@ -156,21 +156,33 @@ def _launch(ns: argparse.Namespace, cfg: HoneConfig, world: int) -> int:
     if line is not None:
         rank_failed = line.startswith("learner rank ")
         if rank_failed:
-            line = f"{line}; {where_stopped(Path(cfg.run.dir) / cfg.run.name)}"
+            line = f"{line}; {where_stopped(Path(cfg.run.dir) / cfg.run.name, ns.command)}"
         print(f"hone: {'error: ' if code == 2 else ''}{line}", file=sys.stderr)
     return code
 
 
-def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
-    from hone.rl.loop import train
+def _offline_dry_run(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    """`hone sft|dpo|rm --dry-run`: the checks a start makes, in one process; nothing written."""
+    from hone.cli.dry_run import dry_run_dpo, dry_run_rm, dry_run_sft
 
-    cfg.sft.enabled = True
+    if ns.resume:
+        raise ConfigError("--dry-run checks a new run; drop --resume")
+    {"sft": dry_run_sft, "dpo": dry_run_dpo, "rm": dry_run_rm}[ns.command](cfg)
+    return 0
+
+
+def _sft(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
+    from hone.rl.sft_run import run_sft_recipe
+
+    cfg.sft.enabled = True  # SFT alone: no RL step follows
     cfg.run.steps = 0
     if ranks.rank > 0:
         return _follow(cfg, ranks)
-    result = train(cfg, ranks=ranks)
-    print(f"SFT model saved to {result.run_dir / 'sft'}")
-    print(f"held-out accuracy after SFT: {100 * result.start_eval['eval/accuracy']:.1f}%")
+    result = run_sft_recipe(cfg, resume=bool(ns.resume), ranks=ranks)
+    print(f"\nrun directory   {result.run_dir}")
+    print(f"SFT steps       {result.steps}")
+    print(f"SFT model saved to {result.model_dir}")
+    print(f"held-out accuracy after SFT: {100 * result.eval['eval/accuracy']:.1f}%")
     return 0
 
 
@@ -235,7 +247,7 @@ def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 def _dpo(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.preference.commands import MODEL_DIR, run_dpo_recipe
 
-    result = run_dpo_recipe(cfg, ranks)
+    result = run_dpo_recipe(cfg, ranks, resume=bool(ns.resume))
     if ranks.rank > 0:
         return 0
     print(_preference_summary(result, MODEL_DIR))
@@ -252,7 +264,7 @@ def _dpo(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 def _rm(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.preference.commands import MODEL_DIR, run_rm_recipe
 
-    result = run_rm_recipe(cfg, ranks)
+    result = run_rm_recipe(cfg, ranks, resume=bool(ns.resume))
     if ranks.rank > 0:
         return 0
     print(_preference_summary(result, MODEL_DIR))
@@ -328,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         "dpo": _on_ranks(_dpo),
         "rm": _on_ranks(_rm),
     }
+    if ns.command in ("sft", "dpo", "rm") and ns.dry_run:
+        handlers[ns.command] = _offline_dry_run
     with signals_interrupt() as received:
         try:
             return handlers[ns.command](ns, cfg)

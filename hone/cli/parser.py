@@ -49,10 +49,11 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "args", nargs="*", metavar="RECIPE|key=value", help="recipe name/path, then overrides"
         )
-        if name == "train":
+        if name in ("train", "sft", "dpo", "rm"):
             sub.add_argument(
                 "--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint"
             )
+        if name == "train":
             sub.add_argument(
                 "--init",
                 metavar="RUN_DIR",
@@ -63,6 +64,13 @@ def parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="check the recipe, data, reward and tokenizer, print two prompts as the model sees "
                 "them, and exit",
+            )
+        if name in ("sft", "dpo", "rm"):
+            sub.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="check the recipe, the training rows and the tokenizer (no model weights load), print "
+                "the first example as the model sees it, and exit without writing anything",
             )
         if name == "collect":
             _collect_options(sub)

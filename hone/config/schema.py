@@ -61,7 +61,11 @@ class RunConfig(Section):
     time_limit_s: float | None = Field(
         None, gt=0, description="wall-time budget of this session (SFT included); RL stops when it is spent"
     )
-    save_every: int = Field(50, ge=0, description="checkpoint cadence in steps; 0 = only at the end")
+    save_every: int = Field(
+        50,
+        ge=0,
+        description="checkpoint cadence in steps (RL steps; SFT/DPO/RM optimizer steps); 0 = only at the end",
+    )
     keep_last: int | None = Field(
         2, ge=1, description="checkpoints kept on disk (older ones are deleted); null = all"
     )
@@ -69,9 +73,9 @@ class RunConfig(Section):
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
     callbacks: list[str] = Field(
         [],
-        description="'pkg.module:fn' functions called as fn(step, metrics) after every RL step, once it is "
-        "logged and checkpointed (alerts, custom stopping rules): one that raises ends the run, "
-        "KeyboardInterrupt as Ctrl-C does",
+        description="'pkg.module:fn' functions called as fn(step, metrics) after every RL step (and every "
+        "SFT/DPO/RM optimizer step), once it is logged and checkpointed (alerts, custom stopping rules): one "
+        "that raises ends the run, KeyboardInterrupt as Ctrl-C does",
     )
 
 

@@ -1,10 +1,13 @@
 """`hone dpo` and `hone rm`: preference training runs, set up and logged as RL runs are.
 
 Everything that can fail on bad input (the preference file and its rows, the model path, a loss's
-hyper-parameters) is checked before any model trains, with one line naming the file, row or key. A run
-writes `runs/<name>/config.yaml`, `metrics.jsonl` (and TensorBoard) and the trained model in
-`runs/<name>/model`, a plain HF directory: DPO's is a causal LM (`model.path=runs/<name>/model` to go on
-with RL), the reward model's is what `reward.fn: reward_model` with `reward.args.path` loads.
+hyper-parameters) is checked before any model trains, with one line naming the file, row or key
+(`--dry-run`: only that, nothing written; `hone.preference.dry_run`). A run is a `RunSession`'s: it
+writes `runs/<name>/config.yaml`, `metrics.jsonl` (and TensorBoard), checkpoints every `run.save_every`
+steps (and where it stops: the time limit, Ctrl-C, SIGTERM) that `--resume` goes on from exactly,
+`summary.json`, and the trained model in `runs/<name>/model`, a plain HF directory: DPO's is a causal LM
+(`model.path=runs/<name>/model` to go on with RL), the reward model's is what `reward.fn: reward_model`
+with `reward.args.path` loads.
 """
 
 from __future__ import annotations
@@ -24,21 +27,23 @@ from hone.models import resolve_model
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.rl.components import setup_components, weight_channel
 from hone.rl.evaluate import EvalSettings, run_eval
+from hone.rl.loop import step_callbacks
 from hone.rl.ranks.learners import GatheredWeights
 from hone.rollout.prompts import render_prompt
-from hone.run.lifecycle import (
-    SetupError,
-    deadline,
-    new_run_dir,
-    open_run_log,
-    start_process,
-)
+from hone.run.lifecycle import SetupError
+from hone.run.session import RunSession
 from hone.tracking import MetricsLogger, Progress
 from hone.training.distributed import ONE_RANK, Ranks, copy_from_rank0, full_state_dict, shard
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
 from hone.training.models import check_tokenizer, load_policy, load_reference
 from hone.training.policy import disable_dropout, enable_checkpointing
-from hone.training.reward_model import EncodedComparison, RMSettings, load_score_model, run_reward_model
+from hone.training.reward_model import (
+    EncodedComparison,
+    RMSettings,
+    ScoreModelPart,
+    load_score_model,
+    run_reward_model,
+)
 
 log = logging.getLogger("hone")
 
@@ -102,43 +107,91 @@ def dpo_settings(cfg: HoneConfig) -> DPOSettings:
     )
 
 
-def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResult:
+def refuse_ranked_resume(command: str, resume: bool, ranks: Ranks) -> None:
+    if resume and ranks.world > 1:
+        raise SetupError(
+            f"hone {command} --resume: one learner rank only (trainer.world_size={ranks.world}); N ranks "
+            "save no offline checkpoints yet"
+        )
+
+
+def encode_dpo_pairs(cfg: HoneConfig, pairs: list[PreferencePair], tokenizer: Any) -> list[Any]:
+    """Each pair's prompt rendered as the sampler sees it (chat template, system prompt), then encoded."""
+    return [
+        encode_preference(
+            tokenizer,
+            render_prompt(p.sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt),
+            p.chosen,
+            p.rejected,
+        )
+        for p in pairs
+    ]
+
+
+def rm_pairs(cfg: HoneConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """`hone rm`'s (training, held-out) pairs; `model.lora` refused."""
+    if cfg.model.lora is not None:
+        raise SetupError(
+            "model.lora: hone rm trains the whole model (and its new score head); unset model.lora"
+        )
+    pairs = load_pairs(cfg.rm, cfg.rm.data, "rm.data")
+    if cfg.rm.eval_data is not None:
+        return pairs, load_pairs(cfg.rm, cfg.rm.eval_data, "rm.eval_data")
+    return split_held_out(pairs, cfg.rm.val_fraction, cfg.run.seed)
+
+
+def rm_encoder(cfg: HoneConfig, tokenizer: Any) -> Callable[[PreferencePair], EncodedComparison]:
+    def encode(pair: PreferencePair) -> EncodedComparison:
+        chosen, rejected = (
+            encode_scored_text(tokenizer, *scored_text(tokenizer, pair.sample, response), cfg.rm.max_length)
+            for response in (pair.chosen, pair.rejected)
+        )
+        return EncodedComparison(chosen, rejected, pair.margin)
+
+    return encode
+
+
+def rm_tokenizer(model_path: str) -> Any:
+    tokenizer = load_tokenizer(model_path, padding_side="right")
+    tokenizer.truncation_side = "left"  # the score is read at the end: keep the end, as scoring does
+    return tokenizer
+
+
+def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = False) -> PreferenceRunResult:
     """`hone dpo`: DPO (or a variant) of `model.path` on `dpo.data`; with `dpo.eval`, held-out task
     accuracy (the RL eval: `data.task` or `data.eval_source`, `reward`) before and after.
 
     On N learner ranks every rank runs this (`trainer.world_size`: the policy and reference wrapped for
     `trainer.strategy`, each rank training its share of every batch); rank 0 alone evaluates, logs and
-    writes the run directory, the model gathered to it."""
+    writes the run directory, the model gathered to it. `resume`: go on from the run's last checkpoint."""
     lead = ranks.rank == 0
-    started = start_process(cfg.run)
-    run_dir = new_run_dir(cfg.run) if lead else Path(cfg.run.dir) / cfg.run.name
+    refuse_ranked_resume("dpo", resume, ranks)
+    session = RunSession(cfg.run, resume=resume, ranks=ranks, command="dpo")
+    run_dir = session.dir
     pairs = load_pairs(cfg.dpo, cfg.dpo.data, "dpo.data")
     settings = dpo_settings(cfg)
+    callbacks = step_callbacks(cfg.run.callbacks)
     parts = setup_components(cfg) if cfg.dpo.eval and lead else None
     try:
         model_path = resolve_model(cfg.model.path) if parts is None else parts.model_path
         policy = load_policy(cfg.model, model_path) if parts is None else parts.policy
         check_tokenizer(policy, model_path)
-        tokenizer = policy.tokenizer
-        encoded = [
-            encode_preference(
-                tokenizer,
-                render_prompt(p.sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt),
-                p.chosen,
-                p.rejected,
-            )
-            for p in pairs
-        ]
+        encoded = encode_dpo_pairs(cfg, pairs, policy.tokenizer)
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
     if cfg.trainer.disable_dropout:  # as TRL's DPO: the policy's and reference's log-probs are comparable
         disable_dropout(policy.model)
     names = [] if parts is None else list(parts.weight_source())  # what the sampler takes of the policy
+    saved = {} if session.latest is None else session.restore({"model/": policy})  # before any write
+    start_eval: dict[str, float] = dict(saved.get("start_eval", {}))
+    resumed_at = saved.get("step")
 
-    with open_run_log(cfg, run_dir) if lead else contextlib.nullcontext() as metrics_log:
-        start_eval: dict[str, float] = {}
+    with (
+        session.open_log(cfg, resumed_at) if lead else contextlib.nullcontext() as metrics_log,
+        session.interrupts(),
+    ):
         final_eval: dict[str, float] = {}
-        if parts is not None:  # rank 0's: it has the run log
+        if parts is not None and resumed_at is None:  # rank 0's: it has the run log
             assert metrics_log is not None
             start_eval = run_eval(parts, EvalSettings.of(cfg))
             metrics_log.log(0, start_eval)
@@ -155,15 +208,19 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunRes
                 copy_from_rank0(model, ranks)
                 shard(model, cfg.trainer.strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
         enabled = cfg.logging.progress and lead
-        with Progress(total=settings.steps, description="dpo", enabled=enabled) as progress:
+        saves = session.fit_saves({"model/": policy}, extra={"start_eval": start_eval}, callbacks=callbacks)
+        with Progress(
+            total=settings.steps, initial=resumed_at or 0, description="dpo", enabled=enabled
+        ) as progress:
             result = run_dpo(
                 policy,
                 encoded,
                 settings,
                 reference=reference,
                 log=None if metrics_log is None else _logger(metrics_log, progress),
-                deadline=deadline(cfg.run, started),
+                deadline=session.deadline,
                 ranks=ranks,
+                saves=saves,
             )
         del reference
         gathered = GatheredWeights(names, policy, ranks)
@@ -181,29 +238,24 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunRes
         log.warning("DPO stopped at run.time_limit_s after %d steps", result["steps"])
     if lead:
         policy.save_pretrained(run_dir / MODEL_DIR, state_dict=gathered.state if ranks.world > 1 else None)
+        summary = {"family": "dpo", "steps": result["steps"], "model": str(run_dir / MODEL_DIR)}
+        session.finish(summary | _last(result) | {"start_eval": start_eval, "final_eval": final_eval})
     return PreferenceRunResult(run_dir, result["steps"], result, start_eval, final_eval)
 
 
-def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResult:
+def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = False) -> PreferenceRunResult:
     """`hone rm`: a one-logit reward model from `model.path` fitted to `rm.data`, checked on held-out pairs
     (`rm.eval_data`, or `rm.val_fraction` of `rm.data` set aside with `run.seed`). On N learner ranks
     every rank runs this, as `run_dpo_recipe` does; rank 0 logs and writes the gathered model."""
     lead = ranks.rank == 0
-    started = start_process(cfg.run)
-    run_dir = new_run_dir(cfg.run) if lead else Path(cfg.run.dir) / cfg.run.name
-    if cfg.model.lora is not None:
-        raise SetupError(
-            "model.lora: hone rm trains the whole model (and its new score head); unset model.lora"
-        )
-    pairs = load_pairs(cfg.rm, cfg.rm.data, "rm.data")
-    if cfg.rm.eval_data is not None:
-        train, held_out = pairs, load_pairs(cfg.rm, cfg.rm.eval_data, "rm.eval_data")
-    else:
-        train, held_out = split_held_out(pairs, cfg.rm.val_fraction, cfg.run.seed)
+    refuse_ranked_resume("rm", resume, ranks)
+    session = RunSession(cfg.run, resume=resume, ranks=ranks, command="rm")
+    run_dir = session.dir
+    train, held_out = rm_pairs(cfg)
+    callbacks = step_callbacks(cfg.run.callbacks)
     try:
         model_path = resolve_model(cfg.model.path)
-        tokenizer = load_tokenizer(model_path, padding_side="right")
-        tokenizer.truncation_side = "left"  # the score is read at the end: keep the end, as scoring does
+        tokenizer = rm_tokenizer(model_path)
         model = load_score_model(
             model_path, dtype=resolve_dtype(cfg.model.dtype), pad_token_id=tokenizer.pad_token_id
         )
@@ -211,16 +263,7 @@ def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResu
         model.to(resolve_device(cfg.model.device))  # type: ignore[arg-type]
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(model)
-
-        def encode(pair: PreferencePair) -> EncodedComparison:
-            chosen, rejected = (
-                encode_scored_text(
-                    tokenizer, *scored_text(tokenizer, pair.sample, response), cfg.rm.max_length
-                )
-                for response in (pair.chosen, pair.rejected)
-            )
-            return EncodedComparison(chosen, rejected, pair.margin)
-
+        encode = rm_encoder(cfg, tokenizer)
         train_encoded, held_out_encoded = [encode(p) for p in train], [encode(p) for p in held_out]
     except (ValueError, OSError) as e:
         raise SetupError(str(e)) from e
@@ -232,9 +275,14 @@ def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResu
     if ranks.world > 1:
         copy_from_rank0(model, ranks)
         shard(model, cfg.trainer.strategy, ranks, bf16=cfg.trainer.autocast == "bfloat16")
+    part = {"model/": ScoreModelPart(model)}
+    resumed_at = None if session.latest is None else session.restore(part)["step"]  # before any write
+    enabled = cfg.logging.progress and lead
+    progress_bar = Progress(total=settings.steps, initial=resumed_at or 0, description="rm", enabled=enabled)
     with (
-        open_run_log(cfg, run_dir) if lead else contextlib.nullcontext() as metrics_log,
-        Progress(total=settings.steps, description="rm", enabled=cfg.logging.progress and lead) as progress,
+        session.open_log(cfg, resumed_at) if lead else contextlib.nullcontext() as metrics_log,
+        session.interrupts(),
+        progress_bar as progress,
     ):
         result = run_reward_model(
             model,
@@ -243,15 +291,25 @@ def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK) -> PreferenceRunResu
             held_out_encoded,
             settings,
             log=None if metrics_log is None else _logger(metrics_log, progress),
-            deadline=deadline(cfg.run, started),
+            deadline=session.deadline,
             ranks=ranks,
+            saves=session.fit_saves(part, callbacks=callbacks),
         )
+    if result["out_of_time"]:
+        log.warning("reward-model training stopped at run.time_limit_s after %d steps", result["steps"])
     log.info("held-out pair accuracy %.3f", result["eval/pair_accuracy"])
     state = full_state_dict(model, ranks) if ranks.world > 1 else None  # every rank: whole on rank 0
     if lead:
         model.save_pretrained(run_dir / MODEL_DIR, state_dict=state)
         tokenizer.save_pretrained(run_dir / MODEL_DIR)
+        summary = {"family": "rm", "steps": result["steps"], "model": str(run_dir / MODEL_DIR)}
+        session.finish(summary | _last(result))
     return PreferenceRunResult(run_dir, result["steps"], result)
+
+
+def _last(result: dict[str, Any]) -> dict[str, Any]:
+    """The result's figures for summary.json (the last step's metrics, the last held-out ones)."""
+    return {k: v for k, v in result.items() if k not in ("steps",)}
 
 
 def _logger(metrics_log: MetricsLogger, progress: Progress) -> Callable[[dict[str, float]], None]:

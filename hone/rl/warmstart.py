@@ -28,6 +28,7 @@ from hone.rollout import Sampler
 from hone.rollout.multiturn import Episodes, demonstration_tokens
 from hone.rollout.prompts import encode_prompt, render_prompt
 from hone.training.distributed import ONE_RANK, Ranks
+from hone.training.fit import FitSaves
 from hone.training.policy import Policy
 from hone.training.sft import ImageExample, run_sft
 from hone.types import Sample, SamplingParams
@@ -151,6 +152,7 @@ def train_sft(
     log: Callable[[dict[str, float]], None] | None = None,
     deadline: float | None = None,
     ranks: Ranks = ONE_RANK,
+    saves: FitSaves | None = None,
 ) -> dict[str, Any]:
     """`run_sft` with the warm start's settings: what every learner rank runs."""
     return run_sft(
@@ -170,6 +172,7 @@ def train_sft(
         deadline=deadline,
         max_nonfinite_steps=settings.max_nonfinite_steps,
         ranks=ranks,
+        saves=saves,
     )
 
 
@@ -199,12 +202,15 @@ def warm_start_sft(
     deadline: float | None = None,
     weights: WeightChannel,
     on_ranks: SFTRanks | None = None,
+    saves: FitSaves | None = None,
+    on_row: Callable[[dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """SFT on `data` until validation accuracy on `data.val` reaches `settings.stop_at`, `max_steps` or
     `deadline` (a `time.perf_counter()` value: the run's wall-time budget); saves to `out_dir`.
     `sampler` validates: `weights` publishes the policy's SFT weights to it, as version 0 (RL has not
     started), before each validation and once SFT ends. `on_ranks`: rank 0 of N learner ranks, which
-    train together (each its share of every batch); rank 0 validates and saves the gathered weights."""
+    train together (each its share of every batch); rank 0 validates and saves the gathered weights.
+    `saves`: SFT's own checkpoints and resume (`hone sft`); `on_row` receives every logged row too."""
     texts = [
         (render_prompt(s, policy.tokenizer, settings.chat_template, settings.system_prompt), r)
         for s, r in data.pairs
@@ -236,12 +242,14 @@ def warm_start_sft(
 
     def record(row: dict[str, float]) -> None:
         history.append(row)
+        if on_row is not None:
+            on_row(row)
         if "sft/eval" in row:
             log.info("SFT step %d: validation accuracy %.3f", row["step"], row["sft/eval"])
 
     ranks = ONE_RANK if on_ranks is None else on_ranks.ranks
     result = train_sft(
-        settings, policy, texts, data, val_accuracy, log=record, deadline=deadline, ranks=ranks
+        settings, policy, texts, data, val_accuracy, log=record, deadline=deadline, ranks=ranks, saves=saves
     )
     if result["out_of_time"]:
         log.warning("SFT stopped at the run's time limit after %d steps", result["steps"])

@@ -70,29 +70,31 @@ def deadline(run: RunConfig, started: float) -> float | None:
     return None if run.time_limit_s is None else started + run.time_limit_s
 
 
-def new_run_dir(run: RunConfig, *, resumable: bool = True) -> Path:
+def new_run_dir(run: RunConfig, *, resumable: bool = True, command: str = "train") -> Path:
     """`runs/<name>` for a new run (nothing is written here). A directory that holds a run is refused when
     that run saved a checkpoint or finished; one whose run stopped before either (a start that failed, an
-    interrupt before the first checkpoint) is reused, with a note: there is nothing in it to go on from."""
+    interrupt before the first checkpoint) is reused, with a note: there is nothing in it to go on from.
+    `command`: the `hone` command that resumes it (train, sft, dpo, rm)."""
     run_dir = Path(run.dir) / run.name
     if not (run_dir / METRICS_FILE).exists():
         return run_dir
-    # summary.json marks every finished run; a saved model (`model/`, an SFT run's `sft/`) one too
-    finished = any((run_dir / name).exists() for name in ("summary.json", "model", "sft"))
+    # summary.json marks every finished run; a final `model/` (control, DPO, RM) one from before it existed
+    finished = any((run_dir / name).exists() for name in ("summary.json", "model"))
     if finished or Checkpointer(run_dir).latest() is not None:
-        resume = f"resume it with `hone train --resume {run_dir}` or " if resumable and not finished else ""
+        resumable = resumable and not finished
+        resume = f"resume it with `hone {command} --resume {run_dir}` or " if resumable else ""
         raise SetupError(f"{run_dir} already holds a run; {resume}choose another run.name")
     log.info("%s holds a run that stopped before its first checkpoint: starting it again there", run_dir)
     return run_dir
 
 
 def open_run_dir(
-    run: RunConfig, resume: bool, ranks: Ranks | None = None
+    run: RunConfig, resume: bool, ranks: Ranks | None = None, command: str = "train"
 ) -> tuple[Path, Checkpointer, Path | None]:
     """The run directory, its checkpointer and, resuming, the newest intact checkpoint (one line when
     there is none to resume from). Nothing is written here: a start that fails in set-up leaves an
     existing run as it was."""
-    run_dir = Path(run.dir) / run.name if resume else new_run_dir(run)
+    run_dir = Path(run.dir) / run.name if resume else new_run_dir(run, command=command)
     checkpointer = Checkpointer(run_dir, keep_last=run.keep_last, ranks=ranks)
     if not resume:
         return run_dir, checkpointer, None
@@ -119,9 +121,9 @@ def write_run_config(run_dir: Path, cfg: HoneConfig) -> None:
     os.replace(tmp, run_dir / "config.yaml")
 
 
-def where_stopped(run_dir: Path) -> str:
-    """'at step N; last checkpoint step M; resume with `…`' (with no checkpoint: how to start again), read
-    from the run directory's files."""
+def where_stopped(run_dir: Path, command: str = "train") -> str:
+    """'at step N; last checkpoint step M; resume with `hone <command> --resume …`' (with no checkpoint:
+    how to start again), read from the run directory's files."""
     rows = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
     done = max((int(row["step"]) for row in rows), default=0)  # the last step that finished and logged
     latest = Checkpointer(run_dir).latest()
@@ -129,7 +131,7 @@ def where_stopped(run_dir: Path) -> str:
     if latest is None:
         return f"{at}; no checkpoint yet; the same command starts it again"
     saved = latest.name.replace("-", " ")
-    return f"{at}; last checkpoint {saved}; resume with `hone train --resume {run_dir}`"
+    return f"{at}; last checkpoint {saved}; resume with `hone {command} --resume {run_dir}`"
 
 
 def open_run_log(cfg: HoneConfig, run_dir: Path, *, resume_step: int | None = None) -> MetricsLogger:

@@ -42,6 +42,7 @@ from hone.tracking import METRICS_FILE, MetricsLogger, Progress, plot_metrics
 from hone.tracking.progress import Shown
 from hone.training.checkpoint import Part
 from hone.training.distributed import ONE_RANK, Ranks
+from hone.training.fit import FitSaves
 
 if TYPE_CHECKING:
     from hone.config import HoneConfig, LoggingConfig, RunConfig
@@ -56,26 +57,65 @@ class RunSession:
     docstring). `latest` is the checkpoint a resume starts from (None for a new run)."""
 
     def __init__(
-        self, run: RunConfig, *, resume: bool, ranks: Ranks = ONE_RANK, threads: int | None = None
+        self,
+        run: RunConfig,
+        *,
+        resume: bool,
+        ranks: Ranks = ONE_RANK,
+        threads: int | None = None,
+        command: str = "train",
     ) -> None:
         self.run = run
+        self.command = command  # the `hone` command that resumes the run (train, sft, dpo, rm)
         self.started = start_process(run, threads=threads)
-        self.dir, self.checkpointer, self.latest = open_run_dir(run, resume, ranks)
+        self.dir, self.checkpointer, self.latest = open_run_dir(run, resume, ranks, command)
         self.deadline = deadline(run, self.started)
 
     def open_log(self, cfg: HoneConfig, resume_step: int | None = None) -> MetricsLogger:
         """metrics.jsonl (TensorBoard, W&B) and config.yaml: the first writes into the run directory."""
         return open_run_log(cfg, self.dir, resume_step=resume_step)
 
-    def restore(self, parts: dict[str, Part]) -> None:
-        """Load `latest` into `parts`; one line when it does not fit this run or is damaged."""
+    def restore(self, parts: dict[str, Part]) -> dict[str, Any]:
+        """Load `latest` into `parts` and return its state.json; one line when it does not fit this run or
+        is damaged."""
+        state = self._load(parts)
+        assert self.latest is not None
+        log.info("resumed %s from %s", self.dir, self.latest.name)
+        return state
+
+    def _load(self, parts: dict[str, Part]) -> dict[str, Any]:
         assert self.latest is not None
         try:
-            self.checkpointer.load(self.latest, parts)
+            return self.checkpointer.load(self.latest, parts)
         except Exception as e:
             detail = " ".join(str(e).split())[:300]
             raise SetupError(f"cannot resume from {self.latest}: {type(e).__name__}: {detail}") from None
-        log.info("resumed %s from %s", self.dir, self.latest.name)
+
+    def fit_saves(
+        self,
+        model: dict[str, Part],
+        *,
+        extra: dict[str, Any] | None = None,
+        callbacks: Sequence[Callable[[int, Mapping[str, float]], object]] = (),
+    ) -> FitSaves | None:
+        """The offline loop's checkpoints (SFT, DPO, RM: `hone.training.fit`) in this run directory, every
+        `run.save_every` steps, resuming from `latest` (whose `model` parts the caller restored first);
+        `callbacks` (`run.callbacks`) after each step. None on N learner ranks, which save none yet."""
+        if self.checkpointer.ranks.world > 1:
+            return None
+
+        def after(step: int, row: dict[str, float]) -> None:
+            for callback in callbacks:
+                callback(step, row)
+
+        return FitSaves(
+            save=self.checkpointer.save,
+            model=model,
+            every=self.run.save_every,
+            extra=extra or {},
+            restore=None if self.latest is None else self._load,
+            after=after if callbacks else None,
+        )
 
     def check(self) -> None:
         """At a step boundary: end the run if a signal arrived whose own interrupt was swallowed."""
@@ -102,7 +142,7 @@ class RunSession:
         try:
             yield
         except KeyboardInterrupt:
-            raise RunInterrupted(f"interrupted {where_stopped(self.dir)}") from None
+            raise RunInterrupted(f"interrupted {where_stopped(self.dir, self.command)}") from None
 
     @staticmethod
     def due(step: int, every: int | None, *, last: bool = False) -> bool:

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from hone.algorithms.preference import PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceLossFn
 from hone.models.tokens import pad_token_id
 from hone.training.distributed import ONE_RANK, Ranks
-from hone.training.fit import FitPlan, Stats, fit
+from hone.training.fit import FitPlan, FitSaves, Stats, fit
 from hone.training.policy import Policy, first_response_column
 from hone.training.sft import collate_sft, encode_pair
 
@@ -91,6 +91,7 @@ def run_dpo(
     log: Callable[[dict[str, float]], None] | None = None,
     deadline: float | None = None,
     ranks: Ranks = ONE_RANK,
+    saves: FitSaves | None = None,
 ) -> dict[str, Any]:
     """Train `policy` in place on `pairs` for `settings.steps` optimizer steps (or until `deadline`, a
     `time.perf_counter()` value checked before each step). `reference` is needed unless the loss is
@@ -100,6 +101,7 @@ def run_dpo(
     `rewards/rejected`, `rewards/accuracies` (share of pairs whose chosen reward is higher),
     `rewards/margins`, `logps/chosen`, `logps/rejected` (summed response log-probs of the policy), and
     `learning_rate`, `grad_norm`. Returns `{"steps", "out_of_time"}` and the last step's metrics.
+    `saves`: checkpoints and a resume (`FitSaves`; the reference is scored again on resume).
     """
     if not pairs:
         raise ValueError("run_dpo needs at least one preference pair")
@@ -130,6 +132,7 @@ def run_dpo(
         log=log,
         deadline=deadline,
         ranks=ranks,
+        saves=saves,
     )
     return {"steps": done.steps, "out_of_time": done.out_of_time, **done.metrics}
 

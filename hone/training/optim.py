@@ -21,18 +21,23 @@ import torch
 from hone.errors import HoneError
 
 
-def epoch_batches(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
+def epoch_batches(n: int, batch_size: int, seed: int, start: int = 0) -> Iterator[list[int]]:
     """Indices into `n` examples, `batch_size` a step, reshuffled every epoch with `seed`; a batch at an
-    epoch's end runs on into the next epoch's order (no short batch, every example once per epoch)."""
+    epoch's end runs on into the next epoch's order (no short batch, every example once per epoch).
+    `start`: the first `start` steps' batches are passed over, so a resumed run goes on with the batch an
+    unbroken one would take next."""
     rng = random.Random(seed)
     order: list[int] = []
+    taken = 0
     while True:
         while len(order) < batch_size:
             epoch = list(range(n))
             rng.shuffle(epoch)
             order += epoch
         batch, order = order[:batch_size], order[batch_size:]
-        yield batch
+        taken += 1
+        if taken > start:
+            yield batch
 
 
 def adamw(

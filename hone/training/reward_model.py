@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from hone.algorithms.preference import bradley_terry_loss
 from hone.training.distributed import ONE_RANK, Ranks
-from hone.training.fit import FitPlan, Stats, fit
+from hone.training.fit import FitPlan, FitSaves, Stats, fit
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,24 @@ def load_score_model(path: str | Path, *, dtype: torch.dtype | str, pad_token_id
     model.config.pad_token_id = pad_token_id
     model.config.get_text_config().pad_token_id = pad_token_id
     return model
+
+
+class ScoreModelPart:
+    """A score model as a checkpoint's `name/` part: `save_pretrained` writes it, `load_weights` reads
+    its weights back into the same-shaped model (every tensor: a missing one is an error)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+
+    def save_pretrained(self, directory: Path) -> None:
+        self.model.save_pretrained(directory)
+
+    def load_weights(self, directory: Path) -> None:
+        device = str(next(self.model.parameters()).device)
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(Path(directory).glob("*.safetensors")):
+            state.update(load_file(shard, device=device))
+        self.model.load_state_dict(state, strict=True)
 
 
 def sequence_rewards(
@@ -110,6 +129,7 @@ def run_reward_model(
     log: Callable[[dict[str, float]], None] | None = None,
     deadline: float | None = None,
     ranks: Ranks = ONE_RANK,
+    saves: FitSaves | None = None,
 ) -> dict[str, Any]:
     """Fit `model` in place for `settings.steps` optimizer steps (or until `deadline`, a
     `time.perf_counter()` value checked before each step).
@@ -119,6 +139,7 @@ def run_reward_model(
     after the last, `eval/pair_accuracy` and `eval/loss` on `val_pairs`. Returns `{"steps", "out_of_time",
     "eval/pair_accuracy", "eval/loss"}` (the last held-out figures). On N `ranks` (every rank calls this,
     `model` sharded) each trains its share of every batch and every rank scores the held-out pairs.
+    `saves`: checkpoints and a resume (`FitSaves`, its model part a `ScoreModelPart`).
     """
     if not train_pairs or not val_pairs:
         raise ValueError("reward-model training needs training pairs and held-out pairs")
@@ -144,6 +165,7 @@ def run_reward_model(
         deadline=deadline,
         after_step=after_step,
         ranks=ranks,
+        saves=saves,
     )
     result = {"steps": done.steps, "out_of_time": done.out_of_time, **done.metrics}
     if "eval/pair_accuracy" not in result:  # stopped by the deadline before any held-out measurement

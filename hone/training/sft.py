@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hone.models.tokens import pad_token_id
 from hone.training.distributed import ONE_RANK, Ranks
-from hone.training.fit import FitPlan, Stats, fit
+from hone.training.fit import FitPlan, FitSaves, Stats, fit
 from hone.training.policy import Policy
 from hone.types import VisionBatch, VisionInputs
 
@@ -113,6 +113,7 @@ def run_sft(
     deadline: float | None = None,
     max_nonfinite_steps: int = 3,
     ranks: Ranks = ONE_RANK,
+    saves: FitSaves | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `policy` in place on `pairs` (text) and/or `examples` (token ids with a 0/1 train mask
     per token, e.g. multi-turn demonstrations; or `ImageExample`s, prompts with images) for up to
@@ -129,7 +130,8 @@ def run_sft(
     per step and `{"step", "sft/eval"}` per evaluation.
     Returns `{"steps", "loss", "eval", "stopped_early", "out_of_time"}` (`eval`: the last score, or None).
     On N learner `ranks` every rank calls this on the same examples, `policy` sharded: each trains its share
-    of every batch, and `eval_fn` must return the same score on every rank.
+    of every batch, and `eval_fn` must return the same score on every rank. `saves`: checkpoints and a
+    resume (`FitSaves`).
     """
     if policy.tokenizer is None:
         raise ValueError("run_sft needs a policy with a tokenizer")
@@ -188,6 +190,7 @@ def run_sft(
         log=None if log is None else log_rows,
         deadline=deadline,
         ranks=ranks,
+        saves=saves,
     )
     return {
         "steps": done.steps,
