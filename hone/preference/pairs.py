@@ -104,7 +104,7 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
         raise ValueError("hone pairs: single-turn tasks only (env.name is set)")
     out = Path(cfg.pairs.out) if cfg.pairs.out else default_out(cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
-    parts = setup_components(cfg)
+    parts = setup_components(cfg, reuse_model=True)  # nothing trains the policy: no copy for the sampler
     samples = parts.train_samples[: cfg.pairs.prompts]
     if len(samples) < cfg.pairs.prompts:
         log.warning("pairs: the training split has %d prompts, fewer than pairs.prompts", len(samples))

@@ -51,7 +51,9 @@ class RunComponents:
     teacher: Policy | None = None  # `distill.teacher`, loaded with the reference when RL starts
 
 
-def build_components(cfg: HoneConfig) -> RunComponents:
+def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunComponents:
+    """The run's parts. `reuse_model`: nothing trains the policy (`hone eval`, `hone pairs`), so the sampler
+    samples over the policy's own model instead of a copy (`build_sampler`): one copy of the weights."""
     make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     agent_spec = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
     if agent_spec is not None:
@@ -72,7 +74,7 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         check_teacher_tokenizer(cfg.distill, tokenizer, cfg.model.path)
     pad_id = pad_token_id(tokenizer)
     warn_unverified(cfg)  # once per run: producer replicas and Ray actors build theirs elsewhere
-    sampler = build_sampler(cfg, policy, model_path)
+    sampler = build_sampler(cfg, policy, model_path, reuse_model=reuse_model)
     source = weight_source(cfg, policy)
     episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
     agent = None
@@ -171,12 +173,12 @@ def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> Epis
     )
 
 
-def setup_components(cfg: HoneConfig) -> RunComponents:
+def setup_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunComponents:
     """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s.
     A failure stops what the environment started before it (an OpenEnv server)."""
     try:
         try:
-            return build_components(cfg)
+            return build_components(cfg, reuse_model=reuse_model)
         except BaseException:
             release_envs()
             raise
