@@ -126,6 +126,8 @@ def test_eval_and_pairs_sample_over_the_policys_own_model(
     parts = build_components(load_config(None, overrides))  # a training run's sampler: its own copy
     try:
         assert len(copies) == 1 and parts.sampler.model is not parts.policy.model  # type: ignore[attr-defined]
-        assert run_eval(parts, EvalSettings.of(load_config(None, overrides))) == json.loads(out.read_text())
+        assert run_eval(parts.evaluation, EvalSettings.of(load_config(None, overrides))) == json.loads(
+            out.read_text()
+        )
     finally:
         close_samplers(parts)

@@ -192,7 +192,7 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 
     parts = setup_components(cfg, reuse_model=True)  # nothing trains the policy: no copy for the sampler
     try:
-        result = run_eval_rollouts(parts, EvalSettings.of(cfg))
+        result = run_eval_rollouts(parts.evaluation, EvalSettings.of(cfg))
     finally:
         close_samplers(parts)
         release_envs()
