@@ -17,15 +17,14 @@ import asyncio
 import statistics
 import sys
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from hone.config import load_config
 from hone.envs.base import Environment, StepResult
 from hone.models.tiny import build_byte_tokenizer
 from hone.rewards import RewardScorer
-from hone.rl.components import RunComponents
-from hone.rl.producer import Producer, PromptBatch
+from hone.rl.components import ProducerParts
+from hone.rl.producer import Producer, ProducerSettings, PromptBatch
 from hone.rollout.multiturn import EpisodeLimits, Episodes
 from hone.types import Rollout, Sample
 
@@ -73,25 +72,15 @@ async def judge(rollout: Rollout, sample: Sample) -> float:
 def main() -> None:
     samples = [Sample(f"s-{i}", prompt="go") for i in range(16)]
     cfg = load_config(None, ["rollout.n=4", "env.max_turns=4"])
-    parts = RunComponents(
-        policy=SimpleNamespace(tokenizer=TOKENIZER),  # type: ignore[arg-type]  # the producer reads only this
-        ref_policy=None,
-        sampler=SleepySampler(),
-        weights=None,  # type: ignore[arg-type]  # not published to here
+    parts = ProducerParts(
+        sampler=SleepySampler(),  # type: ignore[arg-type]
+        tokenizer=TOKENIZER,
+        processor=None,
         reward=RewardScorer(judge, max_concurrency=16),
         train_samples=samples,
-        eval_samples=[],
-        task=None,
-        pad_id=0,
-        model_path="",
         episodes=Episodes(Turns, EpisodeLimits(4, 8, 512)),
     )
-    try:  # this tree: the producer takes its settings; an older one took the config
-        from hone.rl.producer import ProducerSettings
-
-        producer = Producer(parts, ProducerSettings.of(cfg))
-    except ImportError:
-        producer = Producer(parts, cfg)  # type: ignore[arg-type]
+    producer = Producer(parts, ProducerSettings.of(cfg))
     times, metrics = [], {}
     for step in range(5):
         t0 = time.perf_counter()

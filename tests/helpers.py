@@ -24,7 +24,8 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 from hone.config import HoneConfig, load_config
 from hone.data import Task
 from hone.data.splits import load_data, validation_samples
-from hone.rl.loop import train
+from hone.rl.components import RunComponents, setup_components
+from hone.rl.loop import Setup, train
 from hone.rl.placement.executors import InlineExecutor
 from hone.rl.placement.source import Rollouts
 from hone.rollout import GenerationRequest, HFSampler
@@ -94,12 +95,26 @@ def tiny_run(root: Path, model_dir: Path, name: str = "r", **extra: object) -> l
     return [f"{k}={v}" for k, v in (base | extra).items()]
 
 
-def train_tiny(tmp_path: Path, model_dir: Path, name: str, **extra: object) -> Path:
+def train_tiny(
+    tmp_path: Path, model_dir: Path, name: str, setup: Setup | None = None, **extra: object
+) -> Path:
     """A 3-step run in this process (`tiny_overrides`, a gradient at every step), saved at step 3; its
-    run directory (see `final_weights`)."""
+    run directory (see `final_weights`). `setup`: as `train`'s (`recording_setup`)."""
     settings = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **TOKEN_REWARD, **extra}
-    train(load_config(None, tiny_overrides(tmp_path, model_dir, name, **settings)))
+    train(load_config(None, tiny_overrides(tmp_path, model_dir, name, **settings)), setup=setup)
     return tmp_path / name
+
+
+def recording_setup(*, reuse_model: bool = False) -> tuple[Setup, list[RunComponents]]:
+    """A `train(setup=...)` that builds each run's parts as a run does (`setup_components`), and the list
+    it records them in."""
+    built: list[RunComponents] = []
+
+    def setup(cfg: HoneConfig) -> RunComponents:
+        built.append(setup_components(cfg, reuse_model=reuse_model))
+        return built[-1]
+
+    return setup, built
 
 
 def final_weights(run_dir: Path, step: int = 3) -> dict[str, torch.Tensor]:

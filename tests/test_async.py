@@ -21,7 +21,6 @@ import torch
 
 from hone.config import load_config
 from hone.rewards.scoring import ScoringRound
-from hone.rl import loop
 from hone.rl.learner import Learner
 from hone.rl.loop import train
 from hone.rl.placement.executors import ThreadExecutor
@@ -30,7 +29,7 @@ from hone.rl.placement.weights import LocalWeightChannel
 from hone.rl.producer import Producer, PromptBatch, ScoredGroups, sampling_params
 from hone.training.checkpoint import Checkpointer
 from hone.types import Rollout, Sample
-from tests.helpers import TOKEN_REWARD, final_weights, tiny_overrides, train_tiny
+from tests.helpers import TOKEN_REWARD, final_weights, recording_setup, tiny_overrides, train_tiny
 
 
 @pytest.mark.parametrize("producers", [1, 2])
@@ -74,19 +73,13 @@ def test_no_trained_rollout_is_more_than_eta_versions_old(
         steps.append(groups.step)
         return real_learn(self, groups, step)
 
-    loop_parts: list[Any] = []
-    real_setup = loop.setup_components
-
-    def recording_setup(cfg: Any) -> Any:
-        loop_parts.append(real_setup(cfg))
-        return loop_parts[0]
-
-    monkeypatch.setattr(loop, "setup_components", recording_setup)
+    setup, loop_parts = recording_setup()
     monkeypatch.setattr(Learner, "learn", slow_learn)
     run = train_tiny(
         tmp_path,
         micro_model_dir,
         "ahead",
+        setup,
         **{
             "run.steps": 6,
             "run.save_every": 6,
@@ -271,7 +264,7 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     def recording_produce(self: Producer, prompts: PromptBatch) -> ScoredGroups:
         seed = sampling_params(self.settings.rollout, self.settings.seed, prompts.step).seed
         ids = tuple(s.id for s in prompts.samples)
-        produced.append((prompts.step, self.parts.weights.version, ids, seed))
+        produced.append((prompts.step, self.parts.sampler.policy_version, ids, seed))
         groups = real_produce(self, prompts)
         if prompts.step == 1:
             groups.rollouts = []  # every group filtered out: the step trains nothing
@@ -285,16 +278,9 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
         if step == 6:  # steps 1-6 done: killed before step 7 trains
             raise _Killed
 
-    built: list[Any] = []
-    real_setup = loop.setup_components
-
-    def recording_setup(cfg: Any) -> Any:
-        built.append(real_setup(cfg))
-        return built[-1]
-
+    setup, built = recording_setup()
     monkeypatch.setattr(Producer, "produce", recording_produce)
     monkeypatch.setattr(Learner, "learn", slow_learn)
-    monkeypatch.setattr(loop, "setup_components", recording_setup)
     settings = {
         "run.steps": 8,
         "run.save_every": 4,
@@ -303,7 +289,7 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
         "trainer.max_staleness": eta,
         **TOKEN_REWARD,
     }
-    train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "straight", **settings)))
+    train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "straight", **settings)), setup=setup)
     straight = {step: (ids, seed) for step, _, ids, seed in produced}
     assert built[-1].weights.version == 7  # 8 steps, one of which published nothing
     rows = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
@@ -312,7 +298,7 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     produced.clear()
     killed_cfg = tiny_overrides(tmp_path, micro_model_dir, "killed", **settings)
     with pytest.raises(_Killed):
-        train(load_config(None, killed_cfg), callbacks=[killed_at_step_7])
+        train(load_config(None, killed_cfg), callbacks=[killed_at_step_7], setup=setup)
     run = tmp_path / "killed"
     assert 6 in [step for step, *_ in produced]  # produced before the kill, never trained
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-4"]
@@ -320,7 +306,7 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
     assert (saved["step"], saved["version"]) == (4, 3)
 
     produced.clear()
-    train(load_config(None, killed_cfg), resume=True)
+    train(load_config(None, killed_cfg), resume=True, setup=setup)
     assert [step for step, *_ in produced] == [4, 5, 6, 7]  # the steps after checkpoint 4, once each
     assert produced[0][1] == 3  # the sampler starts at the checkpoint's version
     assert all(straight[step] == (ids, seed) for step, _, ids, seed in produced)

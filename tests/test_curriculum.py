@@ -12,12 +12,11 @@ from hone.data.curriculum import Curriculum, build_curriculum
 from hone.data.passrates import Outcome, PassRates
 from hone.data.schedulers import PromptStream
 from hone.rewards.scoring import CORRECTNESS
-from hone.rl import loop
-from hone.rl.loop import SetupError, train
+from hone.rl.loop import Setup, SetupError, train
 from hone.rl.outcomes import prompt_outcomes
 from hone.rl.producer import Producer, PromptBatch, ScoredGroups
 from hone.types import Rollout, Sample
-from tests.helpers import assert_same_weights, killed_and_resumed, tiny_overrides
+from tests.helpers import assert_same_weights, killed_and_resumed, recording_setup, tiny_overrides
 
 
 def samples(n: int) -> list[Sample]:
@@ -172,7 +171,12 @@ def test_bad_scheduler_args_name_the_key() -> None:
 
 
 def _recorded_run(
-    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, name: str, **extra: object
+    tmp_path: Path,
+    model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    setup: Setup | None = None,
+    **extra: object,
 ) -> list[list[str]]:
     """Train; return the sample ids each step was produced with."""
     produced: list[list[str]] = []
@@ -183,17 +187,18 @@ def _recorded_run(
         return real(self, prompts)
 
     monkeypatch.setattr(Producer, "produce", produce)
-    train(load_config(None, tiny_overrides(tmp_path, model, name, **{"run.eval_every": 0, **extra})))
+    train(
+        load_config(None, tiny_overrides(tmp_path, model, name, **{"run.eval_every": 0, **extra})),
+        setup=setup,
+    )
     return produced
 
 
 def test_uniform_run_draws_prompt_stream_batches_and_logs_pass_rates(
     tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    parts: list[loop.RunComponents] = []
-    real_setup = loop.setup_components
-    monkeypatch.setattr(loop, "setup_components", lambda cfg: parts.append(real_setup(cfg)) or parts[-1])
-    produced = _recorded_run(tmp_path, micro_model_dir, monkeypatch, "u", **{"run.steps": 3})
+    setup, parts = recording_setup()
+    produced = _recorded_run(tmp_path, micro_model_dir, monkeypatch, "u", setup, **{"run.steps": 3})
     stream = PromptStream(parts[0].train_samples, 4, seed=load_config(None, []).run.seed)
     assert produced == [[s.id for s in stream.batch(step)] for step in range(3)]
     rows = [json.loads(x) for x in (tmp_path / "u" / "metrics.jsonl").read_text().splitlines()]

@@ -19,7 +19,7 @@ from hone.rewards.resolve import load_reward
 from hone.rewards.scoring import RewardOutageError
 from hone.rl import evaluate as evaluate_module
 from hone.rl import start as rl_start
-from hone.rl.components import RunComponents
+from hone.rl.components import ProducerParts
 from hone.rl.learner import Learner
 from hone.rl.loop import SetupError, learn_step, train
 from hone.rl.placement.weights import LocalWeightChannel
@@ -300,31 +300,26 @@ def one_step(
 
     samples = [Sample(id=sid, prompt="p") for sid in responses]
     sampler = FixedSampler(respond)
-    parts = RunComponents(
-        policy=SimpleNamespace(device=torch.device("cpu"), tokenizer=PlainTokenizer()),  # type: ignore[arg-type]
-        ref_policy=None,
+    parts = ProducerParts(
         sampler=sampler,  # type: ignore[arg-type]
-        weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]
-        weight_source=dict,
+        tokenizer=PlainTokenizer(),  # type: ignore[arg-type]
+        processor=None,
         reward=reward,
         train_samples=samples,
-        eval_samples=[],
-        task=None,
-        pad_id=0,
-        model_path="",
     )
+    weights = LocalWeightChannel(dict, sampler, timeout_s=60)  # type: ignore[arg-type]
     cfg = load_config(None, ["algorithm.skip_zero_variance_groups=false", "algorithm.kl.coef=0"])
     trainer = RecordingTrainer()
     # Retries as a run has them: an outage must stop the run, not be produced again.
     rollouts = sync_source(
         Producer(parts, ProducerSettings.of(cfg)),
-        parts.weights,
+        weights,
         0,
         samples,
         retries=cfg.trainer.producer_retries,
     )
     learner = Learner(
-        policy=parts.policy,
+        policy=SimpleNamespace(device=torch.device("cpu")),  # type: ignore[arg-type]
         ref_policy=None,
         trainer=trainer,  # type: ignore[arg-type]
         algorithm=cfg.algorithm,

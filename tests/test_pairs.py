@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,38 @@ def test_no_pairs_is_one_line_and_no_file(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no pairs from 4 prompts" in err[0]
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_eval_and_pairs_sample_over_the_policys_own_model(
+    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing trains the policy in `hone eval` or `hone pairs`: the sampler takes the policy's model, no
+    copy (one copy of the weights in memory, not two), and evaluates exactly as a sampler owning a copy."""
+    from hone.config import load_config
+    from hone.rl.components import build_components, close_samplers
+    from hone.rl.evaluate import EvalSettings, run_eval
+    from hone.rollout.engines import hf_engine
+
+    copies: list[object] = []
+    real_copy = hf_engine.sampler_model
+
+    def counted_copy(policy: Any, dtype: str = "model") -> Any:
+        copies.append(policy)
+        return real_copy(policy, dtype)
+
+    monkeypatch.setattr(hf_engine, "sampler_model", counted_copy)
+    overrides = [*tiny_overrides(tmp_path, micro_model_dir, "own"), "data.eval_size=4"]
+    out = tmp_path / "eval.json"
+    assert main(["eval", *overrides, "--out", str(out)]) == 0
+    reward = "reward.fn=tests.rewards_for_tests:token_id_reward"
+    pairs = [reward, "pairs.prompts=4", f"pairs.out={tmp_path / 'p'}"]
+    assert main(["pairs", *overrides, *pairs]) == 0
+    assert copies == []
+    parts = build_components(load_config(None, overrides))  # a training run's sampler: its own copy
+    try:
+        assert len(copies) == 1 and parts.sampler.model is not parts.policy.model  # type: ignore[attr-defined]
+        assert run_eval(parts.evaluation, EvalSettings.of(load_config(None, overrides))) == json.loads(
+            out.read_text()
+        )
+    finally:
+        close_samplers(parts)

@@ -406,3 +406,29 @@ def test_a_two_rank_learner_group_on_ray_trains_as_the_local_two_ranks_and_leave
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
     assert not ray.is_initialized()
     _assert_no_ray_processes_soon()
+
+
+def test_a_sampler_actor_builds_its_producer_as_the_driver_does_and_samples_the_same(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """In process (no cluster): a sampler actor's producer, built by `build_producer_parts` over the one
+    model it loads, produces a step exactly as the driver's producer over its own sampler copy."""
+    from hone.config import load_config
+    from hone.rl.components import build_components, close_samplers
+    from hone.rl.placement.ray.actors import SamplerActor
+    from hone.rl.producer import Producer, ProducerSettings
+
+    cfg = load_config(None, tiny_overrides(tmp_path, micro_model_dir, "actor", **TOKEN_REWARD))
+    actor = SamplerActor(cfg.model_dump(mode="json"), os.getcwd(), torch.get_num_threads(), [])
+    parts = build_components(cfg)
+    try:
+        assert type(actor.producer.parts) is type(parts.producer)
+        prompts = PromptBatch(step=0, samples=parts.train_samples[:4])
+        theirs = actor.produce(prompts, retries=0)
+        ours = Producer(parts.producer, ProducerSettings.of(cfg)).produce(prompts)
+        assert ours.rollouts
+        assert [r.token_ids for r in theirs.rollouts] == [r.token_ids for r in ours.rollouts]
+        assert [r.reward for r in theirs.rollouts] == [r.reward for r in ours.rollouts]
+    finally:
+        actor.close()
+        close_samplers(parts)

@@ -13,7 +13,7 @@ import torch
 
 from hone.config import AlgorithmConfig, ConfigError, ReplayConfig, TrainerConfig, load_config
 from hone.rewards import RewardScorer
-from hone.rl.components import RunComponents
+from hone.rl.components import ProducerParts
 from hone.rl.learner import Learner
 from hone.rl.loop import learn_step, train
 from hone.rl.placement.weights import LocalWeightChannel
@@ -69,29 +69,24 @@ def _step(
     `step_ids`, the training set (what a refill draws from) `pool_ids`."""
     pool = {i: Sample(id=i, prompt=i) for i in pool_ids}
     sampler = _fake_sampler(truncated)
-    parts = RunComponents(
-        policy=SimpleNamespace(device=torch.device("cpu"), tokenizer=PlainTokenizer()),  # type: ignore[arg-type]
-        ref_policy=None,
+    parts = ProducerParts(
         sampler=sampler,  # type: ignore[arg-type]
-        weights=LocalWeightChannel(dict, sampler, timeout_s=60),  # type: ignore[arg-type]
-        weight_source=dict,
+        tokenizer=PlainTokenizer(),  # type: ignore[arg-type]
+        processor=None,
         reward=RewardScorer(_reward),
         train_samples=list(pool.values()),
-        eval_samples=[],
-        task=None,
-        pad_id=0,
-        model_path="",
     )
+    weights = LocalWeightChannel(dict, sampler, timeout_s=60)  # type: ignore[arg-type]
     cfg = load_config(None, ["algorithm.kl.coef=0", *overrides])
     trainer = RecordingTrainer()
     rollouts = sync_source(
         Producer(parts, ProducerSettings.of(cfg)),
-        parts.weights,
+        weights,
         3,
         [Sample(id=i, prompt=i) for i in step_ids],
     )
     learner = Learner(
-        policy=parts.policy,
+        policy=SimpleNamespace(device=torch.device("cpu")),  # type: ignore[arg-type]
         ref_policy=None,
         trainer=trainer,  # type: ignore[arg-type]
         algorithm=cfg.algorithm,

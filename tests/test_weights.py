@@ -14,13 +14,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hone.config import load_config
-from hone.rl import components
 from hone.rl.learner import Learner
 from hone.rl.loop import train
 from hone.rl.placement.weights import LocalWeightChannel, WeightPublishTimeout
 from hone.rl.producer import ScoredGroups
 from hone.rollout import HFSampler
-from hone.rollout.engines import hf_engine
 from tests.conftest import char_tokenizer
 from tests.helpers import (
     ATOL,
@@ -31,6 +29,7 @@ from tests.helpers import (
     make_model,
     next_turn,
     prefill_widths,
+    recording_setup,
     requests,
     tiny_overrides,
 )
@@ -175,19 +174,16 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
     did before the weight channel) must end on the same weights, bit for bit. In the owned run, after
     every publish the sampler's tensors equal the policy's without sharing storage, and every rollout a
     step trains on was sampled by the version the step before published."""
-    built: list[components.RunComponents] = []
     published: list[int] = []
     trained_versions: list[tuple[int, set[int]]] = []
-    real_build, real_publish = components.build_components, LocalWeightChannel.publish
+    real_publish = LocalWeightChannel.publish
     real_learn = Learner.learn
-
-    def recording_build(cfg: Any) -> components.RunComponents:
-        built.append(real_build(cfg))
-        return built[-1]
+    setups = {share: recording_setup(reuse_model=share) for share in (False, True)}
 
     def checked_publish(self: LocalWeightChannel, version: int) -> None:
         real_publish(self, version)
-        sampler_model, policy_model = built[-1].sampler.model, built[-1].policy.model  # type: ignore[attr-defined]
+        parts = setups[bool(setups[True][1])][1][-1]  # the run going on: the shared one once it has begun
+        sampler_model, policy_model = parts.sampler.model, parts.policy.model  # type: ignore[attr-defined]
         if sampler_model is not policy_model:
             published.append(version)
             own = dict(sampler_model.named_parameters())
@@ -198,17 +194,17 @@ def test_a_sampler_owning_its_weights_trains_exactly_like_one_sharing_the_model(
         trained_versions.append((step, {r.policy_version for r in groups.rollouts}))
         return real_learn(self, groups, step)
 
-    monkeypatch.setattr(components, "build_components", recording_build)  # what setup_components calls
     monkeypatch.setattr(LocalWeightChannel, "publish", checked_publish)
     monkeypatch.setattr(Learner, "learn", recording_learn)
     finals = {}
     for share in (False, True):
-        if share:
-            monkeypatch.setattr(hf_engine, "sampler_model", lambda policy, dtype="model": policy.model)
-        run = f"shared-{share}"
+        run = f"shared-{share}"  # shared: the sampler samples over the policy's own model (`reuse_model`)
         extra = {"run.steps": 3, "run.save_every": 3, "run.eval_every": 0, **RUNS[name]}
         recipe = "agent-guess" if "env.name" in extra else None
-        train(load_config(recipe, tiny_overrides(tmp_path, micro_model_dir, run, **extra)))
+        train(
+            load_config(recipe, tiny_overrides(tmp_path, micro_model_dir, run, **extra)),
+            setup=setups[share][0],
+        )
         finals[share] = final_weights(tmp_path / run)
         if not share:
             assert published[-3:] == [1, 2, 3]

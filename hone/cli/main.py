@@ -202,9 +202,9 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     from hone.rl.components import close_samplers, setup_components
     from hone.rl.evaluate import EvalSettings, check_rewards_answered, run_eval_rollouts
 
-    parts = setup_components(cfg)
+    parts = setup_components(cfg, reuse_model=True)  # nothing trains the policy: no copy for the sampler
     try:
-        result = run_eval_rollouts(parts, EvalSettings.of(cfg))
+        result = run_eval_rollouts(parts.evaluation, EvalSettings.of(cfg))
     finally:
         close_samplers(parts)
         release_envs()

@@ -193,7 +193,7 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = F
         final_eval: dict[str, float] = {}
         if parts is not None and resumed_at is None:  # rank 0's: it has the run log
             assert metrics_log is not None
-            start_eval = run_eval(parts, EvalSettings.of(cfg))
+            start_eval = run_eval(parts.evaluation, EvalSettings.of(cfg))
             metrics_log.log(0, start_eval)
             log.info("eval before DPO: accuracy %.3f", start_eval["eval/accuracy"])
         # The reference is passed on without a name here, so a frozen copy that `run_dpo` scores once up
@@ -228,10 +228,9 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = F
             gathered.gather()  # every rank: the trained weights, whole on rank 0
         if parts is not None:
             assert metrics_log is not None
-            if ranks.world > 1:
-                parts.weights = weight_channel(cfg, gathered, parts.sampler)
-            parts.weights.publish(1)  # the sampler evaluates the trained weights
-            final_eval = run_eval(parts, EvalSettings.of(cfg))
+            weights = weight_channel(cfg, gathered, parts.sampler) if ranks.world > 1 else parts.weights
+            weights.publish(1)  # the sampler evaluates the trained weights
+            final_eval = run_eval(parts.evaluation, EvalSettings.of(cfg))
             metrics_log.log(result["steps"], final_eval)
             log.info("eval after DPO: accuracy %.3f", final_eval["eval/accuracy"])
     if result["out_of_time"]:

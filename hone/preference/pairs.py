@@ -104,8 +104,9 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
         raise ValueError("hone pairs: single-turn tasks only (env.name is set)")
     out = Path(cfg.pairs.out) if cfg.pairs.out else default_out(cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
-    parts = setup_components(cfg)
-    samples = parts.train_samples[: cfg.pairs.prompts]
+    parts = setup_components(cfg, reuse_model=True)  # nothing trains the policy: no copy for the sampler
+    producer = parts.producer
+    samples = producer.train_samples[: cfg.pairs.prompts]
     if len(samples) < cfg.pairs.prompts:
         log.warning("pairs: the training split has %d prompts, fewer than pairs.prompts", len(samples))
     partial = out.with_name(out.name + ".partial")
@@ -117,9 +118,9 @@ def make_pairs(cfg: HoneConfig) -> PairsResult:
             for step, start in enumerate(range(0, len(samples), size)):
                 chunk = samples[start : start + size]
                 rollouts = collect_rollouts(
-                    parts, cfg.data, chunk, sampling_params(cfg.rollout, cfg.run.seed, step)
+                    producer, cfg.data, chunk, sampling_params(cfg.rollout, cfg.run.seed, step)
                 )
-                score_rollouts(rollouts, {s.id: s for s in chunk}, parts.reward)
+                score_rollouts(rollouts, {s.id: s for s in chunk}, producer.reward)
                 reward_sum += sum(r.reward for r in rollouts)
                 scored += len(rollouts)
                 rollouts, _ = drop_failed_rewards(rollouts)

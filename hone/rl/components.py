@@ -10,6 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+from transformers.processing_utils import ProcessorMixin
 
 from hone.config import HoneConfig
 from hone.data import Task
@@ -33,10 +37,66 @@ from hone.types import Sample
 log = logging.getLogger("hone")
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
+class ProducerParts:
+    """What a producer reads (`hone.rl.producer.Producer`, `collect_rollouts`): the sampler it samples
+    with, the tokenizer and processor (a vision-language model's, else None) rendering prompts and
+    environment images, the reward, the training prompts (dynamic sampling refills from them), and how
+    episodes are played (an environment's episodes, an agent's, else single-turn)."""
+
+    sampler: Sampler
+    tokenizer: PreTrainedTokenizerBase
+    processor: ProcessorMixin | None
+    reward: RewardScorer
+    train_samples: list[Sample]
+    episodes: Episodes | None = None
+    agent: AgentEpisodes | None = None
+
+    @classmethod
+    def of(
+        cls,
+        policy: Policy,
+        sampler: Sampler,
+        reward: RewardScorer,
+        train_samples: list[Sample],
+        episodes: Episodes | None = None,
+        agent: AgentEpisodes | None = None,
+    ) -> ProducerParts:
+        """The view of a run's producer: `policy` gives the tokenizer and processor."""
+        return cls(
+            sampler=sampler,
+            tokenizer=policy.tokenizer,
+            processor=policy.processor,
+            reward=reward,
+            train_samples=train_samples,
+            episodes=episodes,
+            agent=agent,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalParts:
+    """What held-out evaluation reads (`hone.rl.evaluate.run_eval`): the sampler, tokenizer and processor,
+    the reward, the eval split, and how episodes are played."""
+
+    sampler: Sampler
+    tokenizer: PreTrainedTokenizerBase
+    processor: ProcessorMixin | None
+    reward: RewardScorer
+    eval_samples: list[Sample]
+    episodes: Episodes | None = None
+    agent: AgentEpisodes | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunComponents:
+    """A run's parts as `build_components` assembled them, never changed after: the learner's (the policy,
+    pad id, model path, the weight channel to the sampler and what it publishes), and what the producer
+    (`producer`) and evaluation (`evaluation`) read. On N learner ranks `LeadRanks.gather_weights` returns
+    another whole whose channel publishes the gathered weights. The KL reference and the distillation
+    teacher are the learner's models (`hone.rl.start.LearnerModels`), loaded when RL starts."""
+
     policy: Policy
-    ref_policy: Policy | None
     sampler: Sampler
     weights: WeightChannel  # the policy's weights → the sampler's own copy, versioned
     weight_source: WeightSource  # what a publish sends (`weight_source`; on N ranks the gathered weights)
@@ -48,10 +108,31 @@ class RunComponents:
     model_path: str
     episodes: Episodes | None = None  # multi-turn runs: a fresh environment per episode, and limits
     agent: AgentEpisodes | None = None  # `rollout.agent`: it plays the episodes, through the endpoint
-    teacher: Policy | None = None  # `distill.teacher`, loaded with the reference when RL starts
+
+    @property
+    def producer(self) -> ProducerParts:
+        """The producer's view."""
+        return ProducerParts.of(
+            self.policy, self.sampler, self.reward, self.train_samples, self.episodes, self.agent
+        )
+
+    @property
+    def evaluation(self) -> EvalParts:
+        """Evaluation's view."""
+        return EvalParts(
+            sampler=self.sampler,
+            tokenizer=self.policy.tokenizer,
+            processor=self.policy.processor,
+            reward=self.reward,
+            eval_samples=self.eval_samples,
+            episodes=self.episodes,
+            agent=self.agent,
+        )
 
 
-def build_components(cfg: HoneConfig) -> RunComponents:
+def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunComponents:
+    """The run's parts. `reuse_model`: nothing trains the policy (`hone eval`, `hone pairs`), so the sampler
+    samples over the policy's own model instead of a copy (`build_sampler`): one copy of the weights."""
     make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     agent_spec = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
     if agent_spec is not None:
@@ -72,9 +153,9 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         check_teacher_tokenizer(cfg.distill, tokenizer, cfg.model.path)
     pad_id = pad_token_id(tokenizer)
     warn_unverified(cfg)  # once per run: producer replicas and Ray actors build theirs elsewhere
-    sampler = build_sampler(cfg, policy, model_path)
+    sampler = build_sampler(cfg, policy, model_path, reuse_model=reuse_model)
     source = weight_source(cfg, policy)
-    episodes = None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
+    episodes = run_episodes(cfg, make_env)
     agent = None
     if agent_spec is not None:  # last: nothing after it can fail and leave the server running
         from hone.rollout.endpoint import EndpointServer  # aiohttp: the `agents` extra
@@ -95,7 +176,6 @@ def build_components(cfg: HoneConfig) -> RunComponents:
         )
     return RunComponents(
         policy=policy,
-        ref_policy=None,
         sampler=sampler,
         weights=weight_channel(cfg, source, sampler),
         weight_source=source,
@@ -144,23 +224,48 @@ def weight_channel(cfg: HoneConfig, source: WeightSource, sampler: Sampler) -> L
     )
 
 
-def producer_replica(cfg: HoneConfig, parts: RunComponents) -> RunComponents:
+def producer_replica(cfg: HoneConfig, parts: RunComponents) -> tuple[ProducerParts, LocalWeightChannel]:
     """Another producer's view of the run (`trainer.producers`): its own sampler, a copy of the policy's
     current weights made the version the run's sampler was last published, and the channel feeding it;
     the reward, data and environments are shared."""
     sampler = build_sampler(cfg, parts.policy, parts.model_path)
     weights = weight_channel(cfg, parts.weight_source, sampler)
     weights.publish(parts.weights.published)
-    return replace(parts, sampler=sampler, weights=weights)
+    return replace(parts.producer, sampler=sampler), weights
 
 
-def close_samplers(*parts: RunComponents) -> None:
+def build_producer_parts(
+    cfg: HoneConfig, remote_reward: Callable[[RewardScorer], Any] | None = None
+) -> ProducerParts:
+    """A producer of its own (a Ray sampler actor): the training split, the reward (`remote_reward` wraps
+    it: scored by reward workers), the policy's model loaded once and taken by the sampler (`reuse_model`:
+    no optimizer, nothing trains it), and the environments. No eval split, no weight channel: weights come
+    with each `load`."""
+    make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    task, train_samples, _ = load_data(
+        cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
+    )
+    reward = load_reward(cfg.reward, task)
+    if remote_reward is not None:
+        reward = remote_reward(reward)
+    model_path = resolve_model(cfg.model.path)
+    policy = load_policy(cfg.model, model_path)  # the model as the learner builds it; no optimizer
+    sampler = build_sampler(cfg, policy, model_path, reuse_model=True)
+    return ProducerParts.of(policy, sampler, reward, train_samples, run_episodes(cfg, make_env))
+
+
+def close_samplers(*parts: RunComponents | ProducerParts) -> None:
     """Stop what the samplers run outside this process (a vLLM engine; the HF sampler has nothing), and
     the agent endpoint serving them."""
     for p in parts:
         if p.agent is not None:
             p.agent.close()
         p.sampler.close()
+
+
+def run_episodes(cfg: HoneConfig, make_env: Callable[[], Environment] | None) -> Episodes | None:
+    """A multi-turn run's episodes (`env.name`): a fresh environment each, and the limits; else None."""
+    return None if make_env is None else Episodes(make_env, episode_limits(cfg, make_env))
 
 
 def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> EpisodeLimits:
@@ -171,12 +276,12 @@ def episode_limits(cfg: HoneConfig, make_env: Callable[[], Environment]) -> Epis
     )
 
 
-def setup_components(cfg: HoneConfig) -> RunComponents:
+def setup_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunComponents:
     """`build_components`, with bad input (files, rows, names, paths) turned into one-line `SetupError`s.
     A failure stops what the environment started before it (an OpenEnv server)."""
     try:
         try:
-            return build_components(cfg)
+            return build_components(cfg, reuse_model=reuse_model)
         except BaseException:
             release_envs()
             raise

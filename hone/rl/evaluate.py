@@ -23,7 +23,7 @@ from hone.rewards import (
     score_rollouts,
     top_answer_share,
 )
-from hone.rl.components import RunComponents
+from hone.rl.components import EvalParts
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes
 from hone.rollout.episodes import play_sync
@@ -191,16 +191,16 @@ class EvalSettings:
         return cls(params, cfg.data.chat_template, cfg.data.system_prompt, list(cfg.eval.k))
 
 
-def run_eval(parts: RunComponents, settings: EvalSettings) -> dict[str, float]:
+def run_eval(parts: EvalParts, settings: EvalSettings) -> dict[str, float]:
     """Held-out accuracy (and pass@k) of the run's sampler: `evaluate` with the recipe's eval settings."""
     return run_eval_rollouts(parts, settings).metrics
 
 
-def run_eval_rollouts(parts: RunComponents, settings: EvalSettings) -> EvalResult:
+def run_eval_rollouts(parts: EvalParts, settings: EvalSettings) -> EvalResult:
     """`run_eval`, with the rollouts."""
     return evaluate_rollouts(
         parts.sampler,
-        parts.policy.tokenizer,
+        parts.tokenizer,
         parts.eval_samples,
         parts.reward,
         settings.params,
@@ -209,5 +209,5 @@ def run_eval_rollouts(parts: RunComponents, settings: EvalSettings) -> EvalResul
         ks=settings.ks,
         episodes=parts.episodes,
         agent=parts.agent,
-        processor=getattr(parts.policy, "processor", None),
+        processor=parts.processor,
     )

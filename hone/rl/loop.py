@@ -96,8 +96,16 @@ def learn_step(
 StepCallback = Callable[[int, Mapping[str, float]], object]
 
 
+Setup = Callable[[HoneConfig], RunComponents]  # builds a run's parts (`setup_components`)
+
+
 def train(
-    cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = (), ranks: Ranks = ONE_RANK
+    cfg: HoneConfig,
+    *,
+    resume: bool = False,
+    callbacks: Sequence[StepCallback] = (),
+    ranks: Ranks = ONE_RANK,
+    setup: Setup | None = None,
 ) -> RunResult:
     """Run (or resume) the recipe `cfg`; everything lands in `runs/<name>/`. This process is the
     controller and the learner whatever the back-end; with `cluster.backend: ray` the samplers and
@@ -106,19 +114,20 @@ def train(
 
     `callbacks` (after those `run.callbacks` names) are called as `fn(step, metrics)` after every RL
     step, once it is logged and checkpointed; one that raises ends the run (KeyboardInterrupt: as Ctrl-C).
+    `setup` builds the run's parts instead of `setup_components` (a test's, recording them).
     """
     if cfg.cluster.backend == "ray":
         from hone.rl.placement.ray.cluster import ray_session  # ray: an optional extra
 
         with ray_session(cfg.cluster, learner_ranks=cfg.trainer.world_size):
             if cfg.trainer.world_size == 1:
-                return run_learner(cfg, resume=resume, callbacks=callbacks)
+                return run_learner(cfg, resume=resume, callbacks=callbacks, setup=setup)
             from hone.rl.ranks.ray import learner_group
 
             with learner_group(cfg) as ray_ranks:
-                result = run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ray_ranks)
+                result = run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ray_ranks, setup=setup)
         return result
-    return run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ranks)
+    return run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ranks, setup=setup)
 
 
 def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
@@ -133,7 +142,12 @@ def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
 
 
 def run_learner(
-    cfg: HoneConfig, *, resume: bool = False, callbacks: Sequence[StepCallback] = (), ranks: Ranks = ONE_RANK
+    cfg: HoneConfig,
+    *,
+    resume: bool = False,
+    callbacks: Sequence[StepCallback] = (),
+    ranks: Ranks = ONE_RANK,
+    setup: Setup | None = None,
 ) -> RunResult:
     """The run in this process: set-up, (SFT warm start,) the RL loop driving its `RolloutSource`, eval,
     metrics and checkpoints."""
@@ -141,7 +155,7 @@ def run_learner(
     session = RunSession(cfg.run, resume=resume, ranks=ranks)
     run_dir, checkpointer, latest = session.dir, session.checkpointer, session.latest
     lead = LeadRanks(ranks) if ranks.world > 1 else None  # first: the other ranks wait on its commands
-    parts = setup_components(cfg)
+    parts = (setup or setup_components)(cfg)
     if lead is not None:
         lead.attach(cfg, parts)
     try:  # a sampler may run an engine process (vLLM): it never outlives the run
@@ -162,7 +176,7 @@ def run_learner(
             announce = None if lead is None else lead.announce
             resumed = resume_rl(cfg, parts, run_dir, checkpointer, latest, curriculum, ranks, announce)
             if lead is not None:
-                lead.gather_weights(cfg, parts)
+                parts = lead.gather_weights(cfg, parts)
         metrics_log = session.open_log(cfg, resume_step=None if resumed is None else resumed.step)
         with metrics_log, session.interrupts():
             result = _train(
@@ -203,13 +217,13 @@ def _train(
 ) -> RunResult:
     ranks = ONE_RANK if lead is None else lead.ranks
     run_dir, checkpointer, started = session.dir, session.checkpointer, session.started
-    if cfg.algorithm.replay.enabled and getattr(parts.policy, "processor", None) is not None:
+    if cfg.algorithm.replay.enabled and parts.policy.processor is not None:
         raise ReplayImagesError("algorithm.replay does not take a vision-language model's rollouts yet")
     if resumed is None:
         announce = None if lead is None else lead.announce
         begin = start_rl(cfg, parts, run_dir, sft_data, metrics_log, started, ranks, announce, lead)
         if lead is not None:
-            lead.gather_weights(cfg, parts)
+            parts = lead.gather_weights(cfg, parts)
     else:
         begin = resumed
         with nullcontext() if lead is None else lead.weights_held():
@@ -223,8 +237,8 @@ def _train(
         rollouts = rollout_source(cfg, parts, curriculum, start=begin.step, replay=replay)
     learner = Learner(
         policy=parts.policy,
-        ref_policy=parts.ref_policy,
-        teacher=parts.teacher,
+        ref_policy=begin.models.ref_policy,
+        teacher=begin.models.teacher,
         distill=cfg.distill,
         trainer=trainer,
         algorithm=cfg.algorithm,
@@ -290,7 +304,7 @@ def _train(
             evaluating = session.due(step, cfg.run.eval_every, last=last)
             if evaluating:
                 with parts.weights.hold():  # the producer may be sampling: evaluate between its steps
-                    final_eval = run_eval(parts, evaluation)
+                    final_eval = run_eval(parts.evaluation, evaluation)
                 metrics.update(final_eval)
             metrics_log.log(step, metrics)
             if evaluating:  # one value per prompt seen (up to 100k): at the eval cadence, not every step
@@ -315,6 +329,6 @@ def _train(
                 session.say_out_of_time(step)
                 break
     if not final_eval:  # no RL step ran in this session: the weights are where they started
-        final_eval = start_eval if step == 0 else run_eval(parts, evaluation)
+        final_eval = start_eval if step == 0 else run_eval(parts.evaluation, evaluation)
     resumed_at = None if resumed is None else resumed.step
     return RunResult(run_dir, step, start_eval, final_eval, tally, resumed_at, resume_eval)

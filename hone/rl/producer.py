@@ -19,7 +19,7 @@ from hone.aio import run_serving
 from hone.config import DataConfig, DynamicSamplingConfig, HoneConfig, RolloutConfig
 from hone.rewards import RewardScorer, reward_failed, score_rollouts, top_answer_share
 from hone.rl.collapse import collapse_metrics
-from hone.rl.components import RunComponents
+from hone.rl.components import ProducerParts
 from hone.rl.outcomes import prompt_outcomes
 from hone.rl.replay import ReplayBuffer, is_replayed
 from hone.rollout.base import Interruptible
@@ -120,26 +120,20 @@ class ProducerSettings:
         )
 
 
-def episode_kind(parts: RunComponents, data: DataConfig) -> EpisodeKind:
+def episode_kind(parts: ProducerParts, data: DataConfig) -> EpisodeKind:
     """How the run plays its samples, chosen once: the agent's episodes (`rollout.agent`), one
     environment episode per rollout (`env.name`), or single-turn generation."""
     return prompt_kind(
-        parts.agent,
-        parts.episodes,
-        parts.policy.tokenizer,
-        data.chat_template,
-        data.system_prompt,
-        getattr(parts.policy, "processor", None),  # a text-only stand-in policy has none
+        parts.agent, parts.episodes, parts.tokenizer, data.chat_template, data.system_prompt, parts.processor
     )
 
 
 def collect_rollouts(
-    parts: RunComponents, data: DataConfig, samples: list[Sample], params: SamplingParams
+    parts: ProducerParts, data: DataConfig, samples: list[Sample], params: SamplingParams
 ) -> list[Rollout]:
     """The run's episodes of `samples`, unscored (failed agent episodes are dropped)."""
     kind = episode_kind(parts, data)
-    processor = getattr(parts.policy, "processor", None)
-    return play_sync(parts.sampler, parts.policy.tokenizer, kind, samples, params, processor=processor)[0]
+    return play_sync(parts.sampler, parts.tokenizer, kind, samples, params, processor=parts.processor)[0]
 
 
 def episode_metrics(rollouts: list[Rollout]) -> dict[str, float]:
@@ -152,7 +146,7 @@ class Producer:
     """Turns a `PromptBatch` into `ScoredGroups` with the run's sampler, reward and environment."""
 
     def __init__(
-        self, parts: RunComponents, settings: ProducerSettings, replay: ReplayBuffer | None = None
+        self, parts: ProducerParts, settings: ProducerSettings, replay: ReplayBuffer | None = None
     ) -> None:
         self.parts = parts
         self.settings = settings
@@ -175,8 +169,8 @@ class Producer:
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
         if self.replay is not None:
             self.replay.begin(prompts.step)
-        processor = getattr(self.parts.policy, "processor", None)  # a vision-language model's: env images
-        model = Model(Batcher(self.parts.sampler, pool=engine), self.parts.policy.tokenizer, processor)
+        # The processor (a vision-language model's) turns environment images into the model's inputs.
+        model = Model(Batcher(self.parts.sampler, pool=engine), self.parts.tokenizer, self.parts.processor)
         try:
             rollouts, metrics = await self._sample_and_score(model, prompts.samples, params, timing)
             metrics |= rollout_metrics(rollouts)  # of what was sampled: replayed rollouts are not

@@ -186,14 +186,10 @@ def begin_learner(
     ranks: Ranks,
     announce: Announce | None,
 ) -> LearnerModels:
-    """Rank 0's side of `learner_models` (after `announce`, so the other ranks build theirs alongside);
-    the reference and the distillation teacher go into `parts` too."""
+    """Rank 0's side of `learner_models` (after `announce`, so the other ranks build theirs alongside)."""
     if announce is not None:
         announce(start)
-    models = learner_models(cfg, parts.policy, start, ranks)
-    parts.ref_policy = models.ref_policy
-    parts.teacher = models.teacher
-    return models
+    return learner_models(cfg, parts.policy, start, ranks)
 
 
 def resume_rl(
@@ -341,7 +337,7 @@ def start_rl(
             on_ranks=on_ranks,
         )
     models = begin_learner(cfg, parts, learner_start(cfg, parts, run_dir, None), ranks, announce)
-    evaluated = run_eval_rollouts(parts, EvalSettings.of(cfg))
+    evaluated = run_eval_rollouts(parts.evaluation, EvalSettings.of(cfg))
     start_eval = evaluated.metrics
     metrics_log.log(0, start_eval)
     # A reward that raises on every response is a bug, not an outage: stop now, not after the run trained

@@ -39,13 +39,13 @@ def local_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer |
     threads (async), each but the first over a replica of the run's sampler."""
     retries = cfg.trainer.producer_retries
     settings = ProducerSettings.of(cfg)
-    producer = Producer(parts, settings, replay)
+    producer = Producer(parts.producer, settings, replay)
     if cfg.trainer.mode == "async":
         replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
         return ThreadExecutor(
-            [(producer, parts.weights), *((Producer(r, settings), r.weights) for r in replicas)],
+            [(producer, parts.weights), *((Producer(r, settings), weights) for r, weights in replicas)],
             retries=retries,
-            on_close=lambda: close_samplers(*replicas),
+            on_close=lambda: close_samplers(*(r for r, _ in replicas)),
         )
     return InlineExecutor(producer, parts.weights, retries=retries)
 

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -173,8 +174,7 @@ class LeadRanks:
         assert self.parts is not None and self.cfg is not None
         self.commands.send("sft", texts=texts, data=SFTData(examples=data.examples), settings=settings)
         shard_policy(self.cfg, self.parts.policy, self.ranks)
-        self.gather_weights(self.cfg, self.parts)
-        return self.parts.weights
+        return self.gather_weights(self.cfg, self.parts).weights
 
     def gathered_state(self) -> contextlib.AbstractContextManager[dict[str, torch.Tensor]]:
         """Every rank gathers at this point of the SFT the others run too; the whole state, on rank 0."""
@@ -188,15 +188,17 @@ class LeadRanks:
     def announce(self, start: LearnerStart) -> None:
         self.commands.send("start", start=start)
 
-    def gather_weights(self, cfg: HoneConfig, parts: RunComponents) -> None:
-        """After sharding: the run's weight channel reads the gathered state (the engine's names are read
-        from the source it had, whose tensors are the sharded model's now: only their names are used)."""
-        if self.gathered is not None:  # an SFT warm start on the ranks did it
-            return
-        names = list(parts.weight_source())
-        self.gathered = GatheredWeights(names, parts.policy, self.ranks)
-        parts.weight_source = self.gathered
-        parts.weights = weight_channel(cfg, self.gathered, parts.sampler)
+    def gather_weights(self, cfg: HoneConfig, parts: RunComponents) -> RunComponents:
+        """After sharding: `parts` with a weight channel that reads the gathered state (the engine's names
+        are read from the source it had, whose tensors are the sharded model's now: only their names are
+        used). Once: later calls (an SFT warm start on the ranks gathered first) return the same parts."""
+        if self.gathered is None:
+            names = list(parts.weight_source())
+            self.gathered = GatheredWeights(names, parts.policy, self.ranks)
+            weights = weight_channel(cfg, self.gathered, parts.sampler)
+            self.parts = replace(parts, weight_source=self.gathered, weights=weights)
+        assert self.parts is not None
+        return self.parts
 
     def publisher(self, publish: Any) -> Any:
         """`publish(version)` on rank 0 between every rank's gather and the release of the state."""

@@ -18,19 +18,14 @@ from typing import Any
 import torch
 
 from hone.config import HoneConfig
-from hone.data.splits import load_data, load_task
-from hone.envs import make_env as _make_env
-from hone.models import resolve_model
-from hone.models.tokens import pad_token_id
+from hone.data.splits import load_task
+from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward
-from hone.rl.components import RunComponents, build_sampler, episode_limits
+from hone.rl.components import build_producer_parts
 from hone.rl.placement.ray.cluster import RayClusterError, await_restart
 from hone.rl.placement.source import produce_with_retries
-from hone.rl.placement.weights import LocalWeightChannel
 from hone.rl.producer import Producer, ProducerSettings, PromptBatch, ScoredGroups
 from hone.rollout.fingerprint import Fingerprint, Fingerprinted
-from hone.rollout.multiturn import Episodes
-from hone.training.models import load_policy
 from hone.types import Rollout, Sample
 
 log = logging.getLogger("hone")
@@ -129,40 +124,15 @@ class SamplerActor:
         enter(cwd, threads)
         config = HoneConfig.model_validate(cfg)
         self.cfg = config
-        make_env = _make_env(config.env.name, config.env.args) if config.env.name else None
-        task, train_samples, _ = load_data(
-            config.data,
-            eval_size=config.eval.size,
-            seed=config.run.seed,
-            make_env=make_env,
-            env_args=config.env.args,
-        )
-        reward: Any = load_reward(config.reward, task)
-        if reward_workers:
-            reward = RemoteRewards(reward_workers, reward, config.cluster.start_timeout_s)
-        model_path = resolve_model(config.model.path)
-        policy = load_policy(config.model, model_path)  # the model as the learner builds it; no optimizer
-        tokenizer = policy.tokenizer
-        assert tokenizer is not None  # `from_pretrained` loads one
-        # The one model this actor loaded: no optimizer, nothing trains it, so an engine that samples over
-        # a model object takes it instead of a copy (`reuse_model`); vLLM loads the model files itself.
-        self.engine = build_sampler(config, policy, model_path, reuse_model=True)
-        pad_id = pad_token_id(tokenizer)
-        # `Producer` reads the tokenizer as `parts.policy.tokenizer`; the channel is unused here (`load`).
-        parts = RunComponents(
-            policy=policy,
-            ref_policy=None,
-            sampler=self.engine,
-            weights=LocalWeightChannel(dict, self.engine, timeout_s=config.trainer.publish_timeout_s),
-            weight_source=dict,
-            reward=reward,
-            train_samples=train_samples,
-            eval_samples=[],
-            task=task,
-            pad_id=pad_id,
-            model_path=model_path,
-            episodes=None if make_env is None else Episodes(make_env, episode_limits(config, make_env)),
-        )
+
+        # The actor's own data, reward and environments, and the one model it loads: no optimizer, nothing
+        # trains it, so an engine that samples over a model object takes it instead of a copy
+        # (`reuse_model`); vLLM loads the model files itself.
+        def remote(local: RewardScorer) -> RemoteRewards:  # the actor's reward, scored by the workers
+            return RemoteRewards(reward_workers, local, config.cluster.start_timeout_s)
+
+        parts = build_producer_parts(config, remote if reward_workers else None)
+        self.engine = parts.sampler
         self.producer = Producer(parts, ProducerSettings.of(config))
 
     def __repr__(self) -> str:
