@@ -80,7 +80,9 @@ def run_sft_recipe(cfg: HoneConfig, *, resume: bool = False, ranks: Ranks = ONE_
                 saves=session.fit_saves(model, callbacks=callbacks),
                 on_row=on_row,
             )
-            evaluated = run_eval(parts, EvalSettings.of(cfg))  # the SFT weights, published as SFT ended
+            evaluated = run_eval(
+                parts.evaluation, EvalSettings.of(cfg)
+            )  # the SFT weights, published as it ended
             metrics_log.log(int(result["steps"]), evaluated)
         if lead is not None:
             lead.stop()
