@@ -102,15 +102,8 @@ def dry_run_sft(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
     from hone.rl.warmstart import sft_pairs
 
     run_dir = _run_dir_note(cfg, "sft")
-    factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
-    try:
-        task, _, held_out = load_data(
-            cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
-        )
-    finally:
-        release_envs()
-    load_reward(cfg.reward, task)  # validation and the eval after SFT score with it
-    scripted = factory is not None and cfg.sft.data is None
+    task, held_out = _eval_data_and_reward(cfg)  # validation and the eval after SFT score with them
+    scripted = bool(cfg.env.name) and cfg.sft.data is None
     pairs = [] if scripted else _fail_as_setup(lambda: sft_pairs(cfg, task))
     tokenizer = _fail_as_setup(lambda: AutoTokenizer.from_pretrained(resolve_model(cfg.model.path)))
     if tokenizer.eos_token_id is None:
@@ -146,14 +139,7 @@ def dry_run_dpo(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
     s = settings
     say(f"dpo       {s.steps} steps of {s.batch_size}, {s.loss} loss, beta {s.beta:g}, lr {s.lr:g}")
     if cfg.dpo.eval:  # the RL eval before and after: its data and reward
-        factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
-        try:
-            task, _, held_out = load_data(
-                cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
-            )
-        finally:
-            release_envs()
-        load_reward(cfg.reward, task)
+        held_out = _eval_data_and_reward(cfg)[1]
         say(f"eval      {len(held_out)} held-out problems before and after DPO (dpo.eval)")
     say(run_dir)
     _show_pair(cfg, pairs[0], tokenizer, say)
@@ -182,3 +168,16 @@ def _show_pair(cfg: HoneConfig, pair: Any, tokenizer: Any, say: Callable[[str], 
     say(render_prompt(pair.sample, tokenizer, cfg.data.chat_template, cfg.data.system_prompt))
     say(f"--- chosen:   {pair.chosen!r}")
     say(f"--- rejected: {pair.rejected!r}")
+
+
+def _eval_data_and_reward(cfg: HoneConfig) -> tuple[Any, list[Sample]]:
+    """The task and held-out samples the eval reads, and its reward loaded (a bad path fails here)."""
+    factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    try:
+        task, _, held_out = load_data(
+            cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
+        )
+    finally:
+        release_envs()
+    load_reward(cfg.reward, task)
+    return task, held_out

@@ -38,19 +38,25 @@ log = logging.getLogger("hone")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProducerParts:
-    """What a producer reads (`hone.rl.producer.Producer`, `collect_rollouts`): the sampler it samples
-    with, the tokenizer and processor (a vision-language model's, else None) rendering prompts and
-    environment images, the reward, the training prompts (dynamic sampling refills from them), and how
-    episodes are played (an environment's episodes, an agent's, else single-turn)."""
+class Playing:
+    """What plays and scores episodes: the sampler, the tokenizer and processor (a vision-language
+    model's, else None) rendering prompts and environment images, the reward, and how episodes are played
+    (an environment's episodes, an agent's, else single-turn)."""
 
     sampler: Sampler
     tokenizer: PreTrainedTokenizerBase
     processor: ProcessorMixin | None
     reward: RewardScorer
-    train_samples: list[Sample]
     episodes: Episodes | None = None
     agent: AgentEpisodes | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerParts(Playing):
+    """What a producer reads (`hone.rl.producer.Producer`, `collect_rollouts`): what plays episodes, and
+    the training prompts (dynamic sampling refills from them)."""
+
+    train_samples: list[Sample]
 
     @classmethod
     def of(
@@ -75,17 +81,11 @@ class ProducerParts:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalParts:
-    """What held-out evaluation reads (`hone.rl.evaluate.run_eval`): the sampler, tokenizer and processor,
-    the reward, the eval split, and how episodes are played."""
+class EvalParts(Playing):
+    """What held-out evaluation reads (`hone.rl.evaluate.run_eval`): what plays episodes, and the eval
+    split."""
 
-    sampler: Sampler
-    tokenizer: PreTrainedTokenizerBase
-    processor: ProcessorMixin | None
-    reward: RewardScorer
     eval_samples: list[Sample]
-    episodes: Episodes | None = None
-    agent: AgentEpisodes | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

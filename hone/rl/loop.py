@@ -116,18 +116,28 @@ def train(
     step, once it is logged and checkpointed; one that raises ends the run (KeyboardInterrupt: as Ctrl-C).
     `setup` builds the run's parts instead of `setup_components` (a test's, recording them).
     """
+    options = RunOptions(resume, callbacks, setup)
     if cfg.cluster.backend == "ray":
         from hone.rl.placement.ray.cluster import ray_session  # ray: an optional extra
 
         with ray_session(cfg.cluster, learner_ranks=cfg.trainer.world_size):
             if cfg.trainer.world_size == 1:
-                return run_learner(cfg, resume=resume, callbacks=callbacks, setup=setup)
+                return run_learner(cfg, options)
             from hone.rl.ranks.ray import learner_group
 
             with learner_group(cfg) as ray_ranks:
-                result = run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ray_ranks, setup=setup)
+                result = run_learner(cfg, options, ray_ranks)
         return result
-    return run_learner(cfg, resume=resume, callbacks=callbacks, ranks=ranks, setup=setup)
+    return run_learner(cfg, options, ranks)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `train` passes on to `run_learner` besides the recipe and the ranks."""
+
+    resume: bool = False
+    callbacks: Sequence[StepCallback] = ()
+    setup: Setup | None = None
 
 
 def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
@@ -141,21 +151,14 @@ def step_callbacks(names: Sequence[str]) -> list[StepCallback]:
     return found
 
 
-def run_learner(
-    cfg: HoneConfig,
-    *,
-    resume: bool = False,
-    callbacks: Sequence[StepCallback] = (),
-    ranks: Ranks = ONE_RANK,
-    setup: Setup | None = None,
-) -> RunResult:
+def run_learner(cfg: HoneConfig, options: RunOptions, ranks: Ranks = ONE_RANK) -> RunResult:
     """The run in this process: set-up, (SFT warm start,) the RL loop driving its `RolloutSource`, eval,
     metrics and checkpoints."""
-    callbacks = [*step_callbacks(cfg.run.callbacks), *callbacks]
-    session = RunSession(cfg.run, resume=resume, ranks=ranks)
+    callbacks = [*step_callbacks(cfg.run.callbacks), *options.callbacks]
+    session = RunSession(cfg.run, resume=options.resume, ranks=ranks)
     run_dir, checkpointer, latest = session.dir, session.checkpointer, session.latest
     lead = LeadRanks(ranks) if ranks.world > 1 else None  # first: the other ranks wait on its commands
-    parts = (setup or setup_components)(cfg)
+    parts = (options.setup or setup_components)(cfg)
     if lead is not None:
         lead.attach(cfg, parts)
     try:  # a sampler may run an engine process (vLLM): it never outlives the run
