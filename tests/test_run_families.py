@@ -192,7 +192,8 @@ def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
 def test_a_team_resumed_from_mid_episode_ends_as_the_unbroken_run(tmp_path: Path) -> None:
     """A team's envs (PettingZoo) do not pickle: a checkpoint keeps each copy's episode seed and actions,
     and a resume replays them, so the resumed run takes exactly the unbroken run's steps."""
-    episode_cut = ["control.env_args={limit: 5}", "control.rollout_steps=7"]  # checkpoints fall mid-episode
+    # checkpoints fall mid-episode; an eval every step, as the unbroken run's last step is not the half's
+    episode_cut = ["control.env_args={limit: 5}", "control.rollout_steps=7", "run.eval_every=1"]
     whole = _run(
         tmp_path,
         "team",
