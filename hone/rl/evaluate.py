@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 from transformers.processing_utils import ProcessorMixin
@@ -45,34 +46,9 @@ class EvalResult:
     rollouts: list[Rollout]
 
 
-def evaluate(
-    sampler: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
-    samples: Sequence[Sample],
-    reward: RewardScorer | RewardFn,
-    params: SamplingParams,
-    *,
-    chat_template: bool = False,
-    system_prompt: str | None = None,
-    ks: Sequence[int] = (1,),
-    episodes: Episodes | None = None,
-    agent: AgentEpisodes | None = None,
-    processor: ProcessorMixin | None = None,
-) -> dict[str, float]:
-    """The metrics of `evaluate_rollouts` (which see)."""
-    return evaluate_rollouts(
-        sampler,
-        tokenizer,
-        samples,
-        reward,
-        params,
-        chat_template=chat_template,
-        system_prompt=system_prompt,
-        ks=ks,
-        episodes=episodes,
-        agent=agent,
-        processor=processor,
-    ).metrics
+def evaluate(*args: Any, **kwargs: Any) -> dict[str, float]:
+    """The metrics of `evaluate_rollouts` (which see; the same arguments)."""
+    return evaluate_rollouts(*args, **kwargs).metrics
 
 
 def evaluate_rollouts(
