@@ -8,10 +8,10 @@
 # The three: GRPO with an SFT warm start; GAE with a critic and the KL in the reward (log-probs
 # recomputed); RLOO with 2 epochs x 2 mini-batches. At this size the last two may see no reward signal
 # (then they compare SFT, set-up and eval only: the lines say how many steps updated the policy).
+# PY: the interpreter (default: this checkout's .venv, where the command is run from)
+PY=${PY:-$(pwd)/.venv/bin/python}
 REPO=$(cd "$1" && pwd); OUT=$2; rm -rf "$OUT"; mkdir -p "$OUT"; cd "$OUT" || exit 1
 export PYTHONPATH=$REPO
-PY=${PY:-$REPO/.venv/bin/python}
-[ -x "$PY" ] || PY=python
 common="run.time_limit_s=null logging.progress=false logging.tensorboard=false logging.plot=[] run.threads=1
 data.eval_size=32 sft.max_steps=30 sft.val_size=32 data.prompts_per_step=8"
 run() { name=$1; shift; $PY -m hone.cli train run.dir="$OUT" run.name="$name" $common "$@" > "$OUT/$name.out" 2>&1; echo "$name exit $?"; }
