@@ -355,3 +355,14 @@ def test_a_cartpole_run_loads_no_language_model_code(tmp_path: Path) -> None:
     names_only = {"hone.rl.placement", "hone.rl.placement.backends"}  # back-end names, as config checks them
     assert [m for m in loaded if m.startswith(llm) and m not in names_only] == []
     assert [m for m in loaded if m.startswith("hone.control")]
+
+
+def test_a_language_model_dry_run_is_one_line_on_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a start's set-up: a model that cannot be found is one line (it was a traceback), nothing written."""
+    args = [f"run.dir={tmp_path}", "run.name=lm", f"model.path={tmp_path / 'no-such-model'}", "--dry-run"]
+    assert main(["train", *args]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "machine is busy" not in line]
+    assert len(err) == 1 and err[0].startswith("hone: error: ") and "no-such-model" in err[0], err
+    assert not (tmp_path / "lm").exists()

@@ -20,9 +20,11 @@ from transformers import AutoTokenizer
 from hone.config import HoneConfig
 from hone.data.splits import load_data
 from hone.envs import make_env, release_envs
+from hone.envs.base import PlayingEnvironment
 from hone.models import resolve_model
 from hone.rewards.resolve import load_reward
 from hone.rollout.prompts import render_prompt
+from hone.run.lifecycle import SetupError
 from hone.types import Sample
 
 SHOWN = 2  # prompts printed
@@ -30,6 +32,15 @@ _T = TypeVar("_T")
 
 
 def dry_run(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
+    """`hone train --dry-run` of a language-model recipe; bad input (a file, a model, an environment's
+    arguments, a reward's path) is one line, as a start's set-up makes it."""
+    try:
+        _dry_run(cfg, say)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as e:
+        raise SetupError(e.args[0] if e.args else repr(e)) from e
+
+
+def _dry_run(cfg: HoneConfig, say: Callable[[str], None]) -> None:
     factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     task, train, held_out = load_data(
         cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=factory, env_args=cfg.env.args
@@ -54,12 +65,16 @@ def dry_run(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
 
 
 def _show_episode_start(env: object, sample: Sample, say: Callable[[str], None]) -> None:
-    """The environment's first observation (the messages `reset` returns) and its tools."""
-    messages = env.reset(sample)  # type: ignore[attr-defined]
-    if inspect.isawaitable(messages):
-        messages = asyncio.run(_awaited(messages))
-    for message in messages:
-        say(f"[{message.get('role')}] {message.get('content')}")
+    """The environment's first observation (the messages `reset` returns) and its tools; an environment
+    that plays its own episodes (`PlayingEnvironment`) shows none before the model is called."""
+    if isinstance(env, PlayingEnvironment):
+        say(f"{type(env).__name__} plays its own episodes (play(sample, chat)): nothing before the model")
+    else:
+        messages = env.reset(sample)  # type: ignore[attr-defined]
+        if inspect.isawaitable(messages):
+            messages = asyncio.run(_awaited(messages))
+        for message in messages:
+            say(f"[{message.get('role')}] {message.get('content')}")
     tools = getattr(env, "tools", None)
     names = [t.get("function", t).get("name", "?") for t in tools or []]
     say(f"tools the policy can call: {', '.join(names) if names else 'none'}")
@@ -81,7 +96,6 @@ def _reward_names(cfg: HoneConfig) -> str:
 
 def _fail_as_setup(fn: Callable[[], _T]) -> _T:
     """A model path, tokenizer or row that cannot be encoded: one line, as a start would say it."""
-    from hone.run.lifecycle import SetupError
 
     try:
         return fn()
