@@ -93,3 +93,16 @@ def test_the_terminal_bar_shows_the_estimated_total_and_eta() -> None:
         _run(progress, clock, range(1, 11), step_s=2.0)
     text = out.getvalue()
     assert "10/~500 (time limit)" in text and "ETA 0:16:20" in text
+
+
+def test_each_family_shows_its_own_fields() -> None:
+    from hone.tracking.progress import CONTROL, PREFERENCE
+
+    control, out = _plain(total=10, fields=CONTROL)
+    control.update(1, {"episode/return": 21.5, "env/steps_per_s": 4800.0, "reward/mean": 0.5})
+    line = out.getvalue()
+    assert "return 21.5" in line and "4800 env steps/s" in line
+    assert "tok/s" not in line and "reward" not in line and "updated" not in line
+    dpo, out = _plain(total=10, fields=PREFERENCE)
+    dpo.update(1, {"loss": 0.6931})
+    assert "loss 0.6931" in out.getvalue() and "tok/s" not in out.getvalue()

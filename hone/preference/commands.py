@@ -33,6 +33,7 @@ from hone.rollout.prompts import render_prompt
 from hone.run.lifecycle import SetupError
 from hone.run.session import RunSession
 from hone.tracking import MetricsLogger, Progress
+from hone.tracking.progress import PREFERENCE
 from hone.training.distributed import ONE_RANK, Ranks, copy_from_rank0, full_state_dict, shard
 from hone.training.dpo import DPOSettings, encode_preference, run_dpo
 from hone.training.models import check_tokenizer, load_policy, load_reference
@@ -210,7 +211,11 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = F
         enabled = cfg.logging.progress and lead
         saves = session.fit_saves({"model/": policy}, extra={"start_eval": start_eval}, callbacks=callbacks)
         with Progress(
-            total=settings.steps, initial=resumed_at or 0, description="dpo", enabled=enabled
+            total=settings.steps,
+            initial=resumed_at or 0,
+            description="dpo",
+            enabled=enabled,
+            fields=PREFERENCE,
         ) as progress:
             result = run_dpo(
                 policy,
@@ -277,7 +282,9 @@ def run_rm_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = Fa
     part = {"model/": ScoreModelPart(model)}
     resumed_at = None if session.latest is None else session.restore(part)["step"]  # before any write
     enabled = cfg.logging.progress and lead
-    progress_bar = Progress(total=settings.steps, initial=resumed_at or 0, description="rm", enabled=enabled)
+    progress_bar = Progress(
+        total=settings.steps, initial=resumed_at or 0, description="rm", enabled=enabled, fields=PREFERENCE
+    )
     with (
         session.open_log(cfg, resumed_at) if lead else contextlib.nullcontext() as metrics_log,
         session.interrupts(),
