@@ -91,6 +91,34 @@ def _train_step(policy: Policy, seed: int) -> None:
         optimizer.step()
 
 
+def _teach_text(policy: Policy, text: str) -> None:
+    """Optimizer steps towards `text`, so that the greedy responses are printable characters again: the
+    earlier tests' random sequences leave this model repeating a byte-level token that is half of a
+    UTF-8 character (measured: token 225, which decodes to U+FFFD)."""
+    ids = torch.tensor([policy.tokenizer.encode(text * 4)])
+    optimizer = torch.optim.Adam(policy.model.parameters(), lr=3e-2)
+    for _ in range(25):
+        logits = policy.model(ids).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _stop_string(texts: list[str]) -> str:
+    """Two characters some greedy response does contain, past its start, neither of them U+FFFD.
+
+    A replacement character is not text the model wrote but half of one: HF's `batch_decode` shows it, vLLM's
+    incremental detokenizer holds the incomplete character back, so neither engine can promise a stop on it.
+    """
+    for text in texts:
+        for start in range(2, len(text) - 1):
+            window = text[start : start + 2]
+            if window.isprintable() and "\ufffd" not in window:
+                return window
+    raise AssertionError(f"no printable two-character window in the greedy responses {texts!r}")
+
+
 def _greedy(max_new_tokens: int = 24) -> SamplingParams:
     return SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
 
@@ -158,13 +186,14 @@ def test_three_updates_stay_exact_and_never_serve_a_stale_prefix(
 def test_stop_strings_and_per_request_budgets_like_the_hf_sampler(
     engine: tuple[Policy, VLLMSampler, LocalWeightChannel],
 ) -> None:
-    policy, sampler, _ = engine
+    policy, sampler, channel = engine
+    _teach_text(policy, "the cat sat on the mat. ")
+    channel.publish(channel.published + 1)
     requests = _requests(policy)
     requests[1].max_new_tokens = 3
     reference = HFSampler(copy.deepcopy(policy.model), policy.tokenizer)
-    greedy = _greedy(20)
-    texts = [r.response_text for r in reference.generate(requests, greedy)]
-    stop = next(t[4:6] for t in texts if len(t) > 8)  # two characters the greedy text does contain
+    texts = [r.response_text for r in reference.generate(requests, _greedy(20))]
+    stop = _stop_string(texts)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=20, stop=[stop])
     served, expected = sampler.generate(requests, params), reference.generate(requests, params)
     assert [r.token_ids for r in served] == [r.token_ids for r in expected]
