@@ -71,10 +71,11 @@ def collect(
     (observations and rewards as the policy sees them: normalised when the run normalises); each ended
     episode's (return, length) appended to `episodes`, its `control.episode_info_keys` to `end_infos`."""
     low, high = bounds
-    keys = ("obs", "actions", "log_probs", "values", "rewards", "next_values", "dones", "terminated")
+    keys = ("obs", "actions", "log_probs", "values", "rewards", "dones", "terminated")
     out: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    finals: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, ended rows, V of their final obs)
     with torch.no_grad():
-        for _ in range(steps):
+        for t in range(steps):
             dist, value = policy.dist_value(obs)
             action = dist.sample()
             env_action = action.numpy()
@@ -84,13 +85,12 @@ def collect(
             ended = np.logical_or(terminated, truncated)
             next_obs_t = _tensor(normalizer.observations(next_obs))
             reward = normalizer.rewards(reward, ended)
-            # V(s_{t+1}): the next observation's, or at an episode end the final one's (SAME_STEP autoreset
-            # puts the next episode's first observation in `next_obs`).
-            next_value = policy.value(next_obs_t)
             if ended.any():
+                # SAME_STEP autoreset puts the next episode's first observation in `next_obs`: V(s_{t+1}) of
+                # an ended episode is its final observation's.
                 final = np.stack([info["final_obs"][i] for i in np.flatnonzero(ended)])
                 final_t = _tensor(normalizer.observations(final, update=False))
-                next_value[torch.as_tensor(ended)] = policy.value(final_t)
+                finals.append((t, torch.as_tensor(ended), policy.value(final_t)))
             if "episode" in info:
                 done_mask = info["_episode"]
                 stats = info["episode"]
@@ -105,13 +105,18 @@ def collect(
                 ("log_probs", dist.log_prob(action)),
                 ("values", value),
                 ("rewards", torch.as_tensor(reward, dtype=torch.float32)),
-                ("next_values", next_value),
                 ("dones", torch.as_tensor(ended)),
                 ("terminated", torch.as_tensor(terminated)),
             ):
                 out[key].append(value_t)
             obs = next_obs_t
-    return {k: torch.stack(v, 1) for k, v in out.items()}, obs
+        batch = {k: torch.stack(v, 1) for k, v in out.items()}
+        # V(s_{t+1}) is the next step's V(s_t) (the same observation through the same weights: one critic
+        # pass per step, as SB3 makes), the segment's last from one more pass, an ended episode's its own.
+        next_values = torch.cat([batch["values"][:, 1:], policy.value(obs).unsqueeze(1)], dim=1)
+        for t, ended_rows, final_values in finals:
+            next_values[ended_rows, t] = final_values
+    return batch | {"next_values": next_values}, obs
 
 
 def update(
