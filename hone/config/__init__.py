@@ -1,8 +1,9 @@
 """The config: one YAML recipe per run, dotted command-line overrides on top, validated into `HoneConfig`.
 
 Every section forbids unknown keys, so a typo (`algorithm.advantge`) fails before any work starts, with one
-line naming the key. Registry names (advantage estimator, policy loss, KL estimator, loss aggregation, task)
-are checked against what is registered.
+line naming the key. Registry names (advantage estimator, policy loss, KL estimator, loss aggregation,
+engine, placement) are checked against what is registered by checks the packages above register
+(`hone.config.checks`): the config itself imports nothing of Hone's but its leaves, and no torch.
 """
 
 from hone.config.base import ConfigError

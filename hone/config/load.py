@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from hone.config.aliases import PEER_KEYS
 from hone.config.base import ConfigError
+from hone.config.checks import run_recipe_checks
 from hone.config.control import legacy_key, move_legacy_keys, note
 from hone.config.keys import sections, suggest
 from hone.config.presets import apply_preset, explicit_over_preset
@@ -191,6 +192,21 @@ def _read_recipe(path: Path, text: str) -> dict[str, Any]:
     return tree
 
 
+def validate_recipe(tree: dict[str, Any], origin: str) -> HoneConfig:
+    """The one way a recipe's tree (its keys where they live now, the preset applied) becomes a `HoneConfig`:
+    the schema, then every registered check (`hone.config.checks`: the registries the config cannot
+    import); a `ConfigError` of one line starting with `origin` for the first problem."""
+    try:
+        cfg = HoneConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, origin)) from None
+    try:
+        run_recipe_checks(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    return cfg
+
+
 def load_config(
     recipe: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
@@ -237,10 +253,7 @@ def load_config(
         preset_keys = apply_preset(tree)
     except ValueError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    try:
-        cfg = HoneConfig.model_validate(tree)
-    except ValidationError as e:
-        raise ConfigError(_format_error(e, origin)) from None
+    cfg = validate_recipe(tree, origin)
     if preset_keys:
         log.info("algorithm.preset %s set %s", cfg.algorithm.preset, ", ".join(preset_keys))
     kept = explicit_over_preset(tree)

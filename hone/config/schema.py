@@ -2,44 +2,27 @@
 
 Every section forbids unknown keys, so a typo (`algorithm.advantge`) fails before any work starts,
 with one line naming the key. Registry names (advantage estimator, policy loss, KL estimator,
-loss aggregation, task) are checked against what is registered.
+loss aggregation, engine, placement) are checked after validation by the checks registered from above
+(`hone.config.checks`, `hone.rl.recipe_checks`): this module imports no registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from hone.algorithms import (
-    ADVANTAGE_ESTIMATORS,
-    AGGREGATION_MODES,
-    KL_ESTIMATORS,
-    OFF_POLICY_CORRECTIONS,
-    POLICY_LOSSES,
-    PREFERENCE_LOSSES,
-)
-from hone.algorithms.advantages import hyperparameters, reads_values
-from hone.algorithms.metrics import check_pass_at_ks
-from hone.algorithms.offpolicy import DEFAULT_HI, DEFAULT_LO
 from hone.config.base import Section
 from hone.config.control import ControlConfig
 from hone.config.presets import PRESETS
-from hone.registry import Registry
-from hone.rl.placement.backends import BACKENDS
-from hone.rollout.engines import ENGINES, check_engine, engine_capabilities
 
 
 def _check_registered(value: str, registry: dict[str, Any], kind: str) -> str:
     if value not in registry:
         raise ValueError(f"unknown {kind} {value!r}; registered: {', '.join(sorted(registry))}")
     return value
-
-
-def _declaring(registry: Registry[Any], capability: str) -> str:
-    """The names registered with `capability` declared (an engine's or a backend's), for an error line."""
-    return " | ".join(sorted(n for n, e in registry.items() if getattr(e.capabilities, capability)))
 
 
 class RunConfig(Section):
@@ -269,20 +252,6 @@ class RolloutConfig(Section):
         0, ge=0, le=65535, description="the endpoint's port on 127.0.0.1; 0 = any free one"
     )
 
-    @field_validator("engine")
-    @classmethod
-    def _engine_registered(cls, v: str) -> str:
-        return check_engine(v)
-
-    @model_validator(mode="after")
-    def _dtype_where_cast(self) -> RolloutConfig:
-        if self.dtype != "model" and not engine_capabilities(self.engine).dtype_override:
-            raise ValueError(
-                f"rollout.dtype: {self.dtype} needs an engine that casts its weights "
-                f"({_declaring(ENGINES, 'dtype_override')}); the {self.engine} engine samples in model.dtype"
-            )
-        return self
-
 
 class RewardComponentConfig(Section):
     fn: str = Field(description="a built-in reward name, 'task', or a dotted path 'pkg.mod:fn'")
@@ -328,19 +297,6 @@ class RewardConfig(Section):
             raise ValueError(f"only one reward component can set correctness: true, got {marked}")
         return self
 
-    def correctness_component(self) -> str | None:
-        """The component `eval/accuracy` counts, by the scorer's rule (`correctness_component`): the one
-        marked `correctness: true`, else the only one, else the first verifier (task, math, code, env);
-        None (the total reward) when there is none."""
-        # Imported here: the rewards package loads transformers (judge, reward model), and a recipe is
-        # checked before anything heavy loads.
-        from hone.rewards.scoring import VERIFIER_REWARDS, correctness_component
-
-        resolved = self.resolved()
-        marked = [name for name, c in resolved.items() if c.correctness]
-        verifiers = [name for name, c in resolved.items() if c.fn in VERIFIER_REWARDS]
-        return correctness_component(list(resolved), marked, verifiers)
-
     def resolved(self) -> dict[str, RewardComponentConfig]:
         """The components to build: `components`, or the single `fn` (default 'task') named after it."""
         if self.components:
@@ -376,11 +332,6 @@ class KLConfig(Section):
         "(PPO/RLHF)",
     )
 
-    @field_validator("estimator")
-    @classmethod
-    def _estimator(cls, v: str) -> str:
-        return _check_registered(v, KL_ESTIMATORS, "KL estimator")
-
     @model_validator(mode="after")
     def _k1_not_in_loss(self) -> KLConfig:
         # d/dθ k1 = ∇log π, whose expectation under π is 0: as a loss term k1 regularises nothing.
@@ -392,7 +343,10 @@ class KLConfig(Section):
         return self
 
 
-# The keys each built-in correction reads (hone/algorithms/offpolicy.py).
+# The keys each built-in correction reads (hone/algorithms/offpolicy.py), and the bounds it takes when
+# lo / hi are null: verl's rejection defaults (lower = 1 / upper).
+DEFAULT_LO = 0.5
+DEFAULT_HI = 2.0
 _OFF_POLICY_KEYS = {"none": set(), "tis": {"cap"}, "mis": {"lo", "hi"}, "decoupled": {"bound", "lo", "hi"}}
 
 
@@ -407,11 +361,6 @@ class OffPolicyConfig(Section):
     bound: Literal["mask", "clamp"] | None = Field(
         None, description="decoupled: drop (mask) or clamp weights outside [lo, hi]; null = unbounded"
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_registered(v, OFF_POLICY_CORRECTIONS, "off-policy correction")
 
     @model_validator(mode="after")
     def _keys_that_apply(self) -> OffPolicyConfig:
@@ -556,37 +505,6 @@ class AlgorithmConfig(Section):
     def _preset(cls, v: str | None) -> str | None:
         return v if v is None else _check_registered(v, PRESETS, "algorithm.preset")
 
-    @field_validator("advantage")
-    @classmethod
-    def _advantage(cls, v: str) -> str:
-        return _check_registered(v, ADVANTAGE_ESTIMATORS, "advantage estimator")
-
-    @field_validator("advantage_args")
-    @classmethod
-    def _advantage_args(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        advantage = info.data.get("advantage")
-        if advantage is None:  # an unknown estimator: its own error says so
-            return v
-        declared = hyperparameters(advantage)
-        # One place per value: a hyperparameter this section has a key for is set by that key.
-        keyed = sorted(declared & cls.model_fields.keys())
-        own = sorted(declared - cls.model_fields.keys())
-        for key in v:
-            if key in keyed:
-                raise ValueError(f"{key!r} is algorithm.{key}: set it there (one key per value)")
-            if key not in declared:
-                also = f" ({', '.join(keyed)}: algorithm keys)" if keyed else ""
-                raise ValueError(
-                    f"advantage estimator {advantage!r} has no hyperparameter {key!r}; "
-                    f"it accepts {', '.join(own) or 'none'}{also}"
-                )
-        return v
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _policy_loss(cls, v: str) -> str:
-        return _check_registered(v, POLICY_LOSSES, "policy loss")
-
     @model_validator(mode="after")
     def _usable(self) -> AlgorithmConfig:
         if self.dual_clip is not None and self.policy_loss != "ppo":
@@ -597,13 +515,6 @@ class AlgorithmConfig(Section):
                 "(the anchor π_old is the trainer's recomputation; the sampler's log-probs are π_behav)"
             )
         return self
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _agg(cls, v: str | None) -> str | None:
-        if v is not None and v not in AGGREGATION_MODES:
-            raise ValueError(f"unknown loss aggregation {v!r}; choose one of {', '.join(AGGREGATION_MODES)}")
-        return v
 
 
 class CriticConfig(Section):
@@ -853,11 +764,6 @@ class DPOConfig(PreferenceDataConfig):
         False, description="held-out task accuracy (data.task / data.eval_source) before and after DPO"
     )
 
-    @field_validator("loss")
-    @classmethod
-    def _loss(cls, v: str) -> str:
-        return _check_registered(v, PREFERENCE_LOSSES, "preference loss")
-
     @model_validator(mode="after")
     def _keys_that_apply(self) -> DPOConfig:
         # A hyper-parameter the chosen loss ignores is refused rather than silently not applied.
@@ -881,6 +787,17 @@ class RMConfig(PreferenceDataConfig):
     max_length: int | None = Field(
         None, ge=1, description="keep the last this many tokens of each text (as the reward_model reward)"
     )
+
+
+def check_pass_at_ks(ks: Sequence[int], n: int) -> None:
+    """Refuse a pass@k that `n` samples per problem cannot estimate (k outside 1..n): checked before
+    anything is sampled, so no pass@k is ever dropped silently. One check for the config (`eval.k`,
+    `eval.n`, before any model loads) and for `evaluate` (the library guard)."""
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(
+            f"k={bad}: pass@k needs 1 <= k <= eval.n (samples per problem); got k={list(ks)}, n={n}"
+        )
 
 
 class EvalConfig(Section):
@@ -969,11 +886,6 @@ class ClusterConfig(Section):
     learner: LearnerRoleConfig = Field(default_factory=LearnerRoleConfig)
     start_timeout_s: float = Field(120.0, gt=0, description="ray: the most the actors may take to start")
 
-    @field_validator("backend")
-    @classmethod
-    def _backend_registered(cls, v: str) -> str:
-        return BACKENDS.check(v)
-
 
 class HoneConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
@@ -1020,21 +932,6 @@ class HoneConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _critic_with_gae(self) -> HoneConfig:
-        # An estimator that reads the critic's values (GAE: its advantages are the critic's TD errors)
-        # needs one, and a critic no estimator reads would only cost a model.
-        if self.control is not None:  # a control policy brings its own critic (a value head, or twin Qs)
-            return self
-        advantage = self.algorithm.advantage
-        if reads_values(advantage) != (self.critic is not None):
-            raise ValueError(
-                f"algorithm.advantage: {advantage} needs a critic section (critic: {{}} for its defaults)"
-                if self.critic is None
-                else f"critic: set only with an estimator that reads values (gae), not {advantage!r}"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _what_runs_on_ranks(self) -> HoneConfig:
         if self.trainer.world_size == 1:
             return self
@@ -1042,34 +939,6 @@ class HoneConfig(Section):
             raise ValueError(
                 "trainer.world_size > 1 with model.lora, sft.enabled and a KL reference is not supported yet "
                 "(the reference swaps the SFT adapter into the sharded model)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _interruptible_where_built(self) -> HoneConfig:
-        # The engine's samplers and the placement must both declare that a publish can land between two
-        # tokens (`EngineCapabilities`, `BackendCapabilities`); others take weights between shares.
-        if self.rollout.interruptible and (
-            self.trainer.mode != "async"
-            or not engine_capabilities(self.rollout.engine).interruptible
-            or not BACKENDS[self.cluster.backend].capabilities.interruptible
-        ):
-            engines, backends = _declaring(ENGINES, "interruptible"), _declaring(BACKENDS, "interruptible")
-            raise ValueError(
-                f"rollout.interruptible needs trainer.mode: async, rollout.engine: {engines} and "
-                f"cluster.backend: {backends} (a synchronous run publishes between steps; other engines and "
-                "placements take weights between shares)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _replay_with_one_producer(self) -> HoneConfig:
-        # The buffer lives in the one producer that samples every step in order; producers side by side
-        # (threads or Ray actors) would each see a different, timing-dependent history.
-        if self.algorithm.replay.enabled and not self._one_producer():
-            raise ValueError(
-                "algorithm.replay needs one local producer (trainer.producers: 1, cluster.backend: "
-                f"{_declaring(BACKENDS, 'single_producer')})"
             )
         return self
 
@@ -1082,20 +951,6 @@ class HoneConfig(Section):
                 "(an environment's reset() gives its own messages)"
             )
         return self
-
-    @model_validator(mode="after")
-    def _agent_in_one_producer(self) -> HoneConfig:
-        # The endpoint serves the run's one sampler: producer replicas and Ray actors have their own.
-        if self.rollout.agent and not self._one_producer():
-            raise ValueError(
-                "rollout.agent needs one local producer (trainer.producers: 1, cluster.backend: "
-                f"{_declaring(BACKENDS, 'single_producer')})"
-            )
-        return self
-
-    def _one_producer(self) -> bool:
-        """The run produces in one producer, in the driver's process, in order."""
-        return self.trainer.producers == 1 and BACKENDS[self.cluster.backend].capabilities.single_producer
 
     @model_validator(mode="after")
     def _distill_alone_trains_every_group(self) -> HoneConfig:

@@ -3,8 +3,9 @@
 A backend is an executor factory, `pkg.mod:fn(cfg, parts, replay) -> Executor` (`hone.rl.placement.build`
 calls it), and what it declares (`BackendCapabilities`). The factory is imported only when a run builds
 it (ray: an optional extra); validating a recipe reads the declarations alone, so this module imports
-nothing but the registry: `hone.config` checks `cluster.backend` and the keys only some placements honour
-(`rollout.interruptible`, `algorithm.replay`, `rollout.agent`) without loading ray or any run code.
+nothing but the registry: the recipe checks (`hone.rl.recipe_checks`) check `cluster.backend` and the
+keys only some placements honour (`rollout.interruptible`, `algorithm.replay`, `rollout.agent`) without
+loading ray or any run code.
 A new backend is its executor module plus one `register_backend` line here (or in a plugin).
 """
 
