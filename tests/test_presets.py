@@ -15,9 +15,8 @@ import yaml
 from pydantic import BaseModel
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, aggregate_loss, scores_to_token_rewards
-from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig, load_config
+from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig, load_config, validate_recipe
 from hone.config.aliases import PEER_KEYS
-from hone.config.load import validate_recipe
 from hone.config.presets import PRESET_SECTIONS, PRESETS, apply_preset, explicit_over_preset
 from hone.training.advantages import estimator_settings
 

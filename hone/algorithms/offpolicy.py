@@ -23,7 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from hone.algorithms.utils import masked_mean
-from hone.config.schema import DEFAULT_HI, DEFAULT_LO  # mis / decoupled bounds, which the config checks
+from hone.config.sections.algorithm import (  # mis / decoupled bounds, which the config checks
+    DEFAULT_HI,
+    DEFAULT_LO,
+)
 from hone.registry import Registry
 
 DEFAULT_CAP = 2.0  # tis: verl's rollout_is_threshold default
