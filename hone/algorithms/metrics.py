@@ -33,7 +33,7 @@ def canary_metrics(gap_sum: float, tokens: float, largest: float) -> dict[str, f
 def importance_ess(weight_sum: float, weight_square_sum: float, tokens: float) -> float:
     """Kish's effective sample size of importance weights w = π_θ/π_behav, as a share of the `tokens`:
     (Σw)² / (n Σw²), 1 when every weight is equal (on-policy), towards 1/n as one weight dominates
-    (Kong 1992; the off-policyness signal of `trainer.max_staleness: auto`). 1 when there are none."""
+    (Kong 1992; the off-policyness signal of `cluster.max_staleness: auto`). 1 when there are none."""
     if not tokens or not weight_square_sum:
         return 1.0
     return min(1.0, weight_sum**2 / (tokens * weight_square_sum))  # ≤ 1 (Cauchy-Schwarz) but for rounding

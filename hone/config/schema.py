@@ -57,9 +57,9 @@ class HoneConfig(Section):
             return self
         if self.critic is not None:
             raise ValueError("control: needs no critic section (the control policy has its own critics)")
-        if self.trainer.world_size > 1 or self.cluster.backend != "local" or self.trainer.mode != "sync":
+        if self.trainer.world_size > 1 or self.cluster.backend != "local" or self.cluster.mode != "sync":
             raise ValueError(
-                "control: runs in one process (trainer.world_size 1, cluster.backend local, trainer.mode "
+                "control: runs in one process (trainer.world_size 1, cluster.backend local, cluster.mode "
                 "sync); N learner ranks, Ray and asynchronous sampling are for language models"
             )
         ignored = [key for key in _changed_keys(self) if key not in _READ_BY_CONTROL]

@@ -107,22 +107,22 @@ def _check_placement(cfg: HoneConfig) -> None:
     # tokens (`EngineCapabilities`, `BackendCapabilities`); others take weights between shares.
     backend = BACKENDS[cfg.cluster.backend].capabilities
     if cfg.rollout.interruptible and (
-        cfg.trainer.mode != "async"
+        cfg.cluster.mode != "async"
         or not engine_capabilities(cfg.rollout.engine).interruptible
         or not backend.interruptible
     ):
         engines, backends = _declaring(ENGINES, "interruptible"), _declaring(BACKENDS, "interruptible")
         raise ConfigError(
-            f"rollout.interruptible needs trainer.mode: async, rollout.engine: {engines} and "
+            f"rollout.interruptible needs cluster.mode: async, rollout.engine: {engines} and "
             f"cluster.backend: {backends} (a synchronous run publishes between steps; other engines and "
             "placements take weights between shares)"
         )
     # The replay buffer lives in the one producer that samples every step in order, and the agent endpoint
     # serves the run's one sampler: producers side by side (threads or Ray actors) each see their own.
-    one_producer = cfg.trainer.producers == 1 and backend.single_producer
+    one_producer = cfg.cluster.producers == 1 and backend.single_producer
     for key, on in (("algorithm.replay", cfg.algorithm.replay.enabled), ("rollout.agent", cfg.rollout.agent)):
         if on and not one_producer:
             raise ConfigError(
-                f"{key} needs one local producer (trainer.producers: 1, cluster.backend: "
+                f"{key} needs one local producer (cluster.producers: 1, cluster.backend: "
                 f"{_declaring(BACKENDS, 'single_producer')})"
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
 from hone.config.base import Section
 
@@ -53,24 +53,6 @@ class TrainerConfig(Section):
         description="bfloat16: the training forward/backward's matmuls in bf16 (torch.autocast), weights, "
         "gradients, optimizer and log-softmax in fp32 (model.dtype float32)",
     )
-    mode: Literal["sync", "async"] = Field(
-        "sync",
-        description="async: a producer thread samples and scores the next steps while the learner trains",
-    )
-    max_staleness: int | Literal["auto"] = Field(
-        1,
-        description="async: η, the most weight versions a trained rollout may lag the learner (0 = sync); "
-        "auto: adjusted every step from the learner's wait, the importance weights' ESS and the reward trend "
-        "(hone.rl.placement.staleness), within [0, max_staleness_cap]",
-    )
-    max_staleness_cap: int = Field(
-        8, ge=0, description="async, max_staleness auto: the largest η it may admit"
-    )
-    publish_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        description="the most a published version may wait for the sampler to finish the step it is sampling",
-    )
     verify_weights: bool = Field(
         True,
         description="after every weight load the engine reports an exact fingerprint of the weights it holds "
@@ -91,23 +73,6 @@ class TrainerConfig(Section):
     mismatch_patience: int = Field(
         3, ge=1, description="canary checks in a row over max_logprob_mismatch that stop the run"
     )
-    producers: int = Field(
-        1,
-        ge=1,
-        description="async: producer threads, each with its own sampler (one more copy of the weights "
-        "each), so more than one step is in flight",
-    )
-    producer_split: Literal["shares", "steps"] = Field(
-        "shares",
-        description="several producers: shares = every step split over them (speeds up on-policy training); "
-        "steps = each step to one producer in turn (k steps sampled at once; needs max_staleness >= k - 1)",
-    )
-    producer_retries: int = Field(
-        2,
-        ge=0,
-        description="times a step whose producing raised (sampler, reward, environment) is produced again "
-        "before the run stops",
-    )
 
     world_size: int = Field(
         1,
@@ -122,21 +87,6 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(
         600.0, gt=0, description="N ranks: the most one collective (all-gather, reduce, barrier) may wait"
     )
-
-    @field_validator("max_staleness")
-    @classmethod
-    def _staleness(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 0:
-            raise ValueError(f"max_staleness must be >= 0 or auto, got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _producers_need_async(self) -> TrainerConfig:
-        if self.producers > 1 and self.mode != "async":
-            raise ValueError(
-                f"producers={self.producers} needs mode: async (a synchronous run has one step in flight)"
-            )
-        return self
 
 
 class SFTConfig(Section):

@@ -21,7 +21,7 @@ class BackendCapabilities:
     """What a placement can do beyond producing rollouts; off unless declared."""
 
     # It can run a step's whole production in one producer in the driver's process, in order
-    # (`trainer.producers: 1`): what a replay buffer (`algorithm.replay`) and the agent endpoint serving the
+    # (`cluster.producers: 1`): what a replay buffer (`algorithm.replay`) and the agent endpoint serving the
     # run's one sampler (`rollout.agent`) need.
     single_producer: bool = False
     # Its samplers share the learner's process, so a publish can land between two of their tokens
@@ -45,7 +45,7 @@ def register_backend(name: str, executor: str, capabilities: BackendCapabilities
     BACKENDS.add(name, RegisteredBackend(executor, capabilities))
 
 
-# The driver's own process: one producer inline (sync) or `trainer.producers` threads (async).
+# The driver's own process: one producer inline (sync) or `cluster.producers` threads (async).
 register_backend(
     "local",
     "hone.rl.placement.build:local_executor",
