@@ -6,4 +6,4 @@ recipe runs them, whichever `hone.x` it imports first, and loading one imports n
 
 from hone.config.checks import register_recipe_check
 
-register_recipe_check("hone.rl.recipe_checks:check_language_model_recipe")
+register_recipe_check("hone.rl.recipe_checks:check_language_model_recipe", family="language_model")

@@ -2,8 +2,9 @@
 leaf and cannot import them, so `hone/__init__.py` registers `check_language_model_recipe` by its path and
 `load_config` calls it on every recipe it has validated, before anything is written.
 
-Each check raises `ConfigError` with one line naming the key. A control recipe returns at once, so loading
-one imports neither torch nor these registries. The checks run in the recipe's order (rollout, algorithm,
+Each check raises `ConfigError` with one line naming the key. It is registered for language-model recipes
+only, so loading a control recipe never imports this module (nor torch); it returns at once if handed one
+all the same. The checks run in the recipe's order (rollout, algorithm,
 dpo, cluster, then the rules across sections), so a recipe with several errors reports the first it
 spells."""
 
