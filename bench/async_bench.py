@@ -1,4 +1,4 @@
-"""Asynchronous training (`trainer.mode: async`) against synchronous, on this machine and simulated.
+"""Asynchronous training (`cluster.mode: async`) against synchronous, on this machine and simulated.
 
 1. Real: `hone.rl.loop.train` with the tiny model (`model.path: tiny`, from scratch) on a
    workload where sampling is not the only cost: `SlowToolEnv`, a multi-turn tool environment whose
@@ -11,7 +11,7 @@
    wall-time budget (`run.time_limit_s`): sync, async with eta = 1, 2, 4 (naive PPO: the sampler's
    log-probs are the anchor), eta = 4 with AReaL's decoupled objective (`old_log_probs: recompute`,
    `off_policy.name: decoupled`), eta = 1 pinned (main thread on core 0, producer thread on core 1, one
-   torch thread each), and two producers (`trainer.producers: 2`) at eta = 2 and 4, naive and decoupled.
+   torch thread each), and two producers (`cluster.producers: 2`) at eta = 2 and 4, naive and decoupled.
    Trajectories/s counts trained trajectories over the RL wall time (first step begun to last step
    done); the learner is idle when it waits for groups (`take`) or in a publish (which no longer waits
    for the producer: the column stays as evidence).
@@ -137,57 +137,57 @@ def real_overrides(run_dir: str, name: str, seconds: float, **extra: object) -> 
     return [f"{k}={v}" for k, v in base.items()]
 
 
-ASYNC = {"trainer.mode": "async"}
+ASYNC = {"cluster.mode": "async"}
 DECOUPLED = {"algorithm.old_log_probs": "recompute", "algorithm.off_policy.name": "decoupled"}
 INTERRUPTIBLE = {"rollout.interruptible": "true"}
-TWO_BY_STEPS = {"trainer.producers": 2, "trainer.producer_split": "steps"}
+TWO_BY_STEPS = {"cluster.producers": 2, "cluster.producer_split": "steps"}
 ARMS: list[tuple[str, dict[str, object]]] = [
     ("sync", {}),
-    ("async eta=1", {**ASYNC, "trainer.max_staleness": 1}),
-    ("async eta=2", {**ASYNC, "trainer.max_staleness": 2}),
-    ("async eta=4", {**ASYNC, "trainer.max_staleness": 4}),
-    ("async eta=4 decoupled", {**ASYNC, "trainer.max_staleness": 4, **DECOUPLED}),
-    ("async eta=1 pinned", {**ASYNC, "trainer.max_staleness": 1, "run.threads": 1}),
-    ("async eta=2, 2 producers", {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2}),
-    ("async eta=4, 2 producers", {**ASYNC, "trainer.max_staleness": 4, "trainer.producers": 2}),
+    ("async eta=1", {**ASYNC, "cluster.max_staleness": 1}),
+    ("async eta=2", {**ASYNC, "cluster.max_staleness": 2}),
+    ("async eta=4", {**ASYNC, "cluster.max_staleness": 4}),
+    ("async eta=4 decoupled", {**ASYNC, "cluster.max_staleness": 4, **DECOUPLED}),
+    ("async eta=1 pinned", {**ASYNC, "cluster.max_staleness": 1, "run.threads": 1}),
+    ("async eta=2, 2 producers", {**ASYNC, "cluster.max_staleness": 2, "cluster.producers": 2}),
+    ("async eta=4, 2 producers", {**ASYNC, "cluster.max_staleness": 4, "cluster.producers": 2}),
     (
         "async eta=2, 2 producers, decoupled",
-        {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2, **DECOUPLED},
+        {**ASYNC, "cluster.max_staleness": 2, "cluster.producers": 2, **DECOUPLED},
     ),
     (
         "async eta=4, 2 producers, decoupled",
-        {**ASYNC, "trainer.max_staleness": 4, "trainer.producers": 2, **DECOUPLED},
+        {**ASYNC, "cluster.max_staleness": 4, "cluster.producers": 2, **DECOUPLED},
     ),
     # Issue 34: interruptible rollouts (a publish lands between two tokens), and the staleness controller
     # against the fixed η of {0 (sync), 1, 2, 4, 8} with two producers.
     (
         "async eta=2, 2 producers, interruptible",
-        {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2, **INTERRUPTIBLE},
+        {**ASYNC, "cluster.max_staleness": 2, "cluster.producers": 2, **INTERRUPTIBLE},
     ),
     (
         "async eta=2, 2 producers, interruptible, decoupled",
-        {**ASYNC, "trainer.max_staleness": 2, "trainer.producers": 2, **INTERRUPTIBLE, **DECOUPLED},
+        {**ASYNC, "cluster.max_staleness": 2, "cluster.producers": 2, **INTERRUPTIBLE, **DECOUPLED},
     ),
-    ("async eta=1, 2 producers", {**ASYNC, "trainer.max_staleness": 1, "trainer.producers": 2}),
-    ("async eta=8, 2 producers", {**ASYNC, "trainer.max_staleness": 8, "trainer.producers": 2}),
-    ("async auto, 2 producers", {**ASYNC, "trainer.max_staleness": "auto", "trainer.producers": 2}),
-    ("async eta=2, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS}),
+    ("async eta=1, 2 producers", {**ASYNC, "cluster.max_staleness": 1, "cluster.producers": 2}),
+    ("async eta=8, 2 producers", {**ASYNC, "cluster.max_staleness": 8, "cluster.producers": 2}),
+    ("async auto, 2 producers", {**ASYNC, "cluster.max_staleness": "auto", "cluster.producers": 2}),
+    ("async eta=2, 2 producers, steps", {**ASYNC, "cluster.max_staleness": 2, **TWO_BY_STEPS}),
     (
         "async eta=2, 2 producers, steps, interruptible",
-        {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS, **INTERRUPTIBLE},
+        {**ASYNC, "cluster.max_staleness": 2, **TWO_BY_STEPS, **INTERRUPTIBLE},
     ),
     (
         "async eta=2, 2 producers, steps, decoupled",
-        {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS, **DECOUPLED},
+        {**ASYNC, "cluster.max_staleness": 2, **TWO_BY_STEPS, **DECOUPLED},
     ),
     (
         "async eta=2, 2 producers, steps, interruptible, decoupled",
-        {**ASYNC, "trainer.max_staleness": 2, **TWO_BY_STEPS, **INTERRUPTIBLE, **DECOUPLED},
+        {**ASYNC, "cluster.max_staleness": 2, **TWO_BY_STEPS, **INTERRUPTIBLE, **DECOUPLED},
     ),
-    ("async eta=1, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 1, **TWO_BY_STEPS}),
-    ("async eta=4, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 4, **TWO_BY_STEPS}),
-    ("async eta=8, 2 producers, steps", {**ASYNC, "trainer.max_staleness": 8, **TWO_BY_STEPS}),
-    ("async auto, 2 producers, steps", {**ASYNC, "trainer.max_staleness": "auto", **TWO_BY_STEPS}),
+    ("async eta=1, 2 producers, steps", {**ASYNC, "cluster.max_staleness": 1, **TWO_BY_STEPS}),
+    ("async eta=4, 2 producers, steps", {**ASYNC, "cluster.max_staleness": 4, **TWO_BY_STEPS}),
+    ("async eta=8, 2 producers, steps", {**ASYNC, "cluster.max_staleness": 8, **TWO_BY_STEPS}),
+    ("async auto, 2 producers, steps", {**ASYNC, "cluster.max_staleness": "auto", **TWO_BY_STEPS}),
 ]
 
 
@@ -354,7 +354,7 @@ def simulate(
     eta: int | None, latencies: list[float], learn_s: float, producers: int = 1, whole_steps: bool = False
 ) -> dict[str, float]:
     """Steps/s of `len(latencies)` steps; eta None = the inline executor, else the thread executor under eta
-    with `producers` producers (each its own sampler and channel, as `trainer.producers` builds them; each
+    with `producers` producers (each its own sampler and channel, as `cluster.producers` builds them; each
     produces a share of every step, here taking the step's latency: a share waits on its slowest too)."""
     workers = []
     for _ in range(producers):

@@ -1,4 +1,4 @@
-"""Asynchronous mode (`trainer.mode: async`): η = 0 is synchronous training exactly, no trained rollout
+"""Asynchronous mode (`cluster.mode: async`): η = 0 is synchronous training exactly, no trained rollout
 is more than η versions old, its metrics; faults: a producer error is retried (then stops the run in one
 line, never a hang), a wedged publish times out in one line, Ctrl-C ends the run within seconds, and a
 resume restores the version counter and produces the steps in flight again."""
@@ -44,7 +44,7 @@ def test_async_with_no_staleness_trains_exactly_like_sync(
         tmp_path,
         micro_model_dir,
         "async",
-        **{"trainer.mode": "async", "trainer.max_staleness": 0, "trainer.producers": producers},
+        **{"cluster.mode": "async", "cluster.max_staleness": 0, "cluster.producers": producers},
     )
     if producers == 1:
         same = final_weights(run)
@@ -83,9 +83,9 @@ def test_no_trained_rollout_is_more_than_eta_versions_old(
         **{
             "run.steps": 6,
             "run.save_every": 6,
-            "trainer.mode": "async",
-            "trainer.max_staleness": eta,
-            "trainer.producers": producers,
+            "cluster.mode": "async",
+            "cluster.max_staleness": eta,
+            "cluster.producers": producers,
         },
     )
     assert [v for v, _, _ in seen] == list(range(6))  # every step trained and published once
@@ -122,7 +122,7 @@ def test_a_producer_fault_that_passes_is_retried_and_the_run_trains_as_if_it_nev
         return await real_finish(self, *args)
 
     monkeypatch.setattr(ScoringRound, "finish", flaky_finish)
-    run = train_tiny(tmp_path, micro_model_dir, "flaky", **{"trainer.mode": mode, "trainer.max_staleness": 0})
+    run = train_tiny(tmp_path, micro_model_dir, "flaky", **{"cluster.mode": mode, "cluster.max_staleness": 0})
     assert len(calls) == 4
     faulty = final_weights(run)
     assert clean.keys() == faulty.keys() and all(torch.equal(clean[k], faulty[k]) for k in clean)
@@ -152,14 +152,14 @@ def test_a_producer_that_keeps_failing_stops_the_run_in_one_line_after_its_retri
         return real_produce(self, prompts)
 
     monkeypatch.setattr(Producer, "produce", failing)
-    args = tiny_run(tmp_path, micro_model_dir, **{"run.steps": 5, "trainer.mode": mode})
+    args = tiny_run(tmp_path, micro_model_dir, **{"run.steps": 5, "cluster.mode": mode})
     started = time.perf_counter()
-    assert main(["train", *args, "trainer.max_staleness=2", "trainer.producer_retries=2"]) == 2
+    assert main(["train", *args, "cluster.max_staleness=2", "cluster.producer_retries=2"]) == 2
     assert time.perf_counter() - started < 60
     assert attempts.count(2) == 3  # the first attempt and two retries
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "hone: error: stopped at RL step 3: producing its rollouts failed on 3 attempts "
-        "(trainer.producer_retries=2); last error: ConnectionError: judge returned HTTP 502 "
+        "(cluster.producer_retries=2); last error: ConnectionError: judge returned HTTP 502 "
         "<html>Bad Gateway</html>"
     )
     steps = [json.loads(x)["step"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
@@ -179,7 +179,7 @@ def test_system_exit_in_the_producer_is_not_retried(
 
     monkeypatch.setattr(Producer, "produce", exiting)
     with pytest.raises(SystemExit):
-        train_tiny(tmp_path, micro_model_dir, "exits", **{"trainer.mode": mode, "trainer.max_staleness": 0})
+        train_tiny(tmp_path, micro_model_dir, "exits", **{"cluster.mode": mode, "cluster.max_staleness": 0})
     assert attempts == [0]
     assert not _producer_threads()
 
@@ -191,7 +191,7 @@ def test_a_publish_the_producer_blocks_past_its_timeout_ends_the_run_in_one_line
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The producer holds the sampler's weights for 3 s on step 2 (a wedged generation): the learner's
-    publish after step 1 waits `trainer.publish_timeout_s` (0.2 s), and the CLI prints one line."""
+    publish after step 1 waits `cluster.publish_timeout_s` (0.2 s), and the CLI prints one line."""
     from hone.cli import main
     from tests.helpers import tiny_run
 
@@ -203,12 +203,12 @@ def test_a_publish_the_producer_blocks_past_its_timeout_ends_the_run_in_one_line
         return real_produce(self, prompts)
 
     monkeypatch.setattr(Producer, "produce", wedged)
-    settings = {"run.steps": 4, "trainer.mode": "async", "algorithm.skip_zero_variance_groups": "false"}
+    settings = {"run.steps": 4, "cluster.mode": "async", "algorithm.skip_zero_variance_groups": "false"}
     args = tiny_run(tmp_path, micro_model_dir, **settings, **TOKEN_REWARD)  # step 1 trains and publishes
-    assert main(["train", *args, "trainer.max_staleness=1", "trainer.publish_timeout_s=0.2"]) == 2
+    assert main(["train", *args, "cluster.max_staleness=1", "cluster.publish_timeout_s=0.2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "hone: error: weight publish of version 1 did not complete within 0.2 s: the sampler (at "
-        "version 0) never left its generation to take it (trainer.publish_timeout_s)"
+        "version 0) never left its generation to take it (cluster.publish_timeout_s)"
     )
     assert not _producer_threads()
 
@@ -228,9 +228,9 @@ def test_ctrl_c_in_async_mode_is_one_line_and_leaves_no_producer_thread(
 
     callbacks = '["tests.test_cli:interrupt_after_step_2"]'
     args = tiny_run(
-        tmp_path, micro_model_dir, **{"run.steps": 6, "trainer.mode": "async", "run.callbacks": callbacks}
+        tmp_path, micro_model_dir, **{"run.steps": 6, "cluster.mode": "async", "run.callbacks": callbacks}
     )
-    assert main(["train", *args, "trainer.max_staleness=2"]) == 130
+    assert main(["train", *args, "cluster.max_staleness=2"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("hone: interrupted at step 2;")
     assert not _producer_threads()
 
@@ -241,7 +241,7 @@ def test_sigkill_and_resume_in_async_mode_logs_every_step_once(tmp_path: Path, m
     (`killed_and_resumed` checks rows 0..8 and that the resumed steps trained)."""
     from tests.helpers import killed_and_resumed
 
-    killed_and_resumed(tmp_path, micro_model_dir, **{"trainer.mode": "async", "trainer.max_staleness": 2})
+    killed_and_resumed(tmp_path, micro_model_dir, **{"cluster.mode": "async", "cluster.max_staleness": 2})
 
 
 class _Killed(BaseException):
@@ -285,8 +285,8 @@ def test_resume_restores_the_version_counter_and_regenerates_the_steps_in_flight
         "run.steps": 8,
         "run.save_every": 4,
         "run.eval_every": 0,
-        "trainer.mode": "async",
-        "trainer.max_staleness": eta,
+        "cluster.mode": "async",
+        "cluster.max_staleness": eta,
         **TOKEN_REWARD,
     }
     train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "straight", **settings)), setup=setup)
@@ -331,8 +331,8 @@ def test_sigint_ends_an_async_run_within_seconds_with_its_last_checkpoint_intact
         **{
             "run.steps": 10_000,
             "run.save_every": 1,
-            "trainer.mode": "async",
-            "trainer.max_staleness": 2,
+            "cluster.mode": "async",
+            "cluster.max_staleness": 2,
             "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
         },
     )
@@ -471,7 +471,7 @@ def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in
 
 
 def test_whole_steps_go_to_the_producers_in_turn_and_two_slow_steps_overlap() -> None:
-    """`trainer.producer_split: steps`: steps 0 and 1 (0.5 s each) go to producers 0 and 1 and are
+    """`cluster.producer_split: steps`: steps 0 and 1 (0.5 s each) go to producers 0 and 1 and are
     sampled at once (η = 1), each whole (all its prompts in one share); they are taken in step order."""
     workers = _workers({0: 0.5, 1: 0.5}, 2)
     source = Rollouts(

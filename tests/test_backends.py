@@ -57,19 +57,19 @@ def test_one_producer_keys_follow_what_the_backend_declares(
     monkeypatch: pytest.MonkeyPatch, setting: str, message: str
 ) -> None:
     monkeypatch.setitem(BACKENDS, "remote", REMOTE)
-    with pytest.raises(ConfigError, match=message + r" \(trainer\.producers: 1, cluster\.backend: local\)"):
+    with pytest.raises(ConfigError, match=message + r" \(cluster\.producers: 1, cluster\.backend: local\)"):
         load_config(None, ["cluster.backend=remote", setting])
     one_producer = RegisteredBackend(REMOTE.executor, BackendCapabilities(single_producer=True))
     monkeypatch.setitem(BACKENDS, "remote", one_producer)
     assert load_config(None, ["cluster.backend=remote", setting]).cluster.backend == "remote"
     with pytest.raises(
-        ConfigError, match=message + r" \(trainer\.producers: 1, cluster\.backend: local \| remote\)"
+        ConfigError, match=message + r" \(cluster\.producers: 1, cluster\.backend: local \| remote\)"
     ):
-        load_config(None, ["cluster.backend=remote", "trainer.mode=async", "trainer.producers=2", setting])
+        load_config(None, ["cluster.backend=remote", "cluster.mode=async", "cluster.producers=2", setting])
 
 
 def test_rollout_interruptible_follows_what_the_backend_declares(monkeypatch: pytest.MonkeyPatch) -> None:
-    recipe = ["cluster.backend=remote", "trainer.mode=async", "rollout.interruptible=true"]
+    recipe = ["cluster.backend=remote", "cluster.mode=async", "rollout.interruptible=true"]
     monkeypatch.setitem(BACKENDS, "remote", REMOTE)
     with pytest.raises(ConfigError, match=r"rollout\.interruptible needs .* cluster\.backend: local \("):
         load_config(None, recipe)

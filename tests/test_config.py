@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,30 @@ def test_a_sampler_dtype_is_for_an_engine_that_casts_its_weights() -> None:
 def test_every_packaged_recipe_validates(name: str) -> None:
     cfg = load_config(name, [])
     assert cfg.run.name  # a recipe names its runs
+
+
+def test_placement_keys_once_in_trainer_are_read_from_there_once_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`trainer.mode`, `trainer.producers`... moved to `cluster` (the placement layer reads them): the old
+    spelling still works in a recipe and in an override, with one warning line naming the new key."""
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("trainer: {mode: async, producers: 2, lr: 0.001}\ncluster: {max_staleness: 1}\n")
+    with caplog.at_level(logging.WARNING, logger="hone"):
+        cfg = load_config(recipe, ["trainer.max_staleness=3"])  # an override in the old spelling still wins
+    (record,) = [r for r in caplog.records if "keys have moved" in r.message]
+    assert "\n" not in record.message
+    for key in ("mode", "producers", "max_staleness"):
+        assert f"trainer.{key} -> cluster.{key}" in record.message
+    assert (cfg.cluster.mode, cfg.cluster.producers, cfg.cluster.max_staleness) == ("async", 2, 3)
+    assert cfg.trainer.lr == 0.001 and "mode" not in cfg.trainer.model_dump()
+    assert "mode: async" in cfg.to_yaml() and load_config(recipe).cluster == cfg.cluster.model_copy(
+        update={"max_staleness": 1}
+    )
+    recipe.write_text("trainer: {mode: async}\ncluster: {mode: sync}\n")  # which one is meant cannot be known
+    with pytest.raises(
+        ConfigError, match=r"trainer\.mode and cluster\.mode are both set .*: keep cluster\.mode$"
+    ):
+        load_config(recipe)
+    with pytest.raises(ConfigError, match=r"cluster: producers=2 needs mode: async"):
+        load_config(None, ["trainer.producers=2"])

@@ -266,8 +266,8 @@ def test_async_difficulty_run_sees_results_late_but_still_turns_to_intermediate_
             "data.train_size": 24,
             "reward.fn": "tests.rewards_for_tests:prompt_class_reward",
             "data.scheduler": "difficulty",
-            "trainer.mode": "async",
-            "trainer.max_staleness": 2,
+            "cluster.mode": "async",
+            "cluster.max_staleness": 2,
         },
     )
     assert len(produced) == 12  # one producer: the steps in order

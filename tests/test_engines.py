@@ -104,7 +104,7 @@ def test_a_registry_line_that_disagrees_with_its_class_is_refused(monkeypatch: p
         get_engine("sglang")
 
 
-ASYNC_INTERRUPTIBLE = ["trainer.mode=async", "rollout.interruptible=true"]
+ASYNC_INTERRUPTIBLE = ["cluster.mode=async", "rollout.interruptible=true"]
 
 
 def test_rollout_interruptible_follows_what_the_engine_declares(monkeypatch: pytest.MonkeyPatch) -> None:

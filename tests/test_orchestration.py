@@ -316,7 +316,7 @@ def one_step(
         weights,
         0,
         samples,
-        retries=cfg.trainer.producer_retries,
+        retries=cfg.cluster.producer_retries,
     )
     learner = Learner(
         policy=SimpleNamespace(device=torch.device("cpu")),  # type: ignore[arg-type]

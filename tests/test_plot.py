@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from hone.config import load_config
-from hone.config.schema import LoggingConfig
+from hone.config import LoggingConfig, load_config
 from hone.rl.loop import train
 from hone.tracking import read_metrics
 from hone.tracking.plot import DEFAULT_PLOT_METRICS, plot_metrics

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 
 from hone.algorithms import ADVANTAGE_ESTIMATORS, aggregate_loss, scores_to_token_rewards
-from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig, load_config
+from hone.config import DEFAULT_RECIPE, ConfigError, HoneConfig, load_config, validate_recipe
 from hone.config.aliases import PEER_KEYS
 from hone.config.presets import PRESET_SECTIONS, PRESETS, apply_preset, explicit_over_preset
 from hone.training.advantages import estimator_settings
@@ -28,7 +28,7 @@ def _validate(tree: dict[str, Any]) -> HoneConfig:
     """Validate a tree after `apply_preset`; `algorithm.preset` is popped in case the schema lacks it yet."""
     tree = copy.deepcopy(tree)
     tree.get("algorithm", {}).pop("preset", None)
-    return HoneConfig.model_validate(tree)
+    return validate_recipe(tree, "preset")
 
 
 def _nested(flat: dict[str, Any]) -> dict[str, Any]:

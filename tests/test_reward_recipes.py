@@ -10,7 +10,7 @@ import pytest
 from hone.config import ConfigError, load_config
 from hone.data import get_task
 from hone.rewards import scoring
-from hone.rewards.resolve import load_reward
+from hone.rewards.resolve import load_reward, reward_correctness_component
 from hone.types import Rollout, Sample
 
 
@@ -133,9 +133,9 @@ def test_the_correctness_component_is_the_marked_one_else_the_only_one_else_the_
     components: str, expected: str | None
 ) -> None:
     cfg = load_config(None, ["reward.fn=null", f"reward.components={components}"])
-    assert cfg.reward.correctness_component() == expected
+    assert reward_correctness_component(cfg.reward) == expected
     assert load_reward(cfg.reward, None).correctness == expected
-    assert load_config(None, ["reward.fn=math"]).reward.correctness_component() == "math"
+    assert reward_correctness_component(load_config(None, ["reward.fn=math"]).reward) == "math"
 
 
 def test_two_correctness_components_are_refused_at_load() -> None:
@@ -156,6 +156,6 @@ def test_config_and_scorer_choose_the_correctness_component_by_one_rule(
 
     monkeypatch.setattr(scoring, "correctness_component", rule)
     cfg = load_config(None, ["reward.fn=null", "reward.components={fmt: {fn: format}, right: {fn: math}}"])
-    assert cfg.reward.correctness_component() == "decided"
+    assert reward_correctness_component(cfg.reward) == "decided"
     assert scoring.RewardScorer([scoring.RewardComponent("x", lambda r, s: 1.0)]).correctness == "decided"
     assert seen == [(["fmt", "right"], [], ["right"]), (["x"], [], [])]

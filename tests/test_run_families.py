@@ -250,7 +250,7 @@ def test_a_plugin_control_algorithm_is_one_file_with_its_own_hyperparameters(
         ("ppo", ["control.algorithm=dqn"], "control.algorithm 'dqn' is not a registered control algorithm"),
         ("ppo", ["trainer.world_size=2"], "control: runs in one process"),
         ("ppo", ["cluster.backend=ray"], "control: runs in one process"),
-        ("ppo", ["trainer.mode=async"], "control: runs in one process"),
+        ("ppo", ["cluster.mode=async"], "control: runs in one process"),
         (
             "ppo",
             ["algorithm.kl.coef=0.1", "rollout.n=4"],
@@ -282,7 +282,7 @@ def test_old_spellings_of_control_keys_are_read_once_with_one_line(
     old = ["control.batch_size=32", "trainer.lr=1e-3", "algorithm.gamma=0.95", "control.offline_updates=7"]
     with caplog.at_level(logging.WARNING, logger="hone"):
         moved = load_config("pendulum-iql", old)  # an override wins over the recipe, as ever
-    (record,) = [r for r in caplog.records if "control keys have moved" in r.message]
+    (record,) = [r for r in caplog.records if "keys have moved" in r.message]
     assert "trainer.lr -> control.lr" in record.message
     assert "control.batch_size -> control.offpolicy.batch_size" in record.message
     new = [

@@ -239,7 +239,7 @@ def test_a_run_with_refill_logs_its_rounds_and_async_equals_sync(
     assert all(r["groups/short"] == 0 and r["groups/attempts"] >= 1 for r in rows)
     assert sum(r["groups/resampled"] for r in rows) > 0  # some step did refill
     if mode == "async":
-        extra = {"trainer.mode": "async", "trainer.max_staleness": 0}
+        extra = {"cluster.mode": "async", "cluster.max_staleness": 0}
         train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "async", **REFILL_RUN, **extra)))
         assert [r["groups/resampled"] for r in _rows(tmp_path / "async")] == [
             r["groups/resampled"] for r in rows
@@ -250,7 +250,7 @@ def test_a_run_with_refill_logs_its_rounds_and_async_equals_sync(
 
 
 def test_async_refill_with_staleness_fills_every_step(tmp_path: Path, micro_model_dir: Path) -> None:
-    extra = {"trainer.mode": "async", "trainer.max_staleness": 1, "run.steps": 4, "run.save_every": 4}
+    extra = {"cluster.mode": "async", "cluster.max_staleness": 1, "run.steps": 4, "run.save_every": 4}
     train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "ahead", **(REFILL_RUN | extra))))
     rows = _rows(tmp_path / "ahead")
     assert len(rows) == 4 and all(r["groups/short"] == 0 for r in rows)
@@ -370,13 +370,13 @@ def test_resume_with_replay_is_exact(tmp_path: Path, micro_model_dir: Path) -> N
 def test_async_replay_mixes_successes_and_staleness_counts_only_sampled_rollouts(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    extra = {"algorithm.replay.enabled": "true", "trainer.mode": "async", "trainer.max_staleness": 1}
+    extra = {"algorithm.replay.enabled": "true", "cluster.mode": "async", "cluster.max_staleness": 1}
     train(load_config(None, tiny_overrides(tmp_path, micro_model_dir, "ahead", **(REPLAY_RUN | extra))))
     rows = _rows(tmp_path / "ahead")
     assert sum(r["replay/frac"] for r in rows) > 0 and all(r["staleness/max"] <= 1 for r in rows)
 
 
-@pytest.mark.parametrize("setting", ["trainer.producers=2", "cluster.backend=ray"])
+@pytest.mark.parametrize("setting", ["cluster.producers=2", "cluster.backend=ray"])
 def test_replay_is_refused_where_more_than_one_producer_would_hold_the_buffer(setting: str) -> None:
     with pytest.raises(ConfigError, match=r"algorithm\.replay needs one local producer"):
-        load_config(None, ["algorithm.replay.enabled=true", "trainer.mode=async", setting])
+        load_config(None, ["algorithm.replay.enabled=true", "cluster.mode=async", setting])

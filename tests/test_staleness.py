@@ -1,4 +1,4 @@
-"""`trainer.max_staleness: auto`: the controller's rule on hand-made step metrics, the importance-weight
+"""`cluster.max_staleness: auto`: the controller's rule on hand-made step metrics, the importance-weight
 ESS it reads, and an asynchronous run that logs the limit it admitted at every step."""
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def test_an_auto_run_logs_the_limit_and_its_staleness_stays_under_it(
             "run.steps": 6,
             "run.save_every": 0,
             "run.eval_every": 0,
-            "trainer.mode": mode,
-            "trainer.max_staleness": "auto",
-            "trainer.max_staleness_cap": 2,
+            "cluster.mode": mode,
+            "cluster.max_staleness": "auto",
+            "cluster.max_staleness_cap": 2,
             **TOKEN_REWARD,
         },
     )
@@ -100,4 +100,4 @@ def test_an_auto_run_logs_the_limit_and_its_staleness_stays_under_it(
 
 def test_a_negative_limit_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="max_staleness must be >= 0 or auto"):
-        load_config(None, ["trainer.max_staleness=-1"])
+        load_config(None, ["cluster.max_staleness=-1"])

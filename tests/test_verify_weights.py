@@ -217,7 +217,7 @@ def test_a_run_whose_sampler_ignores_updates_stops_within_3_steps(
     tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     _with_sampler(monkeypatch, _IgnoresUpdates)
-    cfg = load_config(None, _overrides(tmp_path, micro_model_dir, f"stale-{mode}", **{"trainer.mode": mode}))
+    cfg = load_config(None, _overrides(tmp_path, micro_model_dir, f"stale-{mode}", **{"cluster.mode": mode}))
     with pytest.raises(
         WeightMismatchError, match="_IgnoresUpdates sampler is not what the learner published"
     ):
@@ -296,7 +296,7 @@ def test_a_publish_lands_mid_generation_and_every_token_carries_its_version() ->
 def test_interruptible_rollouts_train_an_async_run_and_say_which_rollouts_a_publish_landed_in(
     tmp_path: Path, micro_model_dir: Path
 ) -> None:
-    extra = {"trainer.mode": "async", "rollout.interruptible": "true", "rollout.max_new_tokens": 16}
+    extra = {"cluster.mode": "async", "rollout.interruptible": "true", "rollout.max_new_tokens": 16}
     result = train(load_config(None, _overrides(tmp_path, micro_model_dir, "interruptible", **extra)))
     assert result.steps == 4
     rows = [
@@ -306,7 +306,7 @@ def test_interruptible_rollouts_train_an_async_run_and_say_which_rollouts_a_publ
 
 
 def test_interruptible_is_refused_where_it_is_not_built() -> None:
-    with pytest.raises(ValueError, match=r"rollout\.interruptible needs trainer\.mode: async"):
+    with pytest.raises(ValueError, match=r"rollout\.interruptible needs cluster\.mode: async"):
         load_config(None, ["rollout.interruptible=true"])
 
 

@@ -113,7 +113,7 @@ def test_a_publish_made_while_the_sampler_holds_lands_at_its_next_hold_and_times
         thread.join()
     assert str(failed.value) == (
         "weight publish of version 3 did not complete within 0.2 s: the sampler (at version 0) never "
-        "left its generation to take it (trainer.publish_timeout_s)"
+        "left its generation to take it (cluster.publish_timeout_s)"
     )
     assert sampler.policy_version == 0  # leaving a hold installs nothing: the next one does
     with channel.hold() as version, channel.hold() as inner:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from math import comb
 
 import torch
@@ -20,17 +19,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def check_pass_at_ks(ks: Sequence[int], n: int) -> None:
-    """Refuse a pass@k that `n` samples per problem cannot estimate (k outside 1..n): checked before
-    anything is sampled, so no pass@k is ever dropped silently. One check for the config (`eval.k`,
-    `eval.n`, before any model loads) and for `evaluate` (the library guard)."""
-    bad = [k for k in ks if not 1 <= k <= n]
-    if bad:
-        raise ValueError(
-            f"k={bad}: pass@k needs 1 <= k <= eval.n (samples per problem); got k={list(ks)}, n={n}"
-        )
-
-
 def canary_metrics(gap_sum: float, tokens: float, largest: float) -> dict[str, float]:
     """The log-prob canary's metrics from |log π_sampler - log π_learner| summed over `tokens` response
     tokens of rows sampled with the learner's own weights (`largest`: the biggest single gap). No
@@ -45,7 +33,7 @@ def canary_metrics(gap_sum: float, tokens: float, largest: float) -> dict[str, f
 def importance_ess(weight_sum: float, weight_square_sum: float, tokens: float) -> float:
     """Kish's effective sample size of importance weights w = π_θ/π_behav, as a share of the `tokens`:
     (Σw)² / (n Σw²), 1 when every weight is equal (on-policy), towards 1/n as one weight dominates
-    (Kong 1992; the off-policyness signal of `trainer.max_staleness: auto`). 1 when there are none."""
+    (Kong 1992; the off-policyness signal of `cluster.max_staleness: auto`). 1 when there are none."""
     if not tokens or not weight_square_sum:
         return 1.0
     return min(1.0, weight_sum**2 / (tokens * weight_square_sum))  # ≤ 1 (Cauchy-Schwarz) but for rounding

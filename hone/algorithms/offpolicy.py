@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from hone.algorithms.utils import masked_mean
+from hone.config.sections.algorithm import (  # mis / decoupled bounds, which the config checks
+    DEFAULT_HI,
+    DEFAULT_LO,
+)
 from hone.registry import Registry
 
 DEFAULT_CAP = 2.0  # tis: verl's rollout_is_threshold default
-DEFAULT_LO = 0.5  # mis / decoupled bounds: verl's rejection defaults (lower = 1 / upper)
-DEFAULT_HI = 2.0
 # exp(±20) ≈ 4.9e8 / 2.1e-9: a log-ratio is clamped here before any unbounded exp (verl's SAFETY_BOUND),
 # so a sequence ratio over hundreds of tokens, or a -1e4 log-prob, never overflows.
 SAFE_LOG_RATIO = 20.0

@@ -4,8 +4,8 @@ reads one subsection of its own (`ppo`, `offpolicy`, `offline`), so a key no alg
 refused, not ignored. The algorithms themselves are registered in `hone.control.algos`.
 
 Control keys once lived in the language-model sections (`algorithm.gamma`, `trainer.lr`, …) or flat in
-`control:` (`control.batch_size`, …): `move_legacy_keys` still reads those spellings, with one line
-naming the new ones."""
+`control:` (`control.batch_size`, …): `legacy_key` says where each lives now, and `hone.config.moved`
+still reads those spellings, with one line naming the new ones."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from hone.config.base import ConfigError, Section
+from hone.config.base import Section
 
 
 class ControlPPOConfig(Section):
@@ -333,38 +333,11 @@ def legacy_key(keys: list[str], algorithm: str, value: Any) -> list[str] | None:
     return [] if dropped else None  # algorithm.advantage other than gae: a language-model key, refused
 
 
-def move_legacy_keys(tree: dict[str, Any]) -> list[str]:
-    """Move a control recipe's keys from where they once lived to their place in `control:` (in `tree`,
-    before validation; a recipe that gives both spellings of one key is refused); returns 'old -> new' for
-    each key moved, for one deprecation line."""
+def legacy_keys_in(tree: dict[str, Any]) -> list[list[str]]:
+    """The keys of a control recipe's `tree` spelled where they once lived (`hone.config.moved` moves
+    them)."""
     control = tree.get("control")
     if not isinstance(control, dict):
         return []
-    algorithm = str(control.get("algorithm", "ppo"))
-    moved: list[str] = []
     old_keys = [["control", k] for k in control if k in _SUBSECTION]
-    old_keys += [[s, k] for (s, k) in [*_FROM_LM_SECTIONS, *_DROPPED] if k in (tree.get(s) or {})]
-    for keys in old_keys:
-        new = legacy_key(keys, algorithm, tree[keys[0]][keys[1]])
-        if new is None:
-            continue
-        value = tree[keys[0]].pop(keys[1])
-        moved.append(note(keys, new, algorithm))
-        if not new:
-            continue
-        node = tree
-        for part in new[:-1]:
-            node = node.setdefault(part, {})
-        if new[-1] in node and node[new[-1]] != value:  # which one the user meant cannot be known
-            where = ".".join(new)
-            given = f"(to {value!r} and {node[new[-1]]!r})"
-            raise ConfigError(f"{'.'.join(keys)} and {where} are both set {given}: keep {where}")
-        node[new[-1]] = value
-    return moved
-
-
-def note(keys: list[str], new: list[str], algorithm: str) -> str:
-    """'old -> new' (or why it was dropped), for the deprecation line."""
-    if new:
-        return f"{'.'.join(keys)} -> {'.'.join(new)}"
-    return f"{'.'.join(keys)} (not read by control.algorithm {algorithm}: dropped)"
+    return old_keys + [[s, k] for (s, k) in [*_FROM_LM_SECTIONS, *_DROPPED] if k in (tree.get(s) or {})]

@@ -23,8 +23,9 @@ from pydantic import ValidationError
 
 from hone.config.aliases import PEER_KEYS
 from hone.config.base import ConfigError
-from hone.config.control import legacy_key, move_legacy_keys, note
+from hone.config.checks import run_recipe_checks
 from hone.config.keys import sections, suggest
+from hone.config.moved import move_legacy_keys, moved_key, note
 from hone.config.presets import apply_preset, explicit_over_preset
 from hone.config.schema import HoneConfig
 
@@ -43,7 +44,7 @@ PATH_KEYS = (
     ("critic", "path"),
     ("distill", "teacher"),
     ("control", "offline", "dataset_root"),
-    ("control", "dataset_root"),  # its place before control.offline (`move_legacy_keys`)
+    ("control", "dataset_root"),  # its place before control.offline (`hone.config.moved`)
 )
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 # The first line of a run's saved config.yaml: its paths were made absolute when it was written, and any
@@ -191,6 +192,21 @@ def _read_recipe(path: Path, text: str) -> dict[str, Any]:
     return tree
 
 
+def validate_recipe(tree: dict[str, Any], origin: str) -> HoneConfig:
+    """The one way a recipe's tree (its keys where they live now, the preset applied) becomes a `HoneConfig`:
+    the schema, then every registered check (`hone.config.checks`: the registries the config cannot
+    import); a `ConfigError` of one line starting with `origin` for the first problem."""
+    try:
+        cfg = HoneConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, origin)) from None
+    try:
+        run_recipe_checks(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    return cfg
+
+
 def load_config(
     recipe: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
@@ -208,7 +224,7 @@ def load_config(
     from_cwd = packaged or text.startswith(RUN_CONFIG_HEADER)
     base = relative_to or (Path.cwd() if from_cwd else path.resolve().parent)
     tree = _read_recipe(path, text)
-    moved = _moved(move_legacy_keys, tree, path)  # the recipe's own old spellings of control keys
+    moved = _moved(move_legacy_keys, tree, path)  # the recipe's own old spellings of moved keys
     _resolve_paths(tree, base)
     parsed = [(parse_override(text), text) for text in overrides]
     control = tree.get("control")
@@ -217,10 +233,10 @@ def load_config(
     algorithm = next((str(v) for (keys, v), _t in parsed if keys == ["control", "algorithm"]), algorithm)
     overridden: set[tuple[str, ...]] = set()
     for (keys, value), text in parsed:
-        new = legacy_key(keys, algorithm, value) if is_control else None
+        new = moved_key(keys, algorithm if is_control else None, value)
         if (
             new is not None
-        ):  # an old spelling of a control key: set where it lives now; it wins, as overrides do
+        ):  # an old spelling of a moved key: set where it lives now; it wins, as overrides do
             moved.append(note(keys, new, algorithm))
             if not new:
                 continue
@@ -232,15 +248,12 @@ def load_config(
     _import_plugins(tree)
     origin = f"{path}" + (" + overrides" if overrides else "")
     if moved:  # still read; the recipe should say it the new way
-        log.warning("%s: control keys have moved (still read this once): %s", origin, "; ".join(moved))
+        log.warning("%s: keys have moved (still read this once): %s", origin, "; ".join(moved))
     try:
         preset_keys = apply_preset(tree)
     except ValueError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    try:
-        cfg = HoneConfig.model_validate(tree)
-    except ValidationError as e:
-        raise ConfigError(_format_error(e, origin)) from None
+    cfg = validate_recipe(tree, origin)
     if preset_keys:
         log.info("algorithm.preset %s set %s", cfg.algorithm.preset, ", ".join(preset_keys))
     kept = explicit_over_preset(tree)

@@ -79,7 +79,7 @@ def markdown_reference() -> str:
     out = [
         "# Config reference",
         "",
-        "<!-- Generated from hone/config/schema.py by `hone config --markdown`; a test fails when it is "
+        "<!-- Generated from hone/config/sections/ by `hone config --markdown`; a test fails when it is "
         "stale. Do not edit by hand. -->",
         "",
         "Every key of a recipe, by section. Set one in a recipe file or on the command line as "

@@ -69,7 +69,7 @@ class PromptScheduler(Protocol):
     `next_batch(step)` is called once per step, in step order, and returns `ctx.batch_size` samples;
     `observe(step, outcomes)` follows with the step's results in step order ({sample id: (correct,
     scored)}). In async mode a step's batch is drawn before the results of the previous
-    `trainer.max_staleness` steps are observed. `state_dict()` (JSON-serialisable) goes into every
+    `cluster.max_staleness` steps are observed. `state_dict()` (JSON-serialisable) goes into every
     checkpoint and `load_state_dict` restores it, so a resumed run draws what an unbroken one would:
     any randomness must come from the state or from (seed, step).
     """

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from hone.data import Task
 from hone.plugins import load_object
+from hone.rewards import scoring
 from hone.rewards.base import BatchRewardFn, task_reward
 from hone.rewards.registry import REWARDS, TEXT_REWARDS
-from hone.rewards.scoring import RewardComponent, RewardScorer
+from hone.rewards.scoring import VERIFIER_REWARDS, RewardComponent, RewardScorer
 from hone.types import Rollout, Sample
 from hone.verifiers.sandbox import set_max_concurrency as set_sandbox_concurrency
 
-if TYPE_CHECKING:  # config imports this package (its correctness rule): a runtime import would be a cycle
+if TYPE_CHECKING:
     from hone.config import RewardConfig
 
 log = logging.getLogger("hone")
@@ -30,7 +31,7 @@ def load_reward(reward: RewardConfig, task: Task | None) -> RewardScorer:
         set_sandbox_concurrency(reward.sandbox_concurrency)
     else:  # as many as the reward calls in flight: a call's timeout must not run out waiting for a slot
         set_sandbox_concurrency(reward.max_concurrency)
-    correctness = reward.correctness_component()
+    correctness = reward_correctness_component(reward)
     if correctness is None:
         log.warning(
             "no reward component grades correctness (a verifier, or one with correctness: true): "
@@ -43,6 +44,16 @@ def load_reward(reward: RewardConfig, task: Task | None) -> RewardScorer:
         for name, c in reward.resolved().items()
     ]
     return RewardScorer(components, timeout_s=reward.timeout_s, max_concurrency=reward.max_concurrency)
+
+
+def reward_correctness_component(reward: RewardConfig) -> str | None:
+    """The component `eval/accuracy` counts, by the scorer's rule (`correctness_component`): the one
+    marked `correctness: true`, else the only one, else the first verifier (task, math, code, env);
+    None (the total reward) when there is none."""
+    resolved = reward.resolved()
+    marked = [name for name, c in resolved.items() if c.correctness]
+    verifiers = [name for name, c in resolved.items() if c.fn in VERIFIER_REWARDS]
+    return scoring.correctness_component(list(resolved), marked, verifiers)
 
 
 def reward_fn(name: str, spec: str, args: dict[str, Any], task: Task | None) -> Any:

@@ -8,10 +8,10 @@ flagged (`reward_failed`), so the loop can keep it out of the policy loss: an in
 is not a wrong answer.
 
 Correctness: one component may be the reward's correctness (`correctness=True`; otherwise the rule of
-`correctness_component`, which the config uses too: a single component is it). Each rollout's
-unweighted value of it lands in `rollout.metrics["reward/correctness"]` (the total reward when there
-is none), which `eval/accuracy` counts: shaping such as an overlong penalty lowers the reward a correct
-answer earns, not whether it is correct.
+`correctness_component`, which `hone.rewards.resolve` applies to a recipe too: a single component is
+it). Each rollout's unweighted value of it lands in `rollout.metrics["reward/correctness"]` (the total
+reward when there is none), which `eval/accuracy` counts: shaping such as an overlong penalty lowers the
+reward a correct answer earns, not whether it is correct.
 
 Concurrency: async reward functions run on one event loop; sync ones each run in a daemon thread
 (a thread stuck in, say, a pathological sympy simplification cannot be killed, but it is abandoned at
@@ -281,7 +281,7 @@ def correctness_component(
 ) -> str | None:
     """Which component `eval/accuracy` counts: the one `marked` as correctness, else the only one, else
     the first of `verifiers` (components made by a built-in reward in `VERIFIER_REWARDS`, which the
-    config can name); None means the total reward. One rule for the config and the scorer."""
+    config can name); None means the total reward. One rule for a recipe and the scorer."""
     if marked:
         return marked[0]
     if len(names) == 1:

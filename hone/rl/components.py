@@ -218,14 +218,14 @@ def weight_channel(cfg: HoneConfig, source: WeightSource, sampler: Sampler) -> L
     return LocalWeightChannel(
         source,
         sampler,
-        timeout_s=cfg.trainer.publish_timeout_s,
+        timeout_s=cfg.cluster.publish_timeout_s,
         verify=cfg.trainer.verify_weights,
         interruptible=cfg.rollout.interruptible,
     )
 
 
 def producer_replica(cfg: HoneConfig, parts: RunComponents) -> tuple[ProducerParts, LocalWeightChannel]:
-    """Another producer's view of the run (`trainer.producers`): its own sampler, a copy of the policy's
+    """Another producer's view of the run (`cluster.producers`): its own sampler, a copy of the policy's
     current weights made the version the run's sampler was last published, and the channel feeding it;
     the reward, data and environments are shared."""
     sampler = build_sampler(cfg, parts.policy, parts.model_path)

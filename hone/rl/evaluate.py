@@ -13,8 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.processing_utils import ProcessorMixin
 
 from hone.algorithms import pass_at_k
-from hone.algorithms.metrics import check_pass_at_ks
-from hone.config import HoneConfig
+from hone.config import HoneConfig, check_pass_at_ks
 from hone.errors import HoneError
 from hone.rewards import (
     RewardFn,

@@ -271,8 +271,8 @@ def _train(
 
     step = begin.step
     staleness = None
-    if cfg.trainer.mode == "async" and cfg.trainer.max_staleness == "auto":
-        staleness = StalenessController(cfg.trainer.max_staleness_cap, limit=rollouts.ahead)
+    if cfg.cluster.mode == "async" and cfg.cluster.max_staleness == "auto":
+        staleness = StalenessController(cfg.cluster.max_staleness_cap, limit=rollouts.ahead)
     evaluation = EvalSettings.of(cfg)
     final_eval: dict[str, float] = {}
     left = None
@@ -298,7 +298,7 @@ def _train(
         while step < cfg.run.steps:
             raise_if_signalled()
             groups, metrics = learn_step(step, rollouts, learner, lead)
-            if staleness is not None:  # `trainer.max_staleness: auto`: η for the steps admitted next
+            if staleness is not None:  # `cluster.max_staleness: auto`: η for the steps admitted next
                 rollouts.ahead = staleness.update(metrics)
             step += 1
             tally.add(metrics)

@@ -3,8 +3,9 @@
 A backend is an executor factory, `pkg.mod:fn(cfg, parts, replay) -> Executor` (`hone.rl.placement.build`
 calls it), and what it declares (`BackendCapabilities`). The factory is imported only when a run builds
 it (ray: an optional extra); validating a recipe reads the declarations alone, so this module imports
-nothing but the registry: `hone.config` checks `cluster.backend` and the keys only some placements honour
-(`rollout.interruptible`, `algorithm.replay`, `rollout.agent`) without loading ray or any run code.
+nothing but the registry: the recipe checks (`hone.rl.recipe_checks`) check `cluster.backend` and the
+keys only some placements honour (`rollout.interruptible`, `algorithm.replay`, `rollout.agent`) without
+loading ray or any run code.
 A new backend is its executor module plus one `register_backend` line here (or in a plugin).
 """
 
@@ -20,7 +21,7 @@ class BackendCapabilities:
     """What a placement can do beyond producing rollouts; off unless declared."""
 
     # It can run a step's whole production in one producer in the driver's process, in order
-    # (`trainer.producers: 1`): what a replay buffer (`algorithm.replay`) and the agent endpoint serving the
+    # (`cluster.producers: 1`): what a replay buffer (`algorithm.replay`) and the agent endpoint serving the
     # run's one sampler (`rollout.agent`) need.
     single_producer: bool = False
     # Its samplers share the learner's process, so a publish can land between two of their tokens
@@ -44,7 +45,7 @@ def register_backend(name: str, executor: str, capabilities: BackendCapabilities
     BACKENDS.add(name, RegisteredBackend(executor, capabilities))
 
 
-# The driver's own process: one producer inline (sync) or `trainer.producers` threads (async).
+# The driver's own process: one producer inline (sync) or `cluster.producers` threads (async).
 register_backend(
     "local",
     "hone.rl.placement.build:local_executor",

@@ -1,7 +1,7 @@
 """Where the run's producers run: the one rollout source over the executor the recipe places them on.
 
-    trainer.mode: sync                       InlineExecutor(producer)             η = 0
-    trainer.mode: async, trainer.producers k  ThreadExecutor(k producers)          η = trainer.max_staleness
+    cluster.mode: sync                       InlineExecutor(producer)             η = 0
+    cluster.mode: async, cluster.producers k  ThreadExecutor(k producers)          η = cluster.max_staleness
     cluster.backend: ray                     RayExecutor(cluster.samplers.count)  η as the mode says
 
 The driver process always runs the loop and the learner; only the executor changes (see `rollouts`), made
@@ -35,13 +35,13 @@ def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None 
 
 
 def local_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None) -> Executor:
-    """`cluster.backend: local`: the run's producer inline (sync), or `trainer.producers` producers on
+    """`cluster.backend: local`: the run's producer inline (sync), or `cluster.producers` producers on
     threads (async), each but the first over a replica of the run's sampler."""
-    retries = cfg.trainer.producer_retries
+    retries = cfg.cluster.producer_retries
     settings = ProducerSettings.of(cfg)
     producer = Producer(parts.producer, settings, replay)
-    if cfg.trainer.mode == "async":
-        replicas = [producer_replica(cfg, parts) for _ in range(cfg.trainer.producers - 1)]
+    if cfg.cluster.mode == "async":
+        replicas = [producer_replica(cfg, parts) for _ in range(cfg.cluster.producers - 1)]
         return ThreadExecutor(
             [(producer, parts.weights), *((Producer(r, settings), weights) for r, weights in replicas)],
             retries=retries,
@@ -51,17 +51,17 @@ def local_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer |
 
 
 def staleness_start(cfg: HoneConfig) -> int:
-    """The η an asynchronous run admits at first: `trainer.max_staleness`, or `auto`'s start (capped)."""
-    limit = cfg.trainer.max_staleness
-    return StalenessController(cfg.trainer.max_staleness_cap).limit if limit == "auto" else limit
+    """The η an asynchronous run admits at first: `cluster.max_staleness`, or `auto`'s start (capped)."""
+    limit = cfg.cluster.max_staleness
+    return StalenessController(cfg.cluster.max_staleness_cap).limit if limit == "auto" else limit
 
 
 def rollout_source(
     cfg: HoneConfig, parts: RunComponents, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
 ) -> Rollouts:
     """The run's rollout source from step `start` (a resumed run's), at the weight version `parts.weights`
-    holds: admission η = `trainer.max_staleness` when asynchronous, 0 when synchronous."""
-    ahead = staleness_start(cfg) if cfg.trainer.mode == "async" else 0
+    holds: admission η = `cluster.max_staleness` when asynchronous, 0 when synchronous."""
+    ahead = staleness_start(cfg) if cfg.cluster.mode == "async" else 0
     return Rollouts(
         executor(cfg, parts, replay),
         plan,
@@ -69,5 +69,5 @@ def rollout_source(
         steps=cfg.run.steps,
         ahead=ahead,
         version=parts.weights.published,
-        whole_steps=cfg.trainer.producer_split == "steps",
+        whole_steps=cfg.cluster.producer_split == "steps",
     )

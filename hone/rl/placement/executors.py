@@ -78,7 +78,7 @@ class _Queued:
 
 
 class ThreadExecutor:
-    """Producers in background threads while the learner trains (`trainer.mode: async`).
+    """Producers in background threads while the learner trains (`cluster.mode: async`).
 
     Producer k (a producer and the weight channel feeding its sampler: `workers[k]`) produces the shares
     submitted to it in order, each with its sampler's weights held (`WeightChannel.hold`), so every

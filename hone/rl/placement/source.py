@@ -26,7 +26,7 @@ what a cluster of samplers is for: whole steps keep k producers busy only with �
 throughput with staleness. With η > 0 a producer that finished its share of step s goes on to its share
 of step s + 1 while another waits on its slowest response, so the tail overlaps too. The cost: k
 producers sample other draws than one (the step's prompts are the same, the seeds differ per share).
-`trainer.producer_split: steps` takes the other branch: producer `s mod k` produces all of step s (seeded
+`cluster.producer_split: steps` takes the other branch: producer `s mod k` produces all of step s (seeded
 as one producer would), so with η ≥ k - 1 the producers sample k different steps at once, and one
 step's slowest response holds up only its own producer.
 """
@@ -119,7 +119,7 @@ class PromptPlan(Protocol):
 
 
 class ProducerError(HoneError, RuntimeError):
-    """A step's producing raised on every attempt (`trainer.producer_retries` + 1); the message is one
+    """A step's producing raised on every attempt (`cluster.producer_retries` + 1); the message is one
     line naming the step and the last error."""
 
 
@@ -157,7 +157,7 @@ def produce_with_retries(
                     attempts = f"{failed} attempt{'s' if failed > 1 else ''}"
                     raise ProducerError(
                         f"stopped at RL step {prompts.step + 1}: producing its rollouts failed on "
-                        f"{attempts} (trainer.producer_retries={retries}); last error: {error}"
+                        f"{attempts} (cluster.producer_retries={retries}); last error: {error}"
                     ) from e
                 log.warning(
                     "RL step %d: producing its rollouts failed (%s); producing it again (retry %d of %d)",
@@ -194,7 +194,7 @@ class Rollouts:
         whole_steps: bool = False,
     ) -> None:
         self.executor, self.plan, self.ahead, self.steps = executor, plan, ahead, steps
-        self.whole_steps = whole_steps  # each step to one producer, in turn (`trainer.producer_split`)
+        self.whole_steps = whole_steps  # each step to one producer, in turn (`cluster.producer_split`)
         self.published = version  # the learner's version: staleness is measured against it
         self._submitted = self._taken = start
         self._in_flight: deque[_Step] = deque()

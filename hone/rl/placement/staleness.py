@@ -1,4 +1,4 @@
-"""`trainer.max_staleness: auto`: the admitted staleness η, adjusted online.
+"""`cluster.max_staleness: auto`: the admitted staleness η, adjusted online.
 
 A fixed η is a guess in each framework's own units (AReaL's `max_head_offpolicyness`, verl's
 `staleness_threshold`, slime's off-by-n): too small and the learner waits on the sampler, too large and
@@ -17,7 +17,7 @@ controller reads three signals the run measures at every step anyway:
 
 Rule (additive increase, multiplicative decrease, as TCP's congestion window): η halves (rounding down)
 when the ESS falls below `ESS_LOW` or the reward turns down; η grows by one, up to
-`trainer.max_staleness_cap`, when the learner waited more than `IDLE_HIGH` of the step and the ESS is
+`cluster.max_staleness_cap`, when the learner waited more than `IDLE_HIGH` of the step and the ESS is
 above `ESS_HIGH`. A change waits `HOLD` steps after the previous one (its effect shows only after the
 steps already in flight). It starts at η = 1. The thresholds are fixed, not tuned per workload.
 """

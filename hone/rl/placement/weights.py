@@ -75,7 +75,7 @@ class LocalWeightChannel:
     returns), which the sampler's next outermost `hold()` installs. A newer publish replaces a snapshot
     not yet installed: the sampler always starts its next span at the newest version. `hold()` is
     re-entrant, so a producer may hold its whole batch and the sampler's own calls inside it too; only
-    the outermost entry installs. `timeout_s` (`trainer.publish_timeout_s`) bounds how long a snapshot
+    the outermost entry installs. `timeout_s` (`cluster.publish_timeout_s`) bounds how long a snapshot
     may wait (`raise_if_overdue`): long enough for a slow sampler to finish its step, short enough that
     a wedged one ends the run with a line instead of a hang (verl #6967, TRL #6797).
     """
@@ -161,7 +161,7 @@ class LocalWeightChannel:
             raise WeightPublishTimeout(
                 f"weight publish of version {pending.version} did not complete within "
                 f"{self.timeout_s:g} s: the sampler (at version {self.version}) never left its "
-                "generation to take it (trainer.publish_timeout_s)"
+                "generation to take it (cluster.publish_timeout_s)"
             )
 
     @contextmanager

@@ -19,7 +19,7 @@ so a sampler actor that misses a version, or receives it damaged, stops the run 
 Faults: a sampler or reward-worker actor that dies (its process killed, its node lost) is restarted by Ray
 (`max_restarts`); a sampler's share is produced again by the new incarnation after the current weights
 are sent to it, a reward worker's rollouts are scored again, and `faults/actor_restarts` counts both. An
-error inside producing is retried in the actor like a local one (`trainer.producer_retries`). The actors
+error inside producing is retried in the actor like a local one (`cluster.producer_retries`). The actors
 and their placement groups are the driver's: `close` removes them, and Ray removes them with a driver
 that dies (a SIGKILL), so a run leaves nothing behind; Ctrl-C and SIGTERM close the run's source as any
 error does (`loop._train`), then `ray_session` shuts down a Ray the run started.
@@ -255,6 +255,6 @@ def ray_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | N
         cfg.model_dump(mode="json"),
         parts.weight_source,
         parts.weights,
-        retries=cfg.trainer.producer_retries,
+        retries=cfg.cluster.producer_retries,
         verify=cfg.trainer.verify_weights,
     )
