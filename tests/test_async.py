@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -380,18 +381,22 @@ class _Sampler:
         self.policy_version = version
 
 
-class _SleepyProducer:
-    """Produces step s by sleeping `delays[s]`, stamping its rollouts with the version it holds."""
+GATE_S = 60  # how long a gated step waits for what the test lets happen: a hang, not a slow machine
 
-    def __init__(self, weights: Any, delays: dict[int, float]) -> None:
-        self.weights, self.delays = weights, delays
+
+class _GatedProducer:
+    """Produces step s once `gates[s]()` returns (none: at once), stamping its rollouts with the version it
+    held when the step started: the test decides when a step is in flight and when it ends."""
+
+    def __init__(self, weights: Any, gates: dict[int, Callable[[], object]]) -> None:
+        self.weights, self.gates = weights, gates
 
     def interrupt(self) -> None:
-        pass  # a sleep is not interruptible; close waits for it
+        pass  # a gate is not interruptible; close waits for it
 
     def produce(self, prompts: PromptBatch) -> ScoredGroups:
         version = self.weights.version
-        time.sleep(self.delays.get(prompts.step, 0.0))
+        self.gates.get(prompts.step, lambda: None)()
         rollout = Rollout(
             sample_id="s",
             group_id=0,
@@ -404,11 +409,11 @@ class _SleepyProducer:
         return ScoredGroups(step=prompts.step, rollouts=[rollout], metrics={}, new_tokens=0)
 
 
-def _workers(delays: dict[int, float], count: int) -> list[tuple[Any, Any]]:
+def _workers(gates: dict[int, Callable[[], object]], count: int) -> list[tuple[Any, Any]]:
     workers = []
     for _ in range(count):
         weights = LocalWeightChannel(dict, _Sampler(), timeout_s=5)  # type: ignore[arg-type]
-        workers.append((_SleepyProducer(weights, delays), weights))
+        workers.append((_GatedProducer(weights, gates), weights))
     return workers
 
 
@@ -432,35 +437,44 @@ def _source(workers: list[tuple[Any, Any]], *, ahead: int, steps: int) -> Rollou
 
 
 def test_a_publish_does_not_wait_for_the_producers_step_and_lands_as_its_next_step_starts() -> None:
-    """The producer is 0.6 s into step 1 when the learner publishes version 1: the publish returns at once
-    (the learner trains on), step 1 keeps the version it started with, step 2 starts with version 1."""
-    workers = _workers({1: 0.6}, 1)
+    """The producer is inside step 1 when the learner publishes version 1: the publish returns while the
+    step is still held (the learner trains on), step 1 keeps the version it started with, step 2 starts
+    with version 1."""
+    inside, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def step_1() -> None:
+        inside.set()
+        release.wait(GATE_S)
+        ended.set()
+
+    workers = _workers({1: step_1}, 1)
     ((_, weights),) = workers
     source = _source(workers, ahead=1, steps=3)
     try:
         assert source.take().rollouts[0].policy_version == 0  # step 1 admitted with it
-        time.sleep(0.1)  # the producer is inside step 1
-        started = time.perf_counter()
-        source.publish(1)
-        assert time.perf_counter() - started < 0.3
+        assert inside.wait(GATE_S), "the producer never started step 1"
+        source.publish(1)  # a publish that waited for step 1 would return only when its gate times out
+        assert not ended.is_set()  # the publish returned with step 1 still in flight
         assert (weights.version, weights.published) == (0, 1)
+        release.set()
         one, two = source.take(), source.take()
         assert (one.rollouts[0].policy_version, one.metrics["staleness/max"]) == (0, 1.0)
         assert (two.rollouts[0].policy_version, two.metrics["staleness/max"]) == (1, 0.0)
     finally:
+        release.set()
         source.close()
     assert not _producer_threads()
 
 
 def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in_prompt_order() -> None:
-    """Each producer's share of step 0 takes 0.5 s: the step is done in about the time of one (in flight
-    together), its groups are the shares' in prompt order, and a publish reaches both producers."""
-    workers = _workers({0: 0.5}, 2)
+    """Each producer's share of step 0 waits for the other's to start: the step is done only if both are
+    in flight together (one after the other, the barrier breaks), its groups are the shares' in prompt
+    order, and a publish reaches both producers."""
+    together = threading.Barrier(2, timeout=GATE_S)
+    workers = _workers({0: together.wait}, 2)
     source = _source(workers, ahead=0, steps=2)
     try:
-        started = time.perf_counter()
         first = source.take()
-        assert time.perf_counter() - started < 0.9  # one after the other: 1 s
         assert first.step == 0 and [r.group_id for r in first.rollouts] == [0, 1]
         source.publish(1)
         assert [w.published for _, w in workers] == [1, 1]
@@ -471,16 +485,16 @@ def test_two_producers_produce_a_steps_two_shares_side_by_side_and_merge_them_in
 
 
 def test_whole_steps_go_to_the_producers_in_turn_and_two_slow_steps_overlap() -> None:
-    """`cluster.producer_split: steps`: steps 0 and 1 (0.5 s each) go to producers 0 and 1 and are
-    sampled at once (η = 1), each whole (all its prompts in one share); they are taken in step order."""
-    workers = _workers({0: 0.5, 1: 0.5}, 2)
+    """`cluster.producer_split: steps`: steps 0 and 1 go to producers 0 and 1 and are sampled at once
+    (η = 1: each waits for the other to start, or the barrier breaks), each whole (all its prompts in one
+    share); they are taken in step order."""
+    together = threading.Barrier(2, timeout=GATE_S)
+    workers = _workers({0: together.wait, 1: together.wait}, 2)
     source = Rollouts(
         ThreadExecutor(workers), _Plan(3), start=0, steps=3, ahead=1, version=0, whole_steps=True
     )
     try:
-        started = time.perf_counter()
         first, second = source.take(), source.take()
-        assert time.perf_counter() - started < 0.9  # one after the other: 1 s
         assert (first.step, second.step) == (0, 1)
         assert len(first.rollouts) == len(second.rollouts) == 1  # one producer's whole step each
     finally:

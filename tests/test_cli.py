@@ -21,7 +21,6 @@ from safetensors.torch import load_file, save_file
 
 from hone.cli.main import _parse, main
 from hone.config import list_recipes
-from hone.rl import loop
 from hone.training.checkpoint import Checkpointer, damage
 from tests.helpers import REPO, tiny_run
 
@@ -328,18 +327,17 @@ def test_a_callback_that_cannot_be_imported_is_one_line(
 
 
 def test_ctrl_c_before_the_rl_loop_says_interrupted(
-    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, micro_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def interrupted_while_loading(*args: object) -> None:
         raise KeyboardInterrupt  # Ctrl-C while the model loads: an exception without a message
 
-    monkeypatch.setattr(loop, "setup_components", interrupted_while_loading)
-    assert main(["train", *tiny_run(tmp_path, micro_model_dir)]) == 130
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir)], setup=interrupted_while_loading) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["hone: interrupted"]
 
 
 def test_an_interrupt_that_leaves_a_coroutine_unawaited_still_ends_in_one_line(
-    tmp_path: Path, micro_model_dir: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+    tmp_path: Path, micro_model_dir: Path, recwarn: pytest.WarningsRecorder
 ) -> None:
     """A SIGTERM inside reward scoring left a coroutine never awaited; its RuntimeWarning at shutdown
     printed two more lines after "hone: interrupted ..." (seen once in the full suite)."""
@@ -349,8 +347,7 @@ def test_an_interrupt_that_leaves_a_coroutine_unawaited_still_ends_in_one_line(
         pending.append(asyncio.sleep(0))  # created, then the interrupt: never awaited
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "setup_components", interrupted_mid_scoring)
-    assert main(["train", *tiny_run(tmp_path, micro_model_dir)]) == 130
+    assert main(["train", *tiny_run(tmp_path, micro_model_dir)], setup=interrupted_mid_scoring) == 130
     pending.clear()
     gc.collect()
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
@@ -423,17 +420,14 @@ def test_every_one_line_error_is_a_hone_error_the_cli_catches(module: str, name:
     assert issubclass(error, HoneError) and issubclass(error, base)
 
 
-def test_a_hone_error_raised_in_a_run_is_one_line(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_hone_error_raised_in_a_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Not only the errors the CLI once listed: any `HoneError` (here bad data found mid-run) is one line."""
     from hone.data import HoneDataError
 
     def bad_rows(*args: object, **kwargs: object) -> None:
         raise HoneDataError("data.jsonl row 3: field 'prompt' is missing\n(a second line of detail)")
 
-    monkeypatch.setattr(loop, "train", bad_rows)
-    assert main(["train", f"run.dir={tmp_path}"]) == 2
+    assert main(["train", f"run.dir={tmp_path}"], setup=bad_rows) == 2
     assert capsys.readouterr().err == (
         "hone: error: data.jsonl row 3: field 'prompt' is missing; (a second line of detail)\n"
     )

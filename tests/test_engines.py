@@ -135,6 +135,7 @@ def test_rollout_dtype_needs_an_engine_that_declares_it(monkeypatch: pytest.Monk
     assert load_config(None, ["rollout.engine=sglang", "rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
 
 
+@pytest.mark.system  # a fresh interpreter in a subprocess
 def test_validating_a_recipe_loads_no_engine_and_no_placement() -> None:
     """`hone.config` reads the registries' declarations only: no transformers, vLLM client, ray, run code."""
     loaded = ["transformers", "ray", "hone.rollout.engines.hf_engine", "hone.rollout.engines.vllm"]

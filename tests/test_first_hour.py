@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import yaml
@@ -152,10 +153,14 @@ def test_a_wrong_field_fails_before_any_model_loads(
 ) -> None:
     _write_rows(tmp_path / "mine.jsonl", 30)
     monkeypatch.chdir(tmp_path)
-    import hone.rl.loop as loop
 
-    monkeypatch.setattr(loop, "train", lambda *a, **k: pytest.fail("training started"))
-    code = main(["train", "data.task=null", "data.source=mine.jsonl", f"run.dir={tmp_path / 'runs'}"])
+    def training_started(cfg: object) -> NoReturn:
+        pytest.fail("training started")
+
+    code = main(
+        ["train", "data.task=null", "data.source=mine.jsonl", f"run.dir={tmp_path / 'runs'}"],
+        setup=training_started,
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"data.source: {tmp_path / 'mine.jsonl'} line 1: missing field 'prompt'" in err

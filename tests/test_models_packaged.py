@@ -128,7 +128,7 @@ def test_offline_mode_probe_answers_unreachable_at_once(monkeypatch: pytest.Monk
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
     assert not resolve_module.hub_reachable(HUB_NAME)
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 10  # no network round trip (a hub's retries take ~23 s each)
     asked: list[str] = []
     monkeypatch.setattr(resolve_module.huggingface_hub, "model_info", lambda name, **kw: asked.append(name))
     assert not resolve_module.hub_reachable(HUB_NAME)

@@ -233,11 +233,15 @@ def test_a_pool_of_started_one_session_servers_plays_episodes_side_by_side(
         envs = [make() for _ in range(4)]
     samples = [Sample(id=str(k), meta={"secret": 10 + k, "high": 64}) for k in range(4)]
     used: list[str] = []
+    two_in_sessions = asyncio.Event()  # bound to asyncio.run's loop at its first wait
 
     async def play(env: Environment, sample: Sample) -> StepResult:
         await env.reset(sample)  # type: ignore[misc]
         used.append(id(env._slots))  # type: ignore[attr-defined]  # the session semaphore of its server
-        await asyncio.sleep(0.2)  # hold the session while the others start
+        if len(used) == 2:
+            two_in_sessions.set()
+        # hold the session until a second episode has one: one session a server, so both servers play
+        await asyncio.wait_for(two_in_sessions.wait(), 120)
         result = await env.step(str(10 + int(sample.id)))  # type: ignore[misc]
         await env.close()  # type: ignore[misc]
         return result

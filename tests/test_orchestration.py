@@ -392,11 +392,13 @@ def test_reward_scoring_is_timed_apart_from_training(monkeypatch: pytest.MonkeyP
         return float(rollout.response_ids[0] % 2)
 
     metrics, trainer = one_step(monkeypatch, {"a": [[10], [11]], "b": [[20], [21]]}, RewardScorer(slow))
-    assert trainer.batches and metrics["time/train_s"] < 0.2  # collate, advantages, an instant trainer
     assert metrics["time/reward_s"] >= 0.2
+    # collate, advantages, an instant trainer: none of the reward's sleeps
+    assert trainer.batches and metrics["time/train_s"] < metrics["time/reward_s"]
     parts = metrics["time/sample_s"] + metrics["time/reward_s"] + metrics["time/train_s"]
-    # The step also draws its prompts and filters its rollouts, outside the three stages' clocks.
-    assert parts <= metrics["time/step_s"] < parts + 0.01
+    # The step also draws its prompts and filters its rollouts, outside the three stages' clocks (a few ms;
+    # the margin is for a loaded machine, far below another stage's time counted twice).
+    assert parts <= metrics["time/step_s"] < parts + 0.15
 
 
 def test_eval_accuracy_counts_the_correctness_component_not_the_shaped_total(

@@ -226,16 +226,21 @@ def test_http_error_raises_with_status_and_body(endpoint: FakeEndpoint) -> None:
 
 
 def test_slow_server_raises_timeout(endpoint: FakeEndpoint) -> None:
+    answer = threading.Event()  # the server answers only once the test has its timeout (or after 60 s)
+
     def slow(request: dict[str, Any]) -> tuple[int, bytes]:
-        time.sleep(1.0)
+        answer.wait(60)
         return completion("Score: 5")
 
     endpoint.reply = slow
     j = judge(base_url=endpoint.url, model="m", timeout_s=0.2)
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"timed out after 0.2s"):
-        j(rollout(), SAMPLE)
-    assert time.monotonic() - start < 0.9
+    try:
+        with pytest.raises(TimeoutError, match=r"timed out after 0.2s"):
+            j(rollout(), SAMPLE)
+        assert time.monotonic() - start < 30  # the timeout, not the server's answer, ended the call
+    finally:
+        answer.set()
 
 
 def test_unreachable_endpoint_raises_connection_error() -> None:

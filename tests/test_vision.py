@@ -274,6 +274,7 @@ def test_sft_trains_the_vision_tower_on_image_demonstrations(vl_dir: Path) -> No
     assert moved  # the images' gradient reached the vision tower
 
 
+@pytest.mark.system  # a fresh interpreter in a subprocess
 def test_a_hub_name_loads_a_cached_vision_model_offline(tmp_path: Path, vl_dir: Path) -> None:
     """The hub path, as a real checkpoint takes it (no pretrained VLM can be downloaded here): a hub name
     resolved from the hub cache with HF_HUB_OFFLINE=1, the processor assembled without torchvision."""

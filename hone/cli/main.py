@@ -13,6 +13,7 @@ hone collect RECIPE --policy P --episodes N --dataset-id ID --out ROOT   (a Mina
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from hone.signals import signals_interrupt
 
 if TYPE_CHECKING:
     from hone.preference.commands import PreferenceRunResult
-    from hone.rl.loop import RunResult
+    from hone.rl.loop import RunResult, Setup
     from hone.training.distributed import Ranks
 
 
@@ -99,7 +100,7 @@ def _on_ranks(handler: RankedHandler) -> Callable[[argparse.Namespace, HoneConfi
     return run
 
 
-def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
+def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks, setup: Setup | None = None) -> int:
     from hone.rl.loop import train
 
     if ranks.rank > 0:
@@ -112,7 +113,7 @@ def _train(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
         dry_run(cfg)
         return 0
     started = time.perf_counter()
-    result = train(cfg, resume=bool(ns.resume), ranks=ranks)
+    result = train(cfg, resume=bool(ns.resume), ranks=ranks, setup=setup)
     print(_summary(result, time.perf_counter() - started))
     from hone.rl.report import nothing_learned
 
@@ -299,7 +300,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
+    """`hone ARGV...` (sys.argv's when None): its exit code. `setup` builds a `hone train` language-model
+    run's parts instead of `setup_components`, as `train(setup=...)` does (a program that runs the CLI
+    with parts of its own, a test's); the other commands ignore it."""
     ns = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="hone: %(message)s")
     # HTTP clients log every request at INFO: an agent run (rollout.agent) would print one line per model
@@ -331,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     from hone.run.lifecycle import RunInterrupted
 
+    train_lm = _on_ranks(functools.partial(_train, setup=setup))
     handlers = {
-        "train": _train_control if cfg.control is not None else _on_ranks(_train),
+        "train": _train_control if cfg.control is not None else train_lm,
         "sft": _on_ranks(_sft),
         "eval": _eval,
         "pairs": _pairs,
