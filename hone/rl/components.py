@@ -89,6 +89,20 @@ class EvalParts(Playing):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlacementParts:
+    """What a placement back-end builds its executor from (`hone.rl.placement.build.ExecutorFactory`): the
+    producer's view, the channel that publishes to the run's sampler and what a publish sends (a remote
+    sampler's copy), and the policy with its model files, from which another producer builds its own
+    sampler (`producer_replica`)."""
+
+    producer: ProducerParts
+    weights: WeightChannel
+    weight_source: WeightSource
+    policy: Policy
+    model_path: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunComponents:
     """A run's parts as `build_components` assembled them, never changed after: the learner's (the policy,
     pad id, model path, the weight channel to the sampler and what it publishes), and what the producer
@@ -114,6 +128,17 @@ class RunComponents:
         """The producer's view."""
         return ProducerParts.of(
             self.policy, self.sampler, self.reward, self.train_samples, self.episodes, self.agent
+        )
+
+    @property
+    def placement(self) -> PlacementParts:
+        """The placement back-end's view."""
+        return PlacementParts(
+            producer=self.producer,
+            weights=self.weights,
+            weight_source=self.weight_source,
+            policy=self.policy,
+            model_path=self.model_path,
         )
 
     @property
@@ -224,7 +249,7 @@ def weight_channel(cfg: HoneConfig, source: WeightSource, sampler: Sampler) -> L
     )
 
 
-def producer_replica(cfg: HoneConfig, parts: RunComponents) -> tuple[ProducerParts, LocalWeightChannel]:
+def producer_replica(cfg: HoneConfig, parts: PlacementParts) -> tuple[ProducerParts, LocalWeightChannel]:
     """Another producer's view of the run (`cluster.producers`): its own sampler, a copy of the policy's
     current weights made the version the run's sampler was last published, and the channel feeding it;
     the reward, data and environments are shared."""

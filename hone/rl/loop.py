@@ -237,7 +237,7 @@ def _train(
     if replay is not None and begin.replay is not None:
         replay.load_state_dict(begin.replay)
     with nullcontext() if lead is None else lead.weights_held():  # a Ray executor sends its actors them
-        rollouts = rollout_source(cfg, parts, curriculum, start=begin.step, replay=replay)
+        rollouts = rollout_source(cfg, parts.placement, curriculum, start=begin.step, replay=replay)
     learner = Learner(
         policy=parts.policy,
         ref_policy=begin.models.ref_policy,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from hone.config import HoneConfig
 from hone.plugins import load_object
-from hone.rl.components import RunComponents, close_samplers, producer_replica
+from hone.rl.components import PlacementParts, close_samplers, producer_replica
 from hone.rl.placement.backends import BACKENDS
 from hone.rl.placement.executors import InlineExecutor, ThreadExecutor
 from hone.rl.placement.source import Executor, PromptPlan, Rollouts
@@ -23,10 +23,10 @@ from hone.rl.producer import Producer, ProducerSettings
 from hone.rl.replay import ReplayBuffer
 
 # What a backend's registry line names (`backends.register_backend`).
-ExecutorFactory = Callable[[HoneConfig, RunComponents, ReplayBuffer | None], Executor]
+ExecutorFactory = Callable[[HoneConfig, PlacementParts, ReplayBuffer | None], Executor]
 
 
-def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None = None) -> Executor:
+def executor(cfg: HoneConfig, parts: PlacementParts, replay: ReplayBuffer | None = None) -> Executor:
     """The executor the recipe's `cluster.backend` builds (`backends.BACKENDS`). `replay` goes to the
     first producer (the config allows it only with one producer of a backend that declares it)."""
     entry = BACKENDS[cfg.cluster.backend]
@@ -34,7 +34,7 @@ def executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None 
     return factory(cfg, parts, replay)
 
 
-def local_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None) -> Executor:
+def local_executor(cfg: HoneConfig, parts: PlacementParts, replay: ReplayBuffer | None) -> Executor:
     """`cluster.backend: local`: the run's producer inline (sync), or `cluster.producers` producers on
     threads (async), each but the first over a replica of the run's sampler."""
     retries = cfg.cluster.producer_retries
@@ -57,7 +57,7 @@ def staleness_start(cfg: HoneConfig) -> int:
 
 
 def rollout_source(
-    cfg: HoneConfig, parts: RunComponents, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
+    cfg: HoneConfig, parts: PlacementParts, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
 ) -> Rollouts:
     """The run's rollout source from step `start` (a resumed run's), at the weight version `parts.weights`
     holds: admission η = `cluster.max_staleness` when asynchronous, 0 when synchronous."""

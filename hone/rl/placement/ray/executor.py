@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from hone.config import ClusterConfig, HoneConfig
-from hone.rl.components import RunComponents
+from hone.rl.components import PlacementParts
 from hone.rl.placement.ray.actors import CALL_TIMEOUT_S, RewardActor, SamplerActor
 from hone.rl.placement.ray.cluster import await_restart, bundle, place, remove
 from hone.rl.placement.source import ProducerError
@@ -247,7 +247,7 @@ class RayExecutor:
         self._actors, self._reward_workers, self._groups = [], [], []
 
 
-def ray_executor(cfg: HoneConfig, parts: RunComponents, replay: ReplayBuffer | None) -> RayExecutor:
+def ray_executor(cfg: HoneConfig, parts: PlacementParts, replay: ReplayBuffer | None) -> RayExecutor:
     """`cluster.backend: ray` (`backends`): the run's producers as sampler actors, fed the weights of the
     driver's channel. `replay` is always None here: the config refuses a replay buffer on Ray."""
     return RayExecutor(
