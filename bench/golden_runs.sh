@@ -6,14 +6,16 @@
 #   diff <(bench/golden_runs.sh /tmp/base /tmp/g1 | grep -v exit) <(bench/golden_runs.sh . /tmp/g2 | grep -v exit)
 #
 # The three: GRPO with an SFT warm start; GAE with a critic and the KL in the reward (log-probs
-# recomputed); RLOO with 2 epochs x 2 mini-batches. At this size the last two may see no reward signal
-# (then they compare SFT, set-up and eval only: the lines say how many steps updated the policy).
+# recomputed); RLOO with 2 epochs x 2 mini-batches. The reward is `length` from the first token (-0.01 a
+# token): a tiny model never answers the arithmetic, and a 0/1 reward would leave every group equal and no
+# step updating the policy (the lines say how many did: every one, with this reward).
 # PY: the interpreter (default: this checkout's .venv, where the command is run from)
 PY=${PY:-$(pwd)/.venv/bin/python}
 REPO=$(cd "$1" && pwd); OUT=$2; rm -rf "$OUT"; mkdir -p "$OUT"; cd "$OUT" || exit 1
 export PYTHONPATH=$REPO
 common="run.time_limit_s=null logging.progress=false logging.tensorboard=false logging.plot=[] run.threads=1
-data.eval_size=32 sft.max_steps=30 sft.val_size=32 data.prompts_per_step=8"
+data.eval_size=32 sft.max_steps=30 sft.val_size=32 data.prompts_per_step=8
+reward.fn=length reward.args.target=0 reward.args.coef=0.01"
 run() { name=$1; shift; $PY -m hone.cli train run.dir="$OUT" run.name="$name" $common "$@" > "$OUT/$name.out" 2>&1; echo "$name exit $?"; }
 run grpo run.steps=4 run.save_every=2
 run gae run.steps=3 run.save_every=3 algorithm.advantage=gae "critic={}" algorithm.kl.coef=0.05 \

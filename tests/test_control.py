@@ -12,6 +12,8 @@ import torch
 
 from hone.cli import main
 from hone.config import load_config
+from hone.algorithms.utils import masked_whiten
+from hone.control.algos.ppo import _whiten
 from hone.control.algos.ppo import collect as _collect
 from hone.control.envs import make_vector_env
 from hone.control.normalize import Normalizer
@@ -130,6 +132,15 @@ def test_truncation_is_bootstrapped_from_the_final_observation_and_termination_i
     assert batch["next_values"][0].tolist() == pytest.approx(expected)
     assert batch["obs"][0, :, 0].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.0])
     assert np.allclose(batch["rewards"][0].numpy(), [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("rows", [2, 7, 256])
+def test_ppo_whitens_a_mini_batch_as_the_shared_masked_whiten_does_bit_for_bit(rows: int) -> None:
+    advantages = torch.randn(rows, 1, generator=torch.Generator().manual_seed(rows)) * 3 + 1
+    whitened = _whiten(advantages)
+    assert torch.equal(whitened, masked_whiten(advantages, torch.ones(rows, 1)))
+    assert float(whitened.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(whitened.std()) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_hone_eval_of_a_control_run_plays_its_saved_policy(
