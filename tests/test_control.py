@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from hone.algorithms.utils import masked_whiten
 from hone.cli import main
 from hone.config import load_config
-from hone.algorithms.utils import masked_whiten
 from hone.control.algos.ppo import _whiten
 from hone.control.algos.ppo import collect as _collect
 from hone.control.envs import make_vector_env

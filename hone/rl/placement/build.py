@@ -57,7 +57,12 @@ def staleness_start(cfg: HoneConfig) -> int:
 
 
 def rollout_source(
-    cfg: HoneConfig, parts: PlacementParts, plan: PromptPlan, *, start: int, replay: ReplayBuffer | None = None
+    cfg: HoneConfig,
+    parts: PlacementParts,
+    plan: PromptPlan,
+    *,
+    start: int,
+    replay: ReplayBuffer | None = None,
 ) -> Rollouts:
     """The run's rollout source from step `start` (a resumed run's), at the weight version `parts.weights`
     holds: admission η = `cluster.max_staleness` when asynchronous, 0 when synchronous."""
