@@ -147,32 +147,29 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
 
 
 def killed_and_resumed(tmp_path: Path, model_dir: Path, **extra: object) -> tuple[Path, Path]:
-    """Run `straight` for 8 steps, and `killed` SIGKILLed between its checkpoints 4 and 8, then resumed with
-    a plain `--resume`; return both final checkpoints' `model/` directories."""
+    """Run `straight` for 8 steps, and `killed` SIGKILLed by its own `run.callbacks` right after step 5
+    (between its checkpoints 4 and 8), then resumed with a plain `--resume`; return both final
+    checkpoints' `model/` directories."""
     common = {
         "run.steps": 8,
         "run.save_every": 4,
         "run.eval_every": 0,
-        # A gradient at every step, and steps of >= 0.2 s, so the 10 ms poll below kills between
-        # checkpoints 4 and 8 even on a loaded machine (a PPO run under the full suite once ran past 8).
-        "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
+        "reward.fn": "tests.rewards_for_tests:token_id_reward",  # a gradient at every step
         **extra,
     }
     straight = run_cli(tiny_overrides(tmp_path, model_dir, "straight", **common), tmp_path)
     _, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err.decode()
 
-    killed = run_cli(tiny_overrides(tmp_path, model_dir, "killed", **common), tmp_path)
+    kill = {"run.callbacks": '["tests.callbacks_for_tests:sigkill_once_after_step_5"]'}
+    killed = run_cli(tiny_overrides(tmp_path, model_dir, "killed", **common, **kill), tmp_path)
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err.decode()
     metrics = tmp_path / "killed" / "metrics.jsonl"
-    # Kill as soon as step 5 is logged: after checkpoint 4, before 8.
-    wait_for(lambda: 5 in logged_steps(metrics) or killed.poll() is not None, 300, interval_s=0.01)
-    assert killed.poll() is None and 5 in logged_steps(metrics), "the run never logged step 5"
-    killed.send_signal(signal.SIGKILL)
-    killed.communicate(timeout=60)
     checkpoints = sorted(
         p.name for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith("step-")
     )
-    assert checkpoints == ["step-4"], "the kill did not land between the two checkpoints"
+    assert checkpoints == ["step-4"] and logged_steps(metrics)[-1] == 5
 
     resumed = subprocess.run(
         [sys.executable, "-m", "hone.cli", "train", "--resume", str(tmp_path / "killed")],

@@ -264,7 +264,7 @@ def test_resume_with_refill_is_exact(tmp_path: Path, micro_model_dir: Path) -> N
         tmp_path,
         micro_model_dir,
         **{
-            "reward.fn": "tests.rewards_for_tests:slow_half_uniform_reward",
+            "reward.fn": "tests.rewards_for_tests:half_uniform_reward",
             "algorithm.dynamic_sampling.enabled": "true",
             "algorithm.mask_truncated": "true",
         },
@@ -356,7 +356,7 @@ def test_resume_with_replay_is_exact(tmp_path: Path, micro_model_dir: Path) -> N
         tmp_path,
         micro_model_dir,
         **{
-            "reward.fn": "tests.rewards_for_tests:slow_token_id_reward",
+            "reward.fn": "tests.rewards_for_tests:token_id_reward",
             "algorithm.replay.enabled": "true",
             "algorithm.replay.min_reward": 5,
             "data.train_size": 8,
