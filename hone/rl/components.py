@@ -88,7 +88,7 @@ class EvalParts(Playing):
     eval_samples: list[Sample]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class PlacementParts:
     """What a placement back-end builds its executor from (`hone.rl.placement.build.ExecutorFactory`): the
     producer's view, the channel that publishes to the run's sampler and what a publish sends (a remote
@@ -133,13 +133,7 @@ class RunComponents:
     @property
     def placement(self) -> PlacementParts:
         """The placement back-end's view."""
-        return PlacementParts(
-            producer=self.producer,
-            weights=self.weights,
-            weight_source=self.weight_source,
-            policy=self.policy,
-            model_path=self.model_path,
-        )
+        return PlacementParts(self.producer, self.weights, self.weight_source, self.policy, self.model_path)
 
     @property
     def evaluation(self) -> EvalParts:
