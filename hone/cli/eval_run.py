@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from hone.config import ConfigError, HoneConfig, load_config
 from hone.rewards import is_correct
-from hone.rl.report import conversation
+from hone.rl.report import conversation, response_record
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -115,12 +115,7 @@ def eval_records(rollouts: Sequence[Rollout], tokenizer: PreTrainedTokenizerBase
 
     return [
         {
-            "sample_id": r.sample_id,
-            "prompt": tokenizer.decode(r.token_ids[: r.prompt_len], skip_special_tokens=False),
-            "response": r.response_text,
-            "finish_reason": r.finish_reason,
-            "reward": r.reward,
-            "reward_parts": dict(r.reward_parts),
+            **response_record(r, tokenizer),
             "correct": None if failed(r) else is_correct(r),
             "errors": {
                 "reward": bool(r.metrics.get("reward/error")),

@@ -121,12 +121,7 @@ def sample_records(
         records.append(
             {
                 "step": step,
-                "sample_id": r.sample_id,
-                "prompt": tokenizer.decode(r.token_ids[: r.prompt_len], skip_special_tokens=False),
-                "response": r.response_text,
-                "finish_reason": r.finish_reason,
-                "reward": r.reward,
-                "reward_parts": dict(r.reward_parts),
+                **response_record(r, tokenizer),
                 "reward_failed": reward_failed(r),
                 "advantage": advantages[i] if i is not None and i < len(advantages) else None,
                 "policy_version": r.policy_version,
@@ -134,6 +129,20 @@ def sample_records(
             }
         )
     return records
+
+
+def response_record(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> dict[str, object]:
+    """What every record of a sampled response starts with (samples.jsonl, `hone eval --samples`): its
+    sample id, the prompt as the model saw it (rendered, special tokens kept), the response, why it ended,
+    its reward and the reward's parts."""
+    return {
+        "sample_id": rollout.sample_id,
+        "prompt": tokenizer.decode(rollout.token_ids[: rollout.prompt_len], skip_special_tokens=False),
+        "response": rollout.response_text,
+        "finish_reason": rollout.finish_reason,
+        "reward": rollout.reward,
+        "reward_parts": dict(rollout.reward_parts),
+    }
 
 
 def conversation(rollout: Rollout) -> dict[str, object]:
