@@ -29,23 +29,17 @@ def hone_commit() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        commit = _git(root, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):  # no git binary, or a broken checkout
         return None
     return commit + ("+dirty" if dirty else "") if commit else None
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, check=True
+    ).stdout.strip()
 
 
 def version_line() -> str:
