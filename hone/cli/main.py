@@ -246,12 +246,11 @@ def _pairs(ns: argparse.Namespace, cfg: HoneConfig) -> int:
 
 
 def _dpo(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
-    from hone.preference.commands import MODEL_DIR, run_dpo_recipe
+    from hone.preference.commands import run_dpo_recipe
 
-    result = run_dpo_recipe(cfg, ranks, resume=bool(ns.resume))
-    if ranks.rank > 0:
+    result = _preference_run(run_dpo_recipe, ns, cfg, ranks)
+    if result is None:
         return 0
-    print(_preference_summary(result, MODEL_DIR))
     if "rewards/margins" in result.metrics:  # absent when run.time_limit_s ran out before the first step
         accuracy, margin = result.metrics["rewards/accuracies"], result.metrics["rewards/margins"]
         print(f"last step       rewards/accuracies {accuracy:.3f}  rewards/margins {margin:.4f}")
@@ -265,24 +264,35 @@ def _dpo(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
 def _rm(ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks) -> int:
     from hone.preference.commands import MODEL_DIR, run_rm_recipe
 
-    result = run_rm_recipe(cfg, ranks, resume=bool(ns.resume))
-    if ranks.rank > 0:
+    result = _preference_run(run_rm_recipe, ns, cfg, ranks)
+    if result is None:
         return 0
-    print(_preference_summary(result, MODEL_DIR))
     print(f"held-out pair accuracy  {100 * result.metrics['eval/pair_accuracy']:5.1f}%")
     print(f"use it: reward.fn=reward_model reward.args.path={result.run_dir / MODEL_DIR}")
     return 0
 
 
-def _preference_summary(result: PreferenceRunResult, model_dir: str) -> str:
-    return "\n".join(
-        [
-            "",
-            f"run directory   {result.run_dir}",
-            f"steps           {result.steps}",
-            f"model saved to  {result.run_dir / model_dir}",
-        ]
+def _preference_run(
+    run: Callable[..., PreferenceRunResult], ns: argparse.Namespace, cfg: HoneConfig, ranks: Ranks
+) -> PreferenceRunResult | None:
+    """`hone dpo` / `hone rm` on every rank; rank 0 prints where the run and its model are and gets the
+    result to say the rest, the other ranks None."""
+    from hone.preference.commands import MODEL_DIR
+
+    result = run(cfg, ranks, resume=bool(ns.resume))
+    if ranks.rank > 0:
+        return None
+    print(
+        "\n".join(
+            [
+                "",
+                f"run directory   {result.run_dir}",
+                f"steps           {result.steps}",
+                f"model saved to  {result.run_dir / MODEL_DIR}",
+            ]
+        )
     )
+    return result
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
