@@ -32,6 +32,7 @@ SAMPLE_KEYS = {
     "finish_reason",
     "reward",
     "reward_parts",
+    "meta",  # the sample's meta (arithmetic's operands)
     "reward_failed",
     "advantage",
     "policy_version",
@@ -210,6 +211,7 @@ def test_eval_run_uses_the_runs_config_and_its_latest_checkpoint(
         "finish_reason",
         "reward",
         "reward_parts",
+        "meta",
         "correct",
         "errors",
     }

@@ -22,7 +22,7 @@ from hone.rl.report import conversation, response_record
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from hone.types import Rollout
+    from hone.types import Rollout, Sample
 
 log = logging.getLogger("hone")
 
@@ -107,15 +107,20 @@ def run_model(run_dir: Path, step: int | None) -> Path:
     raise ConfigError(f"--run {run_dir}: no checkpoint and no saved model there yet")
 
 
-def eval_records(rollouts: Sequence[Rollout], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, object]]:
+def eval_records(
+    rollouts: Sequence[Rollout], tokenizer: PreTrainedTokenizerBase, samples: Sequence[Sample] = ()
+) -> list[dict[str, object]]:
     """`hone eval --samples FILE`'s records, one per response: the prompt as the model saw it, the
-    response, its reward (and parts), whether it is correct, and its failures (reward error or timeout,
-    environment error: such a response is not graded); a multi-turn episode's conversation too."""
+    response, its reward (and parts), its sample's meta (when `samples` has it), whether it is correct,
+    and its failures (reward error or timeout, environment error: such a response is not graded); a
+    multi-turn episode's conversation too."""
     from hone.rl.evaluate import failed  # the model-loading side: not at import
+
+    by_id = {s.id: s for s in samples}
 
     return [
         {
-            **response_record(r, tokenizer),
+            **response_record(r, tokenizer, by_id.get(r.sample_id)),
             "correct": None if failed(r) else is_correct(r),
             "errors": {
                 "reward": bool(r.metrics.get("reward/error")),

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from hone.cli.parser import parser as _parser
 from hone.config import ConfigError, HoneConfig, load_config
 from hone.data.errors import HoneDataError
-from hone.data.splits import check_data_files
+from hone.data.splits import answer_needed_by_recipe, check_data_files
 from hone.errors import HoneError
 from hone.signals import signals_interrupt
 
@@ -210,7 +210,7 @@ def _eval(ns: argparse.Namespace, cfg: HoneConfig) -> int:
         close_samplers(parts)
         release_envs()
     if ns.samples:
-        records = eval_records(result.rollouts, parts.policy.tokenizer)
+        records = eval_records(result.rollouts, parts.policy.tokenizer, parts.eval_samples)
         Path(ns.samples).write_text("".join(json.dumps(record) + "\n" for record in records))
     check_rewards_answered(result, parts.reward, "eval")  # every reward raised: one line, not accuracy 0
     return _print_metrics(result.metrics, ns.out)
@@ -334,7 +334,9 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         resumed = getattr(ns, "resume", None)
         # (a control run's environment makes its own observations)
         if ns.command in ("train", "sft", "eval", "pairs") and not resumed and cfg.control is None:
-            check_data_files(cfg.data, has_env=cfg.env.name is not None)
+            check_data_files(
+                cfg.data, has_env=cfg.env.name is not None, answer_needed_by=answer_needed_by_recipe(cfg)
+            )
     except (ConfigError, HoneDataError) as e:
         return _error(e)
     if cfg.control is None:  # a control run loads no transformers

@@ -29,6 +29,7 @@ def load_samples(
     split: str = "train",
     subset: str | None = None,
     require_answer: bool = True,
+    answer_needed_by: str | None = None,
     limit: int | None = None,
 ) -> list[Sample]:
     """Read `source` (.jsonl / .json / .parquet file, `save_to_disk` directory, or hub dataset name).
@@ -54,6 +55,7 @@ def load_samples(
     fields = _Fields(
         prompt_field, answer_field, messages_field, id_field, require_answer, image_field, base_dir
     )
+    fields.answer_needed_by = answer_needed_by if require_answer else None
     samples: list[Sample] = []
     seen_ids: dict[str, str] = {}
     for where, row in rows:
@@ -99,6 +101,7 @@ class _Fields:
     ) -> None:
         self.prompt, self.answer, self.messages, self.id = prompt, answer, messages, id_
         self.require_answer, self.image, self.base_dir = require_answer, image, base_dir
+        self.answer_needed_by: str | None = None  # what reads the answer, for the missing-answer error
 
     def to_sample(self, row: Any, where: str, default_id: str) -> Sample:
         if not isinstance(row, Mapping):
@@ -150,6 +153,12 @@ class _Fields:
     def _answer(self, row: Mapping[str, Any], where: str) -> str | None:
         value = row.get(self.answer)
         if value is None:
+            if self.require_answer and self.answer_needed_by is not None:
+                raise HoneDataError(
+                    f"{where}: no answer column {self.answer!r} (fields: {sorted(row)}); "
+                    f"{self.answer_needed_by} checks responses against the reference answer: set "
+                    "data.answer_field=<column> to the column holding it, or use a reward that needs none"
+                )
             if self.require_answer:
                 raise HoneDataError(f"{where}: missing field {self.answer!r} (fields: {sorted(row)})")
             return None

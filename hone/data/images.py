@@ -107,7 +107,14 @@ def fill_images(
     """Messages with every image part reduced to a bare `{"type": "image"}` placeholder, and the images in
     part order: a part's own image (`image`/`path` key) where it has one, else the next of `column` (the
     data's image field, resolved). The counts must match: a placeholder without an image, or an image
-    without a placeholder, would shift every later image onto the wrong part, so either is an error."""
+    without a placeholder, would shift every later image onto the wrong part, so either is an error.
+
+    Messages with no image part at all take the column's images as TRL's vision-language rows do
+    (`trl.data_utils.prepare_multimodal_messages`): placeholders before the text of the first user message
+    whose content is a string, so `{"prompt": [{"role": "user", "content": "What is shown?"}], "image": ...}`
+    loads as it trains in TRL."""
+    if column and image_parts(messages) == 0:
+        messages = _placeholders_first(messages, len(column))
     images: list[Any] = []
     taken = 0
     out: list[dict[str, Any]] = []
@@ -144,6 +151,16 @@ def fill_images(
             "exactly one placeholder"
         )
     return out, images
+
+
+def _placeholders_first(messages: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`messages` with `n` image placeholders before the text of the first user message with string
+    content (unchanged when there is none: the count check then names the mismatch)."""
+    for i, message in enumerate(messages):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            parts = [{"type": "image"} for _ in range(n)] + [{"type": "text", "text": message["content"]}]
+            return [*messages[:i], {**message, "content": parts}, *messages[i + 1 :]]
+    return messages
 
 
 def decode_data_url(url: str, where: str = "") -> bytes:

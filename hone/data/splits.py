@@ -26,7 +26,7 @@ from hone.data.tasks import Task, get_task
 from hone.types import Sample
 
 if TYPE_CHECKING:  # config imports rewards, which import data: a runtime import here would be a cycle
-    from hone.config import DataConfig
+    from hone.config import DataConfig, HoneConfig
 
 log = logging.getLogger("hone")
 
@@ -45,9 +45,13 @@ def load_data(
     seed: int,
     make_env: EnvFactory | None = None,
     env_args: Mapping[str, Any] | None = None,
+    answer_needed_by: str | None = None,
 ) -> tuple[Task | None, list[Sample], list[Sample]]:
     """The run's task (None for a file or a game), its `data.train_size` training problems drawn with
-    `seed` (`run.seed`), and its `eval_size` (`eval.size`; None: `data.eval_size`) held-out ones."""
+    `seed` (`run.seed`), and its `eval_size` (`eval.size`; None: `data.eval_size`) held-out ones.
+    A dataset's rows may lack an answer (TRL's prompt-only rows) unless `answer_needed_by` names what in
+    the recipe reads it (`answer_needed_by_recipe(cfg)`): then a row without one is an error naming it."""
+    needs = answer_needed_by
     n_eval = eval_size or data.eval_size
     args = dict(env_args or {})
     if make_env is not None and data.task is None and data.source is None:  # a self-contained game
@@ -61,7 +65,7 @@ def load_data(
         return task, train, held_out_samples(data, task, n_eval)
     assert data.source is not None
     if data.eval_source is None:
-        train, held = split_source(data)
+        train, held = split_source(data, answer_needed_by=needs)
         log.info(
             "data.eval_source not set: holding out %d of the %d rows of %s for eval (the rows with the "
             "smallest hash of prompt and answer: at most %d%%, at most data.eval_size %d); training on %d",
@@ -73,18 +77,24 @@ def load_data(
             len(train),
         )
         return None, train, held[:n_eval]
-    train = load_samples(data.source, split="train", **_dataset_fields(data))
-    return None, train, held_out_samples(data, None, n_eval, make_env=make_env, env_args=args)
+    train = load_samples(data.source, split="train", **_dataset_fields(data, needs))
+    return (
+        None,
+        train,
+        held_out_samples(data, None, n_eval, make_env=make_env, env_args=args, answer_needed_by=needs),
+    )
 
 
-def split_source(data: DataConfig) -> tuple[list[Sample], list[Sample]]:
+def split_source(
+    data: DataConfig, *, answer_needed_by: str | None = None
+) -> tuple[list[Sample], list[Sample]]:
     """`data.source` split in two when there is no `data.eval_source`: the held-out rows (at most
     `data.eval_size`, at most `HOLD_OUT_SHARE` of them), ordered by a hash of the problem, and the rest in
     file order. A hash, not a shuffle: the split is the same for every seed and run, and the same row always
     falls on the same side. A training row that repeats a held-out problem is dropped, so eval never scores a
     problem the run trained on."""
     assert data.source is not None
-    rows = load_samples(data.source, split="train", **_dataset_fields(data))
+    rows = load_samples(data.source, split="train", **_dataset_fields(data, answer_needed_by))
     n_held = min(data.eval_size, int(len(rows) * HOLD_OUT_SHARE))
     if n_held < 1:
         raise HoneDataError(
@@ -115,6 +125,7 @@ def held_out_samples(
     make_env: EnvFactory | None = None,
     env_args: Mapping[str, Any] | None = None,
     at_most: bool = False,
+    answer_needed_by: str | None = None,
 ) -> list[Sample]:
     """The first `n` problems of the run's held-out stream, which it never trains on: the task's or the
     game's eval split (drawn with `EVAL_SEED`), the rows of `data.eval_source`, or those held out of
@@ -127,8 +138,9 @@ def held_out_samples(
     if make_env is not None and data.source is None:
         return type(make_env()).make_samples(n, EVAL_SEED, "eval", **(env_args or {}))
     if data.eval_source is None:
-        return split_source(data)[1][:n]
-    return load_samples(data.eval_source, split="test", limit=n, **_dataset_fields(data))
+        return split_source(data, answer_needed_by=answer_needed_by)[1][:n]
+    fields = _dataset_fields(data, answer_needed_by)
+    return load_samples(data.eval_source, split="test", limit=n, **fields)
 
 
 def validation_samples(
@@ -140,6 +152,7 @@ def validation_samples(
     val_size: int,
     make_env: EnvFactory | None = None,
     env_args: Mapping[str, Any] | None = None,
+    answer_needed_by: str | None = None,
 ) -> list[Sample]:
     """SFT's validation problems: the `val_size` (`sft.val_size`) held-out problems that follow the eval
     set, less any that repeat a training or eval problem. Early stopping then sees neither an RL training
@@ -147,7 +160,9 @@ def validation_samples(
     game, a short eval file) validates on those it has beyond the eval set, or, with none, on eval
     problems; each with a warning."""
     n = len(eval_set) + val_size
-    stream = held_out_samples(data, task, n, make_env=make_env, env_args=env_args, at_most=True)
+    stream = held_out_samples(
+        data, task, n, make_env=make_env, env_args=env_args, at_most=True, answer_needed_by=answer_needed_by
+    )
     stream = stream[len(eval_set) :]
     seen = {problem_key(s) for s in [*train, *eval_set]}
     fresh = [s for s in stream if problem_key(s) not in seen]
@@ -179,14 +194,32 @@ def problem_key(sample: Sample) -> tuple[str | None, ...]:
     return sample.prompt, messages, sample.answer, json.dumps([image_key(i) for i in sample.images])
 
 
-def _dataset_fields(data: DataConfig) -> dict[str, Any]:
+def _dataset_fields(data: DataConfig, answer_needed_by: str | None = None) -> dict[str, Any]:
     return dict(
         prompt_field=data.prompt_field,
         answer_field=data.answer_field,
         messages_field=data.messages_field,
         image_field=data.image_field,
         subset=data.subset,
+        require_answer=answer_needed_by is not None,
+        answer_needed_by=answer_needed_by,
     )
+
+
+def answer_needed_by_recipe(cfg: HoneConfig) -> str | None:
+    """What in the recipe reads a dataset row's reference answer (`data.answer_field`), named as the recipe
+    names it ("reward.fn math", "reward.components.acc (fn math)", "env.name retry"); None when nothing
+    does, so TRL's prompt-only rows load. The `math` verifier compares against the answer unless its
+    `answer_field` arg points it at another column; an environment may check it (Hone's games do), so
+    one is kept as needing it. Rewards that take no answer (format, length, overlong, code's tests column,
+    judge's optional reference, reward_model, a `pkg.mod:fn` plugin) need none."""
+    components = cfg.reward.components
+    for name, c in cfg.reward.resolved().items():
+        if c.fn == "math" and not c.args.get("answer_field"):
+            return f"reward.components.{name} (fn math)" if components else "reward.fn math"
+    if cfg.env.name is not None:
+        return f"env.name {cfg.env.name}"
+    return None
 
 
 def check_has_prompts(data: DataConfig, *, has_env: bool) -> None:
@@ -197,12 +230,12 @@ def check_has_prompts(data: DataConfig, *, has_env: bool) -> None:
         )
 
 
-def check_data_files(data: DataConfig, *, has_env: bool) -> None:
+def check_data_files(data: DataConfig, *, has_env: bool, answer_needed_by: str | None = None) -> None:
     """Check that the run has prompts, and read the first row of each local data file (`data.source`,
     `data.eval_source`) with the recipe's fields, so a wrong path or field name fails in a second, before a
     model loads. A hub name or a `prefix:name` source is left to the run (reading it may mean a download)."""
     check_has_prompts(data, has_env=has_env)
-    fields = _dataset_fields(data)
+    fields = _dataset_fields(data, answer_needed_by)
     for key, source in (("data.source", data.source), ("data.eval_source", data.eval_source)):
         if source is None or ":" in source:
             continue

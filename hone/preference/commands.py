@@ -26,7 +26,7 @@ from hone.data import HoneDataError, PreferencePair, load_preferences
 from hone.models import resolve_model
 from hone.rewards.model import encode_scored_text, load_tokenizer, resolve_device, resolve_dtype, scored_text
 from hone.rl.components import setup_components, weight_channel
-from hone.rl.evaluate import EvalSettings, run_eval
+from hone.rl.evaluate import EvalSettings, eval_line, run_eval
 from hone.rl.loop import step_callbacks
 from hone.rl.ranks.learners import GatheredWeights
 from hone.rollout.prompts import render_prompt
@@ -196,7 +196,7 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = F
             assert metrics_log is not None
             start_eval = run_eval(parts.evaluation, EvalSettings.of(cfg))
             metrics_log.log(0, start_eval)
-            log.info("eval before DPO: accuracy %.3f", start_eval["eval/accuracy"])
+            log.info("eval before DPO: %s", eval_line(start_eval))
         # The reference is passed on without a name here, so a frozen copy that `run_dpo` scores once up
         # front (cache_reference) is freed before training starts.
         reference = (
@@ -237,7 +237,7 @@ def run_dpo_recipe(cfg: HoneConfig, ranks: Ranks = ONE_RANK, *, resume: bool = F
             weights.publish(1)  # the sampler evaluates the trained weights
             final_eval = run_eval(parts.evaluation, EvalSettings.of(cfg))
             metrics_log.log(result["steps"], final_eval)
-            log.info("eval after DPO: accuracy %.3f", final_eval["eval/accuracy"])
+            log.info("eval after DPO: %s", eval_line(final_eval))
     if result["out_of_time"]:
         log.warning("DPO stopped at run.time_limit_s after %d steps", result["steps"])
     if lead:

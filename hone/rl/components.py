@@ -17,13 +17,14 @@ from transformers.processing_utils import ProcessorMixin
 
 from hone.config import HoneConfig
 from hone.data import Task
-from hone.data.splits import load_data
+from hone.data.splits import answer_needed_by_recipe, load_data
 from hone.envs import Environment, release_envs
 from hone.envs import make_env as _make_env
 from hone.envs.parsers import get_parser
 from hone.models import resolve_model
 from hone.rewards import RewardScorer
-from hone.rewards.resolve import load_reward
+from hone.rewards.resolve import load_reward, reward_correctness_component
+from hone.rewards.scoring import VERIFIER_REWARDS
 from hone.rl.placement.weights import LocalWeightChannel, WeightChannel
 from hone.rollout import Sampler
 from hone.rollout.agent import AgentEpisodes, load_agent
@@ -86,6 +87,9 @@ class EvalParts(Playing):
     split."""
 
     eval_samples: list[Sample]
+    # False: the eval set has no answer column and no reward component grades correctness, so the eval
+    # reports the reward, not accuracy (`reports_accuracy`).
+    accuracy: bool = True
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class RunComponents:
     model_path: str
     episodes: Episodes | None = None  # multi-turn runs: a fresh environment per episode, and limits
     agent: AgentEpisodes | None = None  # `rollout.agent`: it plays the episodes, through the endpoint
+    eval_accuracy: bool = True  # the eval counts correct responses (`reports_accuracy`)
 
     @property
     def producer(self) -> ProducerParts:
@@ -146,6 +151,7 @@ class RunComponents:
             eval_samples=self.eval_samples,
             episodes=self.episodes,
             agent=self.agent,
+            accuracy=self.eval_accuracy,
         )
 
 
@@ -160,9 +166,20 @@ def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunCompon
         except ValueError as e:
             raise ValueError(f"rollout.agent_tool_parser: {e}") from None
     task, train_samples, eval_samples = load_data(
-        cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
+        cfg.data,
+        eval_size=cfg.eval.size,
+        seed=cfg.run.seed,
+        make_env=make_env,
+        env_args=cfg.env.args,
+        answer_needed_by=answer_needed_by_recipe(cfg),
     )
     reward = load_reward(cfg.reward, task)
+    eval_accuracy = reports_accuracy(cfg, eval_samples)
+    if not eval_accuracy:  # once per run: said where the run's parts are built, not at every eval
+        log.info(
+            "no answer column: eval reports the reward, not accuracy (a reward.components entry with "
+            "correctness: true, or a verifier reward, would grade correctness)"
+        )
     model_path = resolve_model(cfg.model.path)
     policy = load_policy(cfg.model, model_path)
     check_tokenizer(policy, model_path)
@@ -206,7 +223,23 @@ def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunCompon
         model_path=model_path,
         episodes=episodes,
         agent=agent,
+        eval_accuracy=eval_accuracy,
     )
+
+
+def reports_accuracy(cfg: HoneConfig, eval_samples: list[Sample]) -> bool:
+    """Whether the held-out eval can say a response is right: some eval sample has a reference answer (a
+    task's, a game's, a dataset's answer column), or the reward's correctness component grades without
+    one (a verifier: `code` runs its tests column, `math` with its own answer_field; or one marked
+    `correctness: true`). A prompt-only dataset (TRL's basic GRPO rows) scored by shaping or plugin
+    rewards has neither: its total reward at full marks would say nothing about being right."""
+    if not eval_samples or any(s.answer is not None for s in eval_samples):
+        return True
+    name = reward_correctness_component(cfg.reward)
+    if name is None:
+        return False
+    component = cfg.reward.resolved()[name]
+    return component.correctness or component.fn in VERIFIER_REWARDS
 
 
 def build_sampler(cfg: HoneConfig, policy: Policy, model_path: str, *, reuse_model: bool = False) -> Sampler:
@@ -262,7 +295,12 @@ def build_producer_parts(
     with each `load`."""
     make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     task, train_samples, _ = load_data(
-        cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
+        cfg.data,
+        eval_size=cfg.eval.size,
+        seed=cfg.run.seed,
+        make_env=make_env,
+        env_args=cfg.env.args,
+        answer_needed_by=answer_needed_by_recipe(cfg),
     )
     reward = load_reward(cfg.reward, task)
     if remote_reward is not None:

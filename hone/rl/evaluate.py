@@ -63,6 +63,7 @@ def evaluate_rollouts(
     episodes: Episodes | None = None,
     agent: AgentEpisodes | None = None,
     processor: ProcessorMixin | None = None,
+    accuracy: bool = True,
 ) -> EvalResult:
     """`eval/accuracy` (share of the scored responses whose correctness component earns full marks),
     `eval/reward` (their mean reward), `eval/pass@k` for each k ≤ n, and `eval/top_answer_share` (the
@@ -81,6 +82,10 @@ def evaluate_rollouts(
     ends at success, that is the turn that solved it: what retrying or reading observations adds).
     With `agent` (`rollout.agent`) the agent plays them instead (a failed episode has no response), and
     one whose requests split into several sequences is scored by its last.
+
+    Without `accuracy` (a dataset with no answer column and no reward that grades correctness:
+    `EvalParts.accuracy`) there is nothing to be right about: accuracy, pass@k and
+    `eval/correct_in_<k>_turns` are left out, and the reward is the eval's measure.
     """
     check_pass_at_ks(ks, params.n)
     kind = episode_kind(agent, episodes, tokenizer, chat_template, system_prompt, processor)  # as training's
@@ -115,7 +120,20 @@ def evaluate_rollouts(
         out[f"eval/pass@{k}"] = (
             sum(pass_at_k(v, c, k) for v, c in problems) / len(problems) if problems else nan
         )
+    if not accuracy:
+        out = {k: v for k, v in out.items() if not k.startswith(GRADED_KEYS)}
     return EvalResult(out, rollouts)
+
+
+# The eval metrics that count correct responses: left out when nothing grades correctness.
+GRADED_KEYS = ("eval/accuracy", "eval/pass@", "eval/correct_in_")
+
+
+def eval_line(metrics: dict[str, float]) -> str:
+    """ "accuracy 0.250" for the log; "reward 0.412" for an eval without accuracy (no answer column)."""
+    if "eval/accuracy" in metrics:
+        return f"accuracy {metrics['eval/accuracy']:.3f}"
+    return f"reward {metrics.get('eval/reward', float('nan')):.3f}"
 
 
 class RewardBrokenError(HoneError, RuntimeError):
@@ -185,4 +203,5 @@ def run_eval_rollouts(parts: EvalParts, settings: EvalSettings) -> EvalResult:
         episodes=parts.episodes,
         agent=parts.agent,
         processor=parts.processor,
+        accuracy=parts.accuracy,
     )

@@ -282,6 +282,7 @@ def _train(
         k: v for row in rows if row["step"] == begin.step for k, v in row.items() if k.startswith("eval/")
     }
     n_samples = cfg.logging.samples
+    samples_by_id = {s.id: s for s in parts.train_samples}  # each record shows its sample's meta
     logged = SampleLog(run_dir, resume_step=begin.step if resumed else None) if n_samples else nullcontext()
     if cfg.run.time_limit_s is not None:  # the LR schedule (and the progress total) follow the budget left
         left = cfg.run.time_limit_s - (time.perf_counter() - started)
@@ -320,6 +321,7 @@ def _train(
                     learner.advantages,
                     parts.policy.tokenizer,
                     learner.turn_advantages,
+                    samples_by_id,
                 )
                 sample_log.write(records)
                 metrics_log.text(step, "samples", samples_markdown(records))

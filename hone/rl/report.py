@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from hone.rewards import reward_failed
 from hone.rl.producer import ScoredGroups, grouped
-from hone.types import Rollout
+from hone.types import Rollout, Sample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -103,10 +103,12 @@ def sample_records(
     advantages: Sequence[float],
     tokenizer: PreTrainedTokenizerBase,
     turn_advantages: Sequence[list[float]] = (),
+    samples: Mapping[str, Sample] | None = None,
 ) -> list[dict[str, object]]:
     """samples.jsonl's records of RL step `step` (1-based, as metrics.jsonl's): each `sampled` rollout's
-    prompt as the model saw it (rendered, special tokens kept), response, reward and its parts, and its
-    advantage (the mean over its response tokens) when it was `trained` on, else null (filtered out).
+    prompt as the model saw it (rendered, special tokens kept), response, reward and its parts, its
+    sample's `meta` when `samples` (by id) holds it, and its advantage (the mean over its response tokens)
+    when it was `trained` on, else null (filtered out).
     A multi-turn episode's record also has its conversation (`messages`, images as "[image]") and, when
     trained on, each turn's advantage (`turn_advantages`)."""
     position = {id(r): i for i, r in enumerate(trained)}
@@ -121,7 +123,7 @@ def sample_records(
         records.append(
             {
                 "step": step,
-                **response_record(r, tokenizer),
+                **response_record(r, tokenizer, None if samples is None else samples.get(r.sample_id)),
                 "reward_failed": reward_failed(r),
                 "advantage": advantages[i] if i is not None and i < len(advantages) else None,
                 "policy_version": r.policy_version,
@@ -131,11 +133,14 @@ def sample_records(
     return records
 
 
-def response_record(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> dict[str, object]:
+def response_record(
+    rollout: Rollout, tokenizer: PreTrainedTokenizerBase, sample: Sample | None = None
+) -> dict[str, object]:
     """What every record of a sampled response starts with (samples.jsonl, `hone eval --samples`): its
     sample id, the prompt as the model saw it (rendered, special tokens kept), the response, why it ended,
-    its reward and the reward's parts."""
-    return {
+    its reward and the reward's parts; with its `sample`, that sample's `meta` (a dataset row's columns
+    other than prompt, answer, id and images: what a reward reads beside the response), JSON-safe."""
+    record: dict[str, object] = {
         "sample_id": rollout.sample_id,
         "prompt": tokenizer.decode(rollout.token_ids[: rollout.prompt_len], skip_special_tokens=False),
         "response": rollout.response_text,
@@ -143,6 +148,22 @@ def response_record(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> dic
         "reward": rollout.reward,
         "reward_parts": dict(rollout.reward_parts),
     }
+    if sample is not None:
+        record["meta"] = json_safe(sample.meta)
+    return record
+
+
+def json_safe(value: object) -> object:
+    """`value` as JSON can hold it: mappings (keys as strings), lists and tuples (as lists) and scalars as
+    they are, anything else (an image, a date, a tensor) as its `repr`, so one odd column never costs a
+    record."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return repr(value)
 
 
 def conversation(rollout: Rollout) -> dict[str, object]:
@@ -170,8 +191,9 @@ def message_text(content: object) -> str:
 
 def run_summary(result: RunResult, seconds: float) -> str:
     """The lines `hone train` ends with: where, how many steps and what they did, the held-out accuracy
-    before and after. A resumed run's first eval is the one logged at the step it resumed from (when that
-    step had one), labelled so; the eval before RL (step 0) is shown too."""
+    (the mean reward, for an eval without accuracy) before and after. A resumed run's first eval is the
+    one logged at the step it resumed from (when that step had one), labelled so; the eval before RL
+    (step 0) is shown too."""
     tally = result.tally
     lines = [
         "",
@@ -179,18 +201,26 @@ def run_summary(result: RunResult, seconds: float) -> str:
         f"RL steps        {result.steps}   ({tally.line()})",
         f"wall time       {seconds:.0f} s",
     ]
-    after = result.final_eval.get("eval/accuracy")
-    labelled = [("before RL", 0, result.start_eval.get("eval/accuracy"))]
+    # Accuracy, or the mean reward where the eval has no accuracy (a dataset without an answer column).
+    key, name = (
+        ("eval/accuracy", "accuracy") if "eval/accuracy" in result.final_eval else ("eval/reward", "reward")
+    )
+    after = result.final_eval.get(key)
+    labelled = [("before RL", 0, result.start_eval.get(key))]
     if result.resumed_at is not None:
         resumed = result.resumed_at
-        labelled.append((f"at resume (step {resumed})", resumed, result.resume_eval.get("eval/accuracy")))
+        labelled.append((f"at resume (step {resumed})", resumed, result.resume_eval.get(key)))
     evals = [(label, step, value) for label, step, value in labelled if value is not None]
     if after is not None and evals:
         width = max(len(label) for label, _, _ in [*evals, ("after RL", 0, 0.0)])
-        lines += [f"held-out accuracy {label:{width}s}  {100 * value:5.1f}%" for label, _, value in evals]
+        lines += [f"held-out {name} {label:{width}s}  {_shown(key, value)}" for label, _, value in evals]
         _, since, first = evals[-1]
+        change = f"{100 * (after - first):+.1f} points" if key == "eval/accuracy" else f"{after - first:+.3f}"
         lines.append(
-            f"held-out accuracy {'after RL':{width}s}  {100 * after:5.1f}%   "
-            f"({100 * (after - first):+.1f} points since step {since})"
+            f"held-out {name} {'after RL':{width}s}  {_shown(key, after)}   ({change} since step {since})"
         )
     return "\n".join(lines)
+
+
+def _shown(key: str, value: float) -> str:
+    return f"{100 * value:5.1f}%" if key == "eval/accuracy" else f"{value:6.3f}"

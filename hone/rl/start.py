@@ -15,7 +15,7 @@ from typing import Any
 from hone.config import HoneConfig
 from hone.data.curriculum import Curriculum
 from hone.rl.components import RunComponents
-from hone.rl.evaluate import EvalSettings, check_rewards_answered, run_eval_rollouts
+from hone.rl.evaluate import EvalSettings, check_rewards_answered, eval_line, run_eval_rollouts
 from hone.rl.replay import ReplayBuffer
 from hone.rl.warmstart import SFTData, SFTRanks, SFTSettings, warm_start_sft
 from hone.rollout.multiturn import Episodes
@@ -343,7 +343,7 @@ def start_rl(
     # A reward that raises on every response is a bug, not an outage: stop now, not after the run trained
     # on nothing (`reward.max_failed_steps` is for outages, and a short run ends before it).
     check_rewards_answered(evaluated, parts.reward, "step-0 eval", run_dir / "errors")
-    log.info("eval before RL: accuracy %.3f", start_eval["eval/accuracy"])
+    log.info("eval before RL: %s", eval_line(start_eval))
     return RLStart(models, 0, start_eval)
 
 
