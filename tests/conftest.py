@@ -52,6 +52,7 @@ TIERS: dict[str, str] = {
     "test_batcher.py": "unit",
     "test_checkpoint.py": "integration",
     "test_cli.py": "system",  # `hone` in subprocesses, SIGINT
+    "test_cli_flags.py": "unit",  # `main` in this process, stopping at the command line or the recipe
     "test_config.py": "unit",
     "test_control.py": "integration",
     "test_control_backends.py": "system",  # gymnasium's async vector env: worker processes

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hone.cli.parser import flags_as_settings
 from hone.cli.parser import parser as _parser
 from hone.config import ConfigError, HoneConfig, load_config
 from hone.data.errors import HoneDataError
@@ -305,6 +306,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ns.argv = argv
     unknown = [a for a in extra if a.startswith("-")]
     if unknown:
+        line = flags_as_settings(argv, unknown)  # `--learning_rate 1e-5`: say `trainer.lr=1e-5`
+        if line is not None:
+            parser.exit(2, f"hone: error: {line}\n")
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     ns.args = [*ns.args, *extra]
     return ns

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from hone.config import list_recipes
+from hone.config.aliases import PEER_KEYS
+from hone.config.keys import candidates, key_names
 
 KEYS_HELP = """every key, its type, default and meaning: `hone config [RECIPE] [overrides]` prints the
 resolved recipe with each key described (all keys: docs/reference/config.md).
@@ -101,6 +103,31 @@ def parser() -> argparse.ArgumentParser:
                 help="control runs: fitted-Q evaluation of the policy on the dataset data.source (no env)",
             )
     return parser
+
+
+def flags_as_settings(argv: list[str], unknown: list[str]) -> str | None:
+    """The line answering TRL/argparse-style options (`--learning_rate 1e-5`, `--learning_rate=1e-5`,
+    `--trainer.lr 1e-5`) that name a setting: each option with the `section.key=value` form of the same
+    setting (`trainer.lr=1e-5`), by Hone's key names and the TRL/verl/OpenRLHF aliases an override's
+    did-you-mean uses (`PEER_KEYS`); None when some unknown option names no setting (argparse's error
+    then lists them). The value is the option's own (`=value`) or the word after it."""
+    said = []
+    for word in unknown:
+        if not word.startswith("--"):
+            return None
+        name, eq, value = word[2:].partition("=")
+        if not eq:
+            at = argv.index(word) + 1
+            after = argv[at] if at < len(argv) else ""
+            value = after if after and not after.startswith("--") and "=" not in after else "<value>"
+        name = name.replace("-", "_")
+        keys, note = ([name], "") if name in key_names() else candidates(name, PEER_KEYS)
+        if not keys:
+            return None
+        given = word if eq or value == "<value>" else f"{word} {value}"
+        settings = " or ".join(f"{key}={value}" for key in keys)
+        said.append(f"{given} is {settings}" + (f" {note}" if note else ""))
+    return "settings are section.key=value words, not --options: " + "; ".join(said) if said else None
 
 
 def _collect_options(sub: argparse.ArgumentParser) -> None:

@@ -111,12 +111,21 @@ def type_name(annotation: Any) -> str:
 
 
 def suggest(dotted: str, peer_keys: dict[str, tuple[str, str]]) -> str:
-    """'; did you mean …?' for an unknown key: a peer's spelling (TRL, verl, OpenRLHF) by its last part, else
-    the closest Hone keys (by the whole name, then by the last part); '' when nothing is close."""
+    """'; did you mean …?' for an unknown key, naming every candidate (`candidates`); '' when none."""
+    close, note = candidates(dotted, peer_keys)
+    if not close:
+        return ""
+    return f"; did you mean {' or '.join(close)}?" + (f" {note}" if note else "")
+
+
+def candidates(dotted: str, peer_keys: dict[str, tuple[str, str]]) -> tuple[list[str], str]:
+    """The Hone keys an unknown key may mean, and a note on them: a peer's spelling (TRL, verl, OpenRLHF) by
+    its last part (its note in parentheses), else the closest Hone keys (the same last part, then by the
+    whole name, then by the last part) with no note; ([], "") when nothing is close."""
     last = dotted.rsplit(".", 1)[-1]
     if last in peer_keys:
         hone_key, note = peer_keys[last]
-        return f"; did you mean {hone_key}? " + (note if "(" in note else f"({note})")
+        return [hone_key], (note if "(" in note else f"({note})")
     names = key_names()
     close = [name for name in names if name.rsplit(".", 1)[-1] == last]  # `rollout.lr`: trainer.lr...
     close = close or difflib.get_close_matches(dotted, names, n=3, cutoff=0.75)
@@ -125,4 +134,4 @@ def suggest(dotted: str, peer_keys: dict[str, tuple[str, str]]) -> str:
         matches = difflib.get_close_matches(last, lasts, n=2, cutoff=0.75)
         close = [name for match in matches for name in names if name.rsplit(".", 1)[-1] == match]
         close.sort(key=lambda name: not name.startswith(dotted.split(".", 1)[0] + "."))
-    return f"; did you mean {' or '.join(close[:3])}?" if close else ""
+    return close, ""

@@ -106,18 +106,26 @@ def _moved(move: Any, tree: dict[str, Any], path: Path) -> list[str]:
 
 
 def _format_error(error: ValidationError, origin: str) -> str:
-    first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"])
-    if first["type"] == "extra_forbidden":
+    """One line: every unknown key with its did-you-mean (a recipe of TRL names may have several), else the
+    first error; '(+N more)' counts the errors not shown."""
+    errors = error.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    shown = unknown or errors[:1]
+    more = f" (+{len(errors) - len(shown)} more)" if len(errors) > len(shown) else ""
+    return f"{origin}: " + "; ".join(_error_text(e) for e in shown) + more
+
+
+def _error_text(error: Any) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
         msg = "unknown key" + suggest(key, PEER_KEYS)
-    elif first["type"] == "model_type" and key in sections():  # `algorithm=rloo`
+    elif error["type"] == "model_type" and key in sections():  # `algorithm=rloo`
         msg = f"{key} is a section: set one of its keys ({key}.<key>=value); `hone config` lists them"
     else:
-        msg = first["msg"].removeprefix("Value error, ")
-    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    if not first["loc"]:  # a rule across sections: its message names the keys
-        return f"{origin}: {msg}{more}"
-    return f"{origin}: {key}: {msg}{more}"
+        msg = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:  # a rule across sections: its message names the keys
+        return msg
+    return f"{key}: {msg}"
 
 
 def resolve_path(value: str, base: Path) -> str:
