@@ -41,10 +41,13 @@ def test_every_option_is_translated_in_one_line(capsys: pytest.CaptureFixture[st
     assert "trainer.lr=1e-5" in err and "rollout.n=8" in err
 
 
-def test_an_option_naming_nothing_keeps_argparses_error(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("option", ["--zzzqqq", "--modle"])  # a misspelt `--model`: no near-miss setting
+def test_an_option_naming_nothing_keeps_argparses_error(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
-        main(["train", "--zzzqqq", "3"])
-    assert "unrecognized arguments: --zzzqqq" in capsys.readouterr().err
+        main(["eval", option, "3"])
+    assert f"unrecognized arguments: {option}" in capsys.readouterr().err
 
 
 def test_a_did_you_mean_names_every_candidate_and_every_unknown_key() -> None:

@@ -109,7 +109,8 @@ def flags_as_settings(argv: list[str], unknown: list[str]) -> str | None:
     """The line answering TRL/argparse-style options (`--learning_rate 1e-5`, `--learning_rate=1e-5`,
     `--trainer.lr 1e-5`) that name a setting: each option with the `section.key=value` form of the same
     setting (`trainer.lr=1e-5`), by Hone's key names and the TRL/verl/OpenRLHF aliases an override's
-    did-you-mean uses (`PEER_KEYS`); None when some unknown option names no setting (argparse's error
+    did-you-mean uses (`PEER_KEYS`), or a key's last part (`--temperature`); None when some unknown option
+    names no setting (argparse's error
     then lists them). The value is the option's own (`=value`) or the word after it."""
     said = []
     for word in unknown:
@@ -121,7 +122,8 @@ def flags_as_settings(argv: list[str], unknown: list[str]) -> str | None:
             after = argv[at] if at < len(argv) else ""
             value = after if after and not after.startswith("--") and "=" not in after else "<value>"
         name = name.replace("-", "_")
-        keys, note = ([name], "") if name in key_names() else candidates(name, PEER_KEYS)
+        # Exact names only: a misspelt option of the command (`--modle`) is not a setting's near miss.
+        keys, note = ([name], "") if name in key_names() else candidates(name, PEER_KEYS, fuzzy=False)
         if not keys:
             return None
         given = word if eq or value == "<value>" else f"{word} {value}"

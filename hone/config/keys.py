@@ -118,16 +118,20 @@ def suggest(dotted: str, peer_keys: dict[str, tuple[str, str]]) -> str:
     return f"; did you mean {' or '.join(close)}?" + (f" {note}" if note else "")
 
 
-def candidates(dotted: str, peer_keys: dict[str, tuple[str, str]]) -> tuple[list[str], str]:
+def candidates(
+    dotted: str, peer_keys: dict[str, tuple[str, str]], *, fuzzy: bool = True
+) -> tuple[list[str], str]:
     """The Hone keys an unknown key may mean, and a note on them: a peer's spelling (TRL, verl, OpenRLHF) by
-    its last part (its note in parentheses), else the closest Hone keys (the same last part, then by the
-    whole name, then by the last part) with no note; ([], "") when nothing is close."""
+    its last part (its note in parentheses), else the Hone keys of the same last part, else (`fuzzy`) the
+    closest by the whole name, then by the last part, with no note; ([], "") when nothing is close."""
     last = dotted.rsplit(".", 1)[-1]
     if last in peer_keys:
         hone_key, note = peer_keys[last]
         return [hone_key], (note if "(" in note else f"({note})")
     names = key_names()
     close = [name for name in names if name.rsplit(".", 1)[-1] == last]  # `rollout.lr`: trainer.lr...
+    if not fuzzy:
+        return close, ""
     close = close or difflib.get_close_matches(dotted, names, n=3, cutoff=0.75)
     if not close:  # `rollout.learning_rate`: the last part alone, same-section keys first
         lasts = sorted({name.rsplit(".", 1)[-1] for name in names})
