@@ -118,6 +118,7 @@ TIERS: dict[str, str] = {
     "test_tracking.py": "unit",
     "test_trainer.py": "integration",
     "test_trainer_offpolicy.py": "integration",
+    "test_trl_rewards.py": "integration",  # one short run with a TRL-contract reward
     "test_verifiers_env.py": "integration",
     "test_verifiers_heldout.py": "integration",
     "test_verify_weights.py": "integration",

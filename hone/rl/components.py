@@ -162,7 +162,7 @@ def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunCompon
     task, train_samples, eval_samples = load_data(
         cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
     )
-    reward = load_reward(cfg.reward, task)
+    reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
     model_path = resolve_model(cfg.model.path)
     policy = load_policy(cfg.model, model_path)
     check_tokenizer(policy, model_path)
@@ -264,7 +264,7 @@ def build_producer_parts(
     task, train_samples, _ = load_data(
         cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed, make_env=make_env, env_args=cfg.env.args
     )
-    reward = load_reward(cfg.reward, task)
+    reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
     if remote_reward is not None:
         reward = remote_reward(reward)
     model_path = resolve_model(cfg.model.path)

@@ -142,6 +142,7 @@ def response_record(rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> dic
         "finish_reason": rollout.finish_reason,
         "reward": rollout.reward,
         "reward_parts": dict(rollout.reward_parts),
+        **({"extra": dict(rollout.extra)} if rollout.extra else {}),  # TRL rewards' log_extra columns
     }
 
 
