@@ -311,3 +311,23 @@ def test_a_run_with_a_trl_reward_logs_trl_metric_names(tmp_path: Path, micro_mod
     assert [row["trl_test/step"] for row in steps] == [0.0, 1.0]
     records = [json.loads(line) for line in (tmp_path / "trl" / "samples.jsonl").read_text().splitlines()]
     assert records and all(r["extra"]["parity"] in ("odd", "even") for r in records)
+
+
+def test_a_steps_scoring_round_awaits_async_trl_rewards_beside_sync_ones() -> None:
+    import asyncio
+
+    s = scorer(
+        f"reward.components.a.fn={MOD}:async_len_reward",
+        f"reward.components.b.fn={MOD}:reward_len",
+        "reward.components.c.fn=tests.rewards_for_tests:token_id_reward",
+    )
+    rs = [rollout("a", "abc", (1, 2)), rollout("a", "abcdef", (3,))]
+
+    async def step() -> dict[str, float]:
+        scoring = s.round(TEXT)
+        scoring.submit(rs[:1])  # a per-rollout component started early, as a multi-turn episode ends
+        return await scoring.finish(rs)
+
+    metrics = asyncio.run(step())
+    assert [r.reward for r in rs] == [3.0 - 17.0 + 3.0, 6.0 - 14.0 + 3.0]
+    assert metrics["rewards/a/mean"] == 4.5 and "rewards/c/mean" not in metrics

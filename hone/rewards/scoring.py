@@ -17,7 +17,8 @@ Concurrency: async reward functions run on one event loop; sync ones each run in
 (a thread stuck in, say, a pathological sympy simplification cannot be killed, but it is abandoned at
 its timeout and cannot keep the process from exiting). At most `max_concurrency` calls run at once;
 the timeout clock of a call starts when the call does, not while it waits for a slot. A batched
-component (`score_batch`, e.g. a reward model) is one call for the whole batch. A call can read how
+component (`score_batch`, e.g. a reward model, or a TRL-contract function: `hone.rewards.trl_contract`,
+whose None for a rollout means "does not apply") is one call for the whole batch. A call can read how
 long it has left (`own_time_budget`), so a verifier whose slowness is the response's doing (a hanging
 program, a sympy blow-up) scores it before the timeout rather than escaping as a failure.
 """
