@@ -26,7 +26,6 @@ and training leaves it out as it leaves out a failed reward; TRL's `sum_then_nor
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -35,8 +34,6 @@ from typing import Any, Literal
 
 from hone.aio import run_coroutine
 from hone.types import Rollout, Sample
-
-log = logging.getLogger("hone")
 
 Contract = Literal["hone", "trl"]
 TRL_FIRST = ("completions", "prompts")
@@ -122,7 +119,6 @@ class TrlReward:
     fn: Callable[..., Any]
     state: TrainerState = field(default_factory=TrainerState)
     answer_column: str = "answer"
-    allows_none = True  # the scorer reads None as "does not apply", not as an error
 
     @property
     def is_async(self) -> bool:
