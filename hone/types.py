@@ -159,6 +159,7 @@ class Rollout:
     # (`rollout.interruptible`); empty: every token is `policy_version`'s, the oldest version in it.
     token_versions: list[int] = field(default_factory=list)
     vision: VisionInputs | None = None  # the prompt's images (shared by a group's rollouts, never copied)
+    extra: dict[str, Any] = field(default_factory=dict)  # TRL rewards' `log_extra` columns (samples.jsonl)
 
     @property
     def response_ids(self) -> list[int]:

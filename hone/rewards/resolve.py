@@ -14,6 +14,7 @@ from hone.rewards import scoring
 from hone.rewards.base import BatchRewardFn, task_reward
 from hone.rewards.registry import REWARDS, TEXT_REWARDS
 from hone.rewards.scoring import VERIFIER_REWARDS, RewardComponent, RewardScorer
+from hone.rewards.trl_contract import TrlReward, contract_line, contract_of
 from hone.types import Rollout, Sample
 from hone.verifiers.sandbox import set_max_concurrency as set_sandbox_concurrency
 
@@ -23,10 +24,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("hone")
 
 
-def load_reward(reward: RewardConfig, task: Task | None) -> RewardScorer:
+def load_reward(
+    reward: RewardConfig, task: Task | None, *, answer_field: str = "answer", max_steps: int = 0
+) -> RewardScorer:
     """Build every reward component (factories run now, so a bad arg or path fails before training).
     `task` is the run's task (`data.task`), which the `task` reward scores with and whose defaults a
-    built-in reward's args start from."""
+    built-in reward's args start from. A `pkg.mod:fn` reward with TRL's contract (`contract_of`) is
+    wrapped to be called as TRL calls it; it gets the reference answer as column `answer_field`
+    (`data.answer_field`) and `max_steps` (`run.steps`) in its `trainer_state`."""
     if reward.sandbox_concurrency is not None:
         set_sandbox_concurrency(reward.sandbox_concurrency)
     else:  # as many as the reward calls in flight: a call's timeout must not run out waiting for a slot
@@ -37,13 +42,29 @@ def load_reward(reward: RewardConfig, task: Task | None) -> RewardScorer:
             "no reward component grades correctness (a verifier, or one with correctness: true): "
             "eval/accuracy counts responses whose total reward is full marks"
         )
-    components = [
-        RewardComponent(
-            name, reward_fn(name, c.fn, c.args, task), c.weight, c.timeout_s, correctness=name == correctness
-        )
-        for name, c in reward.resolved().items()
-    ]
-    return RewardScorer(components, timeout_s=reward.timeout_s, max_concurrency=reward.max_concurrency)
+    components = []
+    for name, c in reward.resolved().items():
+        fn = with_contract(name, c.fn, reward_fn(name, c.fn, c.args, task), c.contract, answer_field)
+        components.append(RewardComponent(name, fn, c.weight, c.timeout_s, correctness=name == correctness))
+    scorer = RewardScorer(components, timeout_s=reward.timeout_s, max_concurrency=reward.max_concurrency)
+    scorer.trainer_state.max_steps = max_steps
+    return scorer
+
+
+def with_contract(name: str, spec: str, fn: Any, contract: str, answer_field: str = "answer") -> Any:
+    """`fn` called by its contract: a `pkg.mod:fn` reward's is read from its signature unless `contract`
+    forces it (one log line says which), and a TRL one is wrapped (`TrlReward`); built-in rewards and
+    `task` are Hone's."""
+    where = f"reward {name!r} (fn {spec!r})"
+    if ":" not in spec:
+        if contract == "trl":
+            raise ValueError(
+                f"{where}: a built-in reward has Hone's contract; contract: trl is for 'pkg.mod:fn'"
+            )
+        return fn
+    chosen = contract_of(fn, where, contract)
+    log.info(contract_line(name, chosen))
+    return TrlReward(name, fn, answer_column=answer_field) if chosen == "trl" else fn
 
 
 def reward_correctness_component(reward: RewardConfig) -> str | None:

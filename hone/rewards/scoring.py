@@ -17,7 +17,8 @@ Concurrency: async reward functions run on one event loop; sync ones each run in
 (a thread stuck in, say, a pathological sympy simplification cannot be killed, but it is abandoned at
 its timeout and cannot keep the process from exiting). At most `max_concurrency` calls run at once;
 the timeout clock of a call starts when the call does, not while it waits for a slot. A batched
-component (`score_batch`, e.g. a reward model) is one call for the whole batch. A call can read how
+component (`score_batch`, e.g. a reward model, or a TRL-contract function: `hone.rewards.trl_contract`,
+whose None for a rollout means "does not apply") is one call for the whole batch. A call can read how
 long it has left (`own_time_budget`), so a verifier whose slowness is the response's doing (a hanging
 program, a sympy blow-up) scores it before the timeout rather than escaping as a failure.
 """
@@ -39,6 +40,7 @@ from typing import Any
 from hone.aio import run_coroutine
 from hone.errors import HoneError
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
+from hone.rewards.trl_contract import LoggedScores, TrainerState, TrlReward
 from hone.types import Rollout, Sample
 from hone.verifiers.budget import call_deadline
 
@@ -48,7 +50,8 @@ CORRECTNESS = "reward/correctness"  # per-rollout metric: the correctness compon
 # A response is correct when its correctness component earns full marks: shaping terms (an overlong
 # penalty, a format bonus) move its reward, not its correctness.
 CORRECT_AT = 1.0 - 1e-6
-_FAILURE_FLAGS = ("reward/error", "reward/timeout")
+UNSCORABLE = "reward/unscorable"  # every component is TRL-contract and returned None: no grade
+_FAILURE_FLAGS = ("reward/error", "reward/timeout", UNSCORABLE)
 # Built-in rewards that grade an answer right or wrong: the default correctness component.
 VERIFIER_REWARDS = ("task", "math", "code", "env")
 
@@ -103,6 +106,11 @@ class RewardScorer:
         self.outage = OutageWatch()  # fed by the training loop, one step at a time
         self.last_error: BaseException | None = None  # the first error of the latest batch that had one
         self.components = list(components)
+        # What TRL-contract rewards read as `trainer_state`; the producer moves its step.
+        self.trainer_state = TrainerState()
+        for c in self.components:
+            if isinstance(c.fn, TrlReward):
+                c.fn.state = self.trainer_state
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
 
@@ -121,7 +129,7 @@ class RewardScorer:
 
     async def _score_all(
         self, rollouts: Sequence[Rollout], samples: Sequence[Sample]
-    ) -> list[list[Score | _Failure]]:
+    ) -> list[list[Score | _Failure | None]]:
         slots = asyncio.Semaphore(self.max_concurrency)
         per_component = []
         for comp in self.components:
@@ -162,33 +170,56 @@ class RewardScorer:
         samples: Sequence[Sample],
         timeout: float,
         slots: asyncio.Semaphore,
-    ) -> list[Score | _Failure]:
+    ) -> list[Score | _Failure | None]:
         async with slots:
             try:
                 with call_deadline(timeout):
-                    values = await asyncio.wait_for(_in_thread(fn.score_batch, rollouts, samples), timeout)
+                    if isinstance(fn, TrlReward) and fn.is_async:
+                        values = await asyncio.wait_for(fn.ascore_batch(rollouts, samples), timeout)
+                    else:
+                        values = await asyncio.wait_for(
+                            _in_thread(fn.score_batch, rollouts, samples), timeout
+                        )
                 if len(values) != len(rollouts):
                     raise ValueError(
                         f"score_batch returned {len(values)} scores for {len(rollouts)} rollouts"
                     )
-                return [as_score(v) for v in values]
+                if not isinstance(fn, TrlReward):
+                    return [as_score(v) for v in values]
+                # A TRL reward's None: the function does not apply to this completion (not an error).
+                scores = LoggedScores(None if v is None else as_score(v) for v in values)
+                scores.metrics, scores.extra = values.metrics, values.extra
+                return scores
             except TimeoutError:
                 return [_Failure("timeout")] * len(rollouts)
             except Exception as e:
                 return [_Failure("error", e)] * len(rollouts)
 
     def _combine(
-        self, rollouts: Sequence[Rollout], results: list[list[Score | _Failure]]
+        self, rollouts: Sequence[Rollout], results: list[list[Score | _Failure | None]]
     ) -> dict[str, float]:
-        errors = timeouts = 0
+        errors = timeouts = unscorable = 0
         part_values: dict[str, list[float]] = {}
         single = len(self.components) == 1
+        # TRL-contract components: the values each returned (not its Nones), and what the calls logged.
+        trl_values: dict[str, list[float]] = {
+            c.name: [] for c in self.components if isinstance(c.fn, TrlReward)
+        }
+        logged: dict[str, float] = {}
+        for comp_results in results:
+            logged.update(getattr(comp_results, "metrics", {}))
+            for column, values in getattr(comp_results, "extra", {}).items():
+                for rollout, value in zip(rollouts, values, strict=True):
+                    rollout.extra[column] = value
         for i, rollout in enumerate(rollouts):
-            total, parts, correctness = 0.0, {}, None
+            total, parts, correctness, answered = 0.0, {}, None, False
             for flag in _FAILURE_FLAGS:  # re-scoring a rollout replaces its verdict
                 rollout.metrics.pop(flag, None)
             for comp, comp_results in zip(self.components, results, strict=False):
                 score = comp_results[i]
+                if score is None:  # a TRL reward that does not apply: left out of the sum and its stats
+                    continue
+                answered = True
                 if isinstance(score, _Failure):
                     if score.kind == "timeout":
                         timeouts += 1
@@ -205,6 +236,8 @@ class RewardScorer:
                         errors += 1
                         rollout.metrics["reward/error"] = 1.0
                     score = Score(0.0)
+                elif comp.name in trl_values:
+                    trl_values[comp.name].append(score.value)
                 total += comp.weight * score.value
                 if comp.name == self.correctness:
                     correctness = score.value
@@ -213,16 +246,31 @@ class RewardScorer:
                 else:
                     parts[comp.name] = score.value
                     parts.update({f"{comp.name}/{sub}": v for sub, v in score.parts.items()})
+            if not answered and results:  # every function returned None: no grade (TRL: unscorable)
+                unscorable += 1
+                rollout.metrics[UNSCORABLE] = 1.0
             rollout.reward, rollout.reward_parts = total, parts
             rollout.metrics[CORRECTNESS] = total if correctness is None else correctness
             for name, value in parts.items():
                 part_values.setdefault(name, []).append(value)
-        # Part means first, so that a part called "errors" or "mean" cannot shadow the canonical names.
-        metrics = {f"reward/{name}": sum(v) / len(v) for name, v in part_values.items()}
+        # What TRL rewards logged first, then part means, so that neither can shadow the canonical names.
+        metrics = dict(logged)
+        metrics |= {f"reward/{name}": sum(v) / len(v) for name, v in part_values.items()}
+        for name, values in trl_values.items():  # TRL's names, over the completions the function applied to
+            if values:
+                metrics[f"rewards/{name}/mean"] = mean = sum(values) / len(values)
+                metrics[f"rewards/{name}/std"] = (
+                    math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+                    if len(values) > 1
+                    else math.nan  # as TRL's nanstd of one value
+                )
         metrics["reward/errors"] = float(errors)
         metrics["reward/timeouts"] = float(timeouts)
+        if trl_values:
+            metrics["reward/unscorable"] = float(unscorable)
         if rollouts:
-            metrics["reward/mean"] = sum(r.reward for r in rollouts) / len(rollouts)
+            scored = [r for r in rollouts if not r.metrics.get(UNSCORABLE)] if unscorable else rollouts
+            metrics["reward/mean"] = sum(r.reward for r in scored) / len(scored) if scored else math.nan
         return metrics
 
 
@@ -265,14 +313,14 @@ class ScoringRound:
             return self.scorer._combine(rollouts, [])
         samples = [self.samples_by_id[r.sample_id] for r in rollouts]
         each = [self._started.pop(id(r)) for r in rollouts]
-        results: list[list[Score | _Failure]] = []
-        for k, comp in enumerate(self.scorer.components):
-            if isinstance(comp.fn, BatchRewardFn):
-                results.append(
-                    await self.scorer._batch(comp.fn, rollouts, samples, self._timeout(comp), self._slots)
-                )
-            else:
-                results.append(await _gather([tasks[k] for tasks in each]))
+        calls = [
+            self.scorer._batch(comp.fn, rollouts, samples, self._timeout(comp), self._slots)
+            if isinstance(comp.fn, BatchRewardFn)
+            else _gather([tasks[k] for tasks in each])
+            for k, comp in enumerate(self.scorer.components)
+        ]
+        # Batched components run at once, as in `RewardScorer.score` (several TRL rewards of one batch).
+        results: list[list[Score | _Failure | None]] = list(await asyncio.gather(*calls))
         return self.scorer._combine(rollouts, results)
 
 
@@ -310,7 +358,8 @@ class OutageWatch:
         self.streak += 1
         if self.streak >= limit:
             raise RewardOutageError(
-                f"stopped at RL step {step + 1}: every rollout's reward failed (error or timeout) on "
+                f"stopped at RL step {step + 1}: every rollout's reward failed (error or timeout, or every "
+                f"TRL reward returned None) on "
                 f"{self.streak} steps in a row (reward.max_failed_steps), so nothing was trained; "
                 "the first failure is in the log. Fix the reward (a judge or sandbox down?) and resume"
             )

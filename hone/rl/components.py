@@ -173,7 +173,7 @@ def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunCompon
         env_args=cfg.env.args,
         answer_needed_by=answer_needed_by_recipe(cfg),
     )
-    reward = load_reward(cfg.reward, task)
+    reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
     eval_accuracy = reports_accuracy(cfg, eval_samples)
     if not eval_accuracy:  # once per run: said where the run's parts are built, not at every eval
         log.info(
@@ -302,7 +302,7 @@ def build_producer_parts(
         env_args=cfg.env.args,
         answer_needed_by=answer_needed_by_recipe(cfg),
     )
-    reward = load_reward(cfg.reward, task)
+    reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
     if remote_reward is not None:
         reward = remote_reward(reward)
     model_path = resolve_model(cfg.model.path)

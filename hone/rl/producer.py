@@ -166,6 +166,8 @@ class Producer:
 
     async def _produce(self, prompts: PromptBatch, engine: Executor) -> ScoredGroups:
         params = sampling_params(self.settings.rollout, self.settings.seed, prompts.step, prompts.part)
+        if isinstance(self.parts.reward, RewardScorer):  # TRL rewards read the step as trainer_state
+            self.parts.reward.trainer_state.global_step = prompts.step
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
         if self.replay is not None:
             self.replay.begin(prompts.step)

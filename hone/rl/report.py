@@ -147,6 +147,7 @@ def response_record(
         "finish_reason": rollout.finish_reason,
         "reward": rollout.reward,
         "reward_parts": dict(rollout.reward_parts),
+        **({"extra": dict(rollout.extra)} if rollout.extra else {}),  # TRL rewards' log_extra columns
     }
     if sample is not None:
         record["meta"] = json_safe(sample.meta)

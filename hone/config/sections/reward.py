@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from hone.config.base import Section
+
+Contract = Literal["auto", "hone", "trl"]
+CONTRACT_HELP = (
+    "how a 'pkg.mod:fn' reward is called: 'hone' fn(rollout, sample) per response, 'trl' TRL's "
+    "fn(prompts=, completions=, completion_ids=, **columns) once per batch, 'auto' by its signature"
+)
 
 
 class RewardComponentConfig(Section):
@@ -19,6 +25,7 @@ class RewardComponentConfig(Section):
     correctness: bool = Field(
         False, description="this component grades correctness: eval/accuracy counts it, not the total"
     )
+    contract: Contract = Field("auto", description=CONTRACT_HELP)
 
 
 class RewardConfig(Section):
@@ -26,6 +33,7 @@ class RewardConfig(Section):
         None, description="one reward: a built-in name (math, code, format, ...), 'task', or 'pkg.mod:fn'"
     )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for reward.fn")
+    contract: Contract = Field("auto", description=CONTRACT_HELP + " (for reward.fn)")
     components: dict[str, RewardComponentConfig] = Field(
         default_factory=dict, description="several rewards, summed with weights, each logged by name"
     )
@@ -48,6 +56,8 @@ class RewardConfig(Section):
             raise ValueError("set either reward.fn or reward.components, not both")
         if self.args and self.fn is None:
             raise ValueError("reward.args needs reward.fn (components take their own args)")
+        if self.contract != "auto" and self.fn is None:
+            raise ValueError("reward.contract needs reward.fn (components take their own contract)")
         marked = [name for name, c in self.components.items() if c.correctness]
         if len(marked) > 1:
             raise ValueError(f"only one reward component can set correctness: true, got {marked}")
@@ -58,4 +68,4 @@ class RewardConfig(Section):
         if self.components:
             return dict(self.components)
         fn = self.fn or "task"
-        return {fn.rpartition(":")[2]: RewardComponentConfig(fn=fn, args=self.args)}
+        return {fn.rpartition(":")[2]: RewardComponentConfig(fn=fn, args=self.args, contract=self.contract)}

@@ -52,7 +52,12 @@ class RewardActor:
     def __init__(self, cfg: dict[str, Any], cwd: str, threads: int) -> None:
         enter(cwd, threads)
         config = HoneConfig.model_validate(cfg)
-        self.scorer = load_reward(config.reward, load_task(config.data))  # the task only: no training set
+        self.scorer = load_reward(  # the task only: no training set
+            config.reward,
+            load_task(config.data),
+            answer_field=config.data.answer_field,
+            max_steps=config.run.steps,
+        )
 
     def __repr__(self) -> str:  # Ray prefixes the lines it forwards to the driver with this
         return "reward-worker"
