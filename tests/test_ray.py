@@ -141,6 +141,29 @@ def test_two_sampler_actors_and_a_reward_worker_train_each_step_on_the_local_run
     assert all(r["staleness/max"] == 0.0 and r["faults/actor_restarts"] == 0.0 for r in _rows(run))
 
 
+@RAY_CLUSTER
+def test_a_trl_reward_on_a_reward_worker_reads_the_step_and_its_logged_columns_come_back(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """TRL's contract through Ray: the reward worker's call sees the RL step as `trainer_state`, its
+    `log_metric` lands in metrics.jsonl and its `log_extra` columns in samples.jsonl, as locally."""
+    reward = {"reward.fn": "tests.trl_rewards_for_tests:trl_token_reward", "logging.samples": 2}
+    local = _run(tmp_path, micro_model_dir, "local", **reward)
+    run = _run(
+        tmp_path,
+        micro_model_dir,
+        "ray",
+        **{"cluster.backend": "ray", "cluster.samplers.num_cpus": 1, "cluster.reward_workers.count": 1},
+        **reward,
+    )
+    assert [r["trl_test/step"] for r in _rows(run)] == [0.0, 1.0, 2.0]
+    for key in ("rewards/trl_token_reward/mean", "rewards/trl_token_reward/std"):
+        assert [r[key] for r in _rows(run)] == [r[key] for r in _rows(local)]
+    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert records and all(r["extra"]["parity"] in ("odd", "even") for r in records)
+    _assert_no_ray_processes_soon()
+
+
 def test_shares_merge_into_one_step_in_prompt_order() -> None:
     def rollout(group: int) -> Rollout:
         return Rollout(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from hone.aio import run_serving
 from hone.config import DataConfig, DynamicSamplingConfig, HoneConfig, RolloutConfig
 from hone.rewards import RewardScorer, reward_failed, score_rollouts, top_answer_share
+from hone.rewards.trl_contract import TrainerState
 from hone.rl.collapse import collapse_metrics
 from hone.rl.components import ProducerParts
 from hone.rl.outcomes import prompt_outcomes
@@ -166,8 +167,10 @@ class Producer:
 
     async def _produce(self, prompts: PromptBatch, engine: Executor) -> ScoredGroups:
         params = sampling_params(self.settings.rollout, self.settings.seed, prompts.step, prompts.part)
-        if isinstance(self.parts.reward, RewardScorer):  # TRL rewards read the step as trainer_state
-            self.parts.reward.trainer_state.global_step = prompts.step
+        # TRL-contract rewards read the step as `trainer_state` (a scorer here, or on reward workers)
+        state = getattr(self.parts.reward, "trainer_state", None)
+        if isinstance(state, TrainerState):
+            state.global_step = prompts.step
         timing = {"time/sample_s": 0.0, "time/reward_s": 0.0}
         if self.replay is not None:
             self.replay.begin(prompts.step)

@@ -66,8 +66,11 @@ class RewardActor:
         return os.getpid()
 
     def score(
-        self, rollouts: list[Rollout], samples_by_id: dict[str, Sample]
+        self, rollouts: list[Rollout], samples_by_id: dict[str, Sample], step: int = 0
     ) -> tuple[list[Rollout], dict[str, float]]:
+        """Score a sampler actor's share of RL step `step` (what TRL-contract rewards read as
+        `trainer_state.global_step`)."""
+        self.scorer.trainer_state.global_step = step
         metrics = self.scorer.score(rollouts, samples_by_id)
         return rollouts, metrics
 
@@ -82,6 +85,7 @@ class RemoteRewards:
 
         self._ray, self.workers, self.outage, self.correctness = ray, workers, local.outage, local.correctness
         self.timeout = timeout
+        self.trainer_state = local.trainer_state  # the producer moves its step; each call sends it along
 
     def score(self, rollouts: list[Rollout], samples_by_id: dict[str, Sample]) -> dict[str, float]:
         ray, count = self._ray, len(self.workers)
@@ -89,7 +93,7 @@ class RemoteRewards:
 
         def send(k: int, chunk: list[Rollout]) -> Any:
             samples = {r.sample_id: samples_by_id[r.sample_id] for r in chunk}
-            return self.workers[k].score.remote(chunk, samples)
+            return self.workers[k].score.remote(chunk, samples, self.trainer_state.global_step)
 
         refs = {k: send(k, chunk) for k, chunk in chunks}  # all in flight at once
         metrics: dict[str, float] = {"faults/actor_restarts": 0.0}
@@ -112,6 +116,7 @@ class RemoteRewards:
             for mine, theirs in zip(chunk, scored, strict=True):
                 mine.reward, mine.reward_parts = theirs.reward, theirs.reward_parts
                 mine.metrics.update(theirs.metrics)
+                mine.extra.update(theirs.extra)  # a TRL reward's `log_extra` columns
             for key, value in part.items():  # counts add up, means are weighted by the chunk's size
                 share = 1.0 if key in ("reward/errors", "reward/timeouts") else len(chunk) / len(rollouts)
                 metrics[key] = metrics.get(key, 0.0) + value * share
