@@ -164,9 +164,9 @@ def test_bad_input_fails_before_training(tmp_path: Path, micro_model_dir: Path) 
         tmp_path,
         micro_model_dir,
         "bad2",
-        **{"data.task": "null", "data.source": str(rows), "data.eval_source": str(rows), "reward.fn": "x:y"},
-    )
-    with pytest.raises(SetupError, match=r"rows\.jsonl.*2.*answer"):
+        **{"data.task": "null", "data.source": str(rows), "data.eval_source": str(rows), "reward.fn": "math"},
+    )  # math grades against the row's answer: a row without one is refused (TRL's prompt-only rows are not)
+    with pytest.raises(SetupError, match=r"rows\.jsonl.*2.*answer.*reward\.fn math"):
         train(load_config(None, no_answer))
     no_model = tiny_overrides(tmp_path, tmp_path / "no-such-model", "bad3")
     with pytest.raises(SetupError, match="no-such-model"):
