@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from transformers import AutoTokenizer
 
 from hone.config import HoneConfig
-from hone.data.splits import answer_needed_by_recipe, load_data
+from hone.data.splits import load_recipe_data
 from hone.envs import make_env, release_envs
 from hone.envs.base import PlayingEnvironment
 from hone.models import resolve_model
@@ -42,14 +42,7 @@ def dry_run(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
 
 def _dry_run(cfg: HoneConfig, say: Callable[[str], None]) -> None:
     factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
-    task, train, held_out = load_data(
-        cfg.data,
-        eval_size=cfg.eval.size,
-        seed=cfg.run.seed,
-        make_env=factory,
-        env_args=cfg.env.args,
-        answer_needed_by=answer_needed_by_recipe(cfg),
-    )
+    task, train, held_out = load_recipe_data(cfg, factory)
     load_reward(cfg.reward, task)  # imports the reward function and runs its factory: a bad path fails here
     model_path = resolve_model(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -193,14 +186,7 @@ def _eval_data_and_reward(cfg: HoneConfig) -> tuple[Any, list[Sample]]:
     """The task and held-out samples the eval reads, and its reward loaded (a bad path fails here)."""
     factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     try:
-        task, _, held_out = load_data(
-            cfg.data,
-            eval_size=cfg.eval.size,
-            seed=cfg.run.seed,
-            make_env=factory,
-            env_args=cfg.env.args,
-            answer_needed_by=answer_needed_by_recipe(cfg),
-        )
+        task, _, held_out = load_recipe_data(cfg, factory)
     finally:
         release_envs()
     load_reward(cfg.reward, task)

@@ -85,6 +85,21 @@ def load_data(
     )
 
 
+def load_recipe_data(
+    cfg: HoneConfig, make_env: EnvFactory | None
+) -> tuple[Task | None, list[Sample], list[Sample]]:
+    """`load_data` as a recipe asks: its data section, eval size, seed and environment, and a reference
+    answer required only when something in it reads one (`answer_needed_by_recipe`)."""
+    return load_data(
+        cfg.data,
+        eval_size=cfg.eval.size,
+        seed=cfg.run.seed,
+        make_env=make_env,
+        env_args=cfg.env.args,
+        answer_needed_by=answer_needed_by_recipe(cfg),
+    )
+
+
 def split_source(
     data: DataConfig, *, answer_needed_by: str | None = None
 ) -> tuple[list[Sample], list[Sample]]:

@@ -17,7 +17,7 @@ from transformers.processing_utils import ProcessorMixin
 
 from hone.config import HoneConfig
 from hone.data import Task
-from hone.data.splits import answer_needed_by_recipe, load_data
+from hone.data.splits import load_recipe_data
 from hone.envs import Environment, release_envs
 from hone.envs import make_env as _make_env
 from hone.envs.parsers import get_parser
@@ -165,14 +165,7 @@ def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunCompon
             get_parser(cfg.rollout.agent_tool_parser)
         except ValueError as e:
             raise ValueError(f"rollout.agent_tool_parser: {e}") from None
-    task, train_samples, eval_samples = load_data(
-        cfg.data,
-        eval_size=cfg.eval.size,
-        seed=cfg.run.seed,
-        make_env=make_env,
-        env_args=cfg.env.args,
-        answer_needed_by=answer_needed_by_recipe(cfg),
-    )
+    task, train_samples, eval_samples = load_recipe_data(cfg, make_env)
     reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
     eval_accuracy = reports_accuracy(cfg, eval_samples)
     if not eval_accuracy:  # once per run: said where the run's parts are built, not at every eval
@@ -294,14 +287,7 @@ def build_producer_parts(
     no optimizer, nothing trains it), and the environments. No eval split, no weight channel: weights come
     with each `load`."""
     make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
-    task, train_samples, _ = load_data(
-        cfg.data,
-        eval_size=cfg.eval.size,
-        seed=cfg.run.seed,
-        make_env=make_env,
-        env_args=cfg.env.args,
-        answer_needed_by=answer_needed_by_recipe(cfg),
-    )
+    task, train_samples, _ = load_recipe_data(cfg, make_env)
     reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
     if remote_reward is not None:
         reward = remote_reward(reward)
