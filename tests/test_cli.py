@@ -405,7 +405,7 @@ def test_http_clients_do_not_log_each_request_under_hones_prefix(monkeypatch: py
         ("hone.rl.placement.source", "ProducerError", RuntimeError),
         ("hone.rl.placement.ray.cluster", "RayClusterError", RuntimeError),
         ("hone.rl.placement.weights", "WeightPublishTimeout", RuntimeError),
-        ("hone.rewards.scoring", "RewardOutageError", RuntimeError),
+        ("hone.rewards.outage", "RewardOutageError", RuntimeError),
         ("hone.training.optim", "NonFiniteGradientError", RuntimeError),
         ("hone.rollout.engines.vllm", "VLLMEngineError", RuntimeError),
     ],

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from hone.config import AlgorithmConfig, ConfigError, TrainerConfig, load_config
 from hone.data.schedulers import PromptStream
 from hone.rewards import RewardScorer
+from hone.rewards.outage import RewardOutageError
 from hone.rewards.resolve import load_reward
-from hone.rewards.scoring import RewardOutageError
 from hone.rl import evaluate as evaluate_module
 from hone.rl import start as rl_start
 from hone.rl.components import ProducerParts

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import signal
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -299,7 +300,12 @@ def close_envs(envs: Any, *, abort: bool = False) -> None:
     gone or mid-step, and gymnasium's polite close would wait on their pipes for ever. A polite close that
     takes over `CLOSE_TIMEOUT_S` terminates them too."""
     if type(getattr(envs, "unwrapped", envs)).__name__ == "AsyncVectorEnv":
-        envs.close(terminate=abort, timeout=CLOSE_TIMEOUT_S)
+        with warnings.catch_warnings():
+            # A signal can land while a step is pending: gymnasium then warns ("Calling `close` while
+            # waiting for a pending call to `step`"), two lines beside the run's one.
+            if abort:
+                warnings.simplefilter("ignore")
+            envs.close(terminate=abort, timeout=CLOSE_TIMEOUT_S)
     else:
         envs.close()
 

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hone.aio import run_coroutine
-from hone.errors import HoneError
 from hone.rewards.base import BatchRewardFn, RewardFn, Score, as_score
-from hone.rewards.trl_contract import LoggedScores, TrainerState, TrlReward
+from hone.rewards.outage import OutageWatch
+from hone.rewards.trl_contract import LoggedScores, TrainerState, TrlReward, trl_metrics
 from hone.types import Rollout, Sample
 from hone.verifiers.budget import call_deadline
 
@@ -256,14 +256,7 @@ class RewardScorer:
         # What TRL rewards logged first, then part means, so that neither can shadow the canonical names.
         metrics = dict(logged)
         metrics |= {f"reward/{name}": sum(v) / len(v) for name, v in part_values.items()}
-        for name, values in trl_values.items():  # TRL's names, over the completions the function applied to
-            if values:
-                metrics[f"rewards/{name}/mean"] = mean = sum(values) / len(values)
-                metrics[f"rewards/{name}/std"] = (
-                    math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-                    if len(values) > 1
-                    else math.nan  # as TRL's nanstd of one value
-                )
+        metrics |= trl_metrics(trl_values)
         metrics["reward/errors"] = float(errors)
         metrics["reward/timeouts"] = float(timeouts)
         if trl_values:
@@ -335,42 +328,6 @@ def correctness_component(
     if len(names) == 1:
         return names[0]
     return verifiers[0] if verifiers else None
-
-
-class RewardOutageError(HoneError, RuntimeError):
-    """Every rollout's reward failed on `reward.max_failed_steps` training steps in a row."""
-
-
-class OutageWatch:
-    """Training steps in a row on which every rollout's reward failed (a judge down, a sandbox that
-    cannot start). Such a step trains on nothing, since failed rewards are left out of the loss: the
-    first one is a warning, and `limit` in a row stop the run rather than spend its budget idling."""
-
-    def __init__(self) -> None:
-        self.streak = 0
-        self.warned = False
-
-    def observe(self, step: int, excluded_frac: float, limit: int) -> None:
-        """Record RL step `step` (0-based), whose `excluded_frac` of rollouts had a failed reward."""
-        if excluded_frac < 1.0:
-            self.streak = 0
-            return
-        self.streak += 1
-        if self.streak >= limit:
-            raise RewardOutageError(
-                f"stopped at RL step {step + 1}: every rollout's reward failed (error or timeout, or every "
-                f"TRL reward returned None) on "
-                f"{self.streak} steps in a row (reward.max_failed_steps), so nothing was trained; "
-                "the first failure is in the log. Fix the reward (a judge or sandbox down?) and resume"
-            )
-        if not self.warned:
-            self.warned = True
-            logger.warning(
-                "RL step %d: every rollout's reward failed (error or timeout); the step trains on "
-                "nothing. The run stops after reward.max_failed_steps=%d such steps in a row",
-                step + 1,
-                limit,
-            )
 
 
 def is_correct(rollout: Rollout) -> bool:

@@ -194,3 +194,15 @@ class TrlReward:
         # TRL reads a NaN as it reads None (its rewards are a NaN-filled tensor): the function does not apply.
         out.extend(None if v is None or math.isnan(v) else float(v) for v in values)
         return out
+
+
+def trl_metrics(values: dict[str, list[float]]) -> dict[str, float]:
+    """`rewards/<name>/mean` and `rewards/<name>/std` of each TRL-contract component, as TRL logs them:
+    over the completions it returned a value for (the std of one value is NaN, as TRL's nanstd)."""
+    metrics: dict[str, float] = {}
+    for name, vs in values.items():
+        if vs:
+            metrics[f"rewards/{name}/mean"] = mean = sum(vs) / len(vs)
+            std = math.sqrt(sum((v - mean) ** 2 for v in vs) / (len(vs) - 1)) if len(vs) > 1 else math.nan
+            metrics[f"rewards/{name}/std"] = std
+    return metrics

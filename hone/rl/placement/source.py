@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hone.errors import HoneError
-from hone.rewards.scoring import RewardOutageError
+from hone.rewards.outage import RewardOutageError
 from hone.rl.producer import Producer, PromptBatch, ScoredGroups
 from hone.rl.replay import is_replayed
 from hone.rollout.fingerprint import WeightMismatchError
