@@ -56,6 +56,10 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
         run_dir = Path(ns.resume)
         overrides = [f"run.dir={run_dir.parent}", f"run.name={run_dir.name}", *overrides]
         return load_config(saved, overrides, relative_to=Path.cwd())
+    if getattr(ns, "trl_config", None):
+        if recipe is not None:
+            raise ConfigError(f"--trl-config {ns.trl_config} is the recipe: drop {recipe!r}, or drop --trl-config")
+        return _trl_config(ns.trl_config, overrides)
     if recipe is None and ns.command in ("dpo", "rm"):  # the default recipe trains no preferences
         recipe = ns.command
     if ns.command == "eval":  # --run, or a model inside a run directory: the run's own config.yaml
@@ -63,6 +67,20 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
 
         return eval_config(recipe, overrides, run=ns.run, step=ns.step, model=ns.model)
     return load_config(recipe, overrides)
+
+
+def _trl_config(path: str, overrides: list[str]) -> HoneConfig:
+    """The recipe a TRL config file asks for, printed (what a Hone recipe of it would say), then loaded."""
+    import tempfile
+
+    from hone.trl.config_file import read_trl_config, recipe_yaml
+
+    text = recipe_yaml(read_trl_config(path), path)
+    print(text, end="", flush=True)
+    with tempfile.TemporaryDirectory(prefix="hone-trl-") as folder:
+        recipe = Path(folder) / f"{Path(path).stem}.hone.yaml"
+        recipe.write_text(text)
+        return load_config(recipe, overrides, relative_to=Path.cwd())
 
 
 def _show_config(ns: argparse.Namespace, cfg: HoneConfig) -> int:
@@ -334,7 +352,7 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         if getattr(ns, "model", None):
             cfg.model.path = ns.model
         if ns.command == "config":
-            return _show_config(ns, cfg)
+            return 0 if getattr(ns, "trl_config", None) else _show_config(ns, cfg)
         resumed = getattr(ns, "resume", None)
         # (a control run's environment makes its own observations)
         if ns.command in ("train", "sft", "eval", "pairs") and not resumed and cfg.control is None:

@@ -55,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint"
             )
+        if name in ("train", "config"):
+            sub.add_argument(
+                "--trl-config",
+                metavar="FILE",
+                help="a `trl grpo --config` file (TRL's GRPOConfig keys) instead of a recipe: its Hone recipe "
+                "is printed, then run (config: only printed); overrides still apply",
+            )
         if name == "train":
             sub.add_argument(
                 "--init",
