@@ -119,6 +119,7 @@ TIERS: dict[str, str] = {
     "test_tracking.py": "unit",
     "test_trainer.py": "integration",
     "test_trainer_offpolicy.py": "integration",
+    "test_trl_advantages.py": "unit",
     "test_trl_datasets.py": "integration",  # one tiny-model run on a prompt-only dataset
     "test_trl_rewards.py": "integration",  # one short run with a TRL-contract reward
     "test_verifiers_env.py": "integration",

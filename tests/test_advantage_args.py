@@ -89,7 +89,7 @@ def test_a_typo_in_advantage_args_fails_in_one_line(tmp_path: Path, args: str, m
     [
         (
             ["algorithm.advantage_args.gamma=0.5"],
-            r"advantage_args: advantage estimator 'grpo' has no hyperparameter 'gamma'; it accepts none "
+            r"advantage_args: advantage estimator 'grpo' has no hyperparameter 'gamma'; it accepts std_over "
             r"\(eps, norm_by_std: algorithm keys\)$",
         ),
         (
@@ -101,6 +101,28 @@ def test_a_typo_in_advantage_args_fails_in_one_line(tmp_path: Path, args: str, m
 def test_a_hyperparameter_with_its_own_key_is_set_in_one_place(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm.advantage_args.std_over=btach"],
+            r"algorithm\.advantage_args\.std_over: 'btach' is not one of group, batch \(advantage estimator "
+            r"'grpo'\)$",
+        ),
+        (
+            ["algorithm.advantage_args.std_over=batch", "algorithm.norm_by_std=false"],
+            r"algorithm\.advantage_args\.std_over: batch needs algorithm\.norm_by_std: true$",
+        ),
+    ],
+)
+def test_a_choice_outside_the_estimators_literal_fails_at_load(overrides: list[str], message: str) -> None:
+    # a misspelt choice would otherwise reach the estimator only at the first step, after the model loads
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+    settings = estimator_settings(load_config(None, ["algorithm.advantage_args.std_over=batch"]).algorithm)
+    assert settings == {"eps": 1e-6, "norm_by_std": True, "std_over": "batch"}
 
 
 def test_a_built_in_estimators_unkeyed_hyperparameter_is_an_advantage_arg() -> None:

@@ -59,6 +59,27 @@ def test_grpo_groups_are_independent_and_singletons_get_zero() -> None:
     torch.testing.assert_close(col[:2], torch.tensor([0.7071, -0.7071]), atol=1e-4, rtol=0)
 
 
+def test_grpo_batch_std_divides_by_the_std_of_every_row() -> None:
+    # scores [1, 0 | 5 | 2, 2]: the batch std is over all five (mean 2, squared deviations 1+4+9+0+0 = 14,
+    # unbiased 14/4 = 3.5, std 1.8708287), the singleton and all-equal groups still count in it and get 0
+    rewards, mask = outcome([1, 0, 5, 2, 2])
+    groups = torch.tensor([0, 0, 1, 2, 2])
+    adv, _ = ADVANTAGE_ESTIMATORS["grpo"](
+        token_rewards=rewards, response_mask=mask, group_ids=groups, eps=0.0, std_over="batch"
+    )
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.2672612, -0.2672612, 0, 0, 0]), atol=1e-6, rtol=0)
+    # one row: no batch std and no signal; the advantage is 0, not NaN or ±1/eps
+    one, one_mask = outcome([3.0])
+    alone, _ = ADVANTAGE_ESTIMATORS["grpo"](
+        token_rewards=one, response_mask=one_mask, group_ids=torch.tensor([0]), std_over="batch"
+    )
+    assert torch.all(alone == 0)
+    with pytest.raises(ValueError, match="std_over must be 'group' or 'batch', not 'prompt'"):
+        ADVANTAGE_ESTIMATORS["grpo"](
+            token_rewards=rewards, response_mask=mask, group_ids=groups, std_over="prompt"
+        )
+
+
 def test_equal_rewards_after_float_rounding_still_give_zero_advantage() -> None:
     # 0.5 * 0.2335... three times: the float mean differs from the values by an ulp (found by hypothesis)
     value = 0.5 * 0.23350265692922156

@@ -176,7 +176,7 @@ def test_a_resumed_ppo_run_ends_with_the_same_policy_and_critic(
 
 
 def test_an_estimators_hyperparameters_are_its_keyword_parameters_beyond_the_batch() -> None:
-    assert hyperparameters("grpo") == {"eps", "norm_by_std"}
+    assert hyperparameters("grpo") == {"eps", "norm_by_std", "std_over"}
     assert hyperparameters("gae") == {"gamma", "lam", "whiten", "eps"}
     assert reads_values("gae") and not reads_values("grpo") and not reads_values("turn_grpo")
 

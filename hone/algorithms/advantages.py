@@ -13,8 +13,9 @@ discounts nor resets the return. Rewards placed on masked positions are ignored.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -70,6 +71,21 @@ def hyperparameters(name: str) -> frozenset[str]:
     or else from `algorithm.advantage_args` (one set in neither keeps the estimator's default), so a new
     estimator with a new hyperparameter is its function and nothing else."""
     return _keywords(name) - BATCH_INPUTS - frozenset(BATCH_INPUT_BUILDERS)
+
+
+def hyperparameter_choices(name: str) -> dict[str, tuple[object, ...]]:
+    """The values each `Literal`-typed hyperparameter of estimator `name` accepts, so that a recipe's
+    misspelt choice (`std_over: btach`) fails when it loads, not at the first step after the model is up.
+    An estimator whose annotations do not resolve here (a plugin's `TYPE_CHECKING` import) declares none."""
+    try:
+        hints = typing.get_type_hints(ADVANTAGE_ESTIMATORS[name])
+    except (NameError, TypeError):
+        return {}
+    return {
+        key: typing.get_args(hint)
+        for key, hint in hints.items()
+        if key in hyperparameters(name) and typing.get_origin(hint) is Literal
+    }
 
 
 def built_inputs(name: str) -> frozenset[str]:
@@ -129,19 +145,31 @@ def grpo(
     group_ids: torch.Tensor | None = None,
     eps: float = 1e-6,
     norm_by_std: bool = True,
+    std_over: Literal["group", "batch"] = "group",
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
 
     std is the unbiased (n-1) std, as in the paper's reference code; a singleton group gets A = 0.
     With `norm_by_std=False` this is Dr.GRPO's advantage. returns == advantages (no critic).
+
+    `std_over="batch"` keeps the group mean but divides by one unbiased std of the whole batch's scores
+    (every row the estimator is given: in Hone, unscorable and failed rewards are already dropped):
+    TRL's `scale_rewards="batch"`, which TRL's `GRPOConfig` attributes to the "PPO Lite" paper (Liu et
+    al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning", arXiv:2508.08221:
+    group-level mean, batch-level std). A group whose rewards are all equal still gets A = 0.
     """
+    if std_over not in ("group", "batch"):
+        raise ValueError(f"grpo: std_over must be 'group' or 'batch', not {std_over!r}")
     group_ids = require_groups(group_ids, "grpo")
     scores = sequence_scores(token_rewards, response_mask)
     stats = group_stats(scores, group_ids)
     adv = scores - stats.mean
     if norm_by_std:
-        adv = adv / (stats.std + eps)
+        std = stats.std
+        if std_over == "batch":  # a one-row batch has no std (torch warns); it is a singleton, zeroed below
+            std = (scores.std() if len(scores) > 1 else scores.new_zeros(())).expand_as(scores)
+        adv = adv / (std + eps)
     # Singleton groups, and equal-reward groups even with eps=0 (0/0), carry no signal.
     adv = torch.where((stats.size > 1) & (stats.std > 0), adv, torch.zeros_like(adv))
     advantages = _broadcast(adv, response_mask)

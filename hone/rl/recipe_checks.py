@@ -20,7 +20,7 @@ from hone.algorithms import (
     POLICY_LOSSES,
     PREFERENCE_LOSSES,
 )
-from hone.algorithms.advantages import hyperparameters, reads_values
+from hone.algorithms.advantages import hyperparameter_choices, hyperparameters, reads_values
 from hone.config import AlgorithmConfig, ConfigError, HoneConfig
 from hone.registry import Registry
 from hone.rl.placement.backends import BACKENDS
@@ -62,6 +62,10 @@ def _check_rollout(cfg: HoneConfig) -> None:
 def _check_algorithm(algorithm: AlgorithmConfig) -> None:
     _registered("algorithm.advantage", algorithm.advantage, ADVANTAGE_ESTIMATORS)
     _check_advantage_args(algorithm.advantage, algorithm.advantage_args)
+    std_over = algorithm.advantage_args.get("std_over", "group")
+    if algorithm.advantage == "grpo" and not algorithm.norm_by_std and std_over != "group":
+        # grpo divides by no std at all then: the batch std asked for would silently not apply
+        raise ConfigError("algorithm.advantage_args.std_over: batch needs algorithm.norm_by_std: true")
     _registered("algorithm.policy_loss", algorithm.policy_loss, POLICY_LOSSES)
     agg = algorithm.loss_agg
     if agg is not None and agg not in AGGREGATION_MODES:
@@ -88,6 +92,12 @@ def _check_advantage_args(advantage: str, args: dict[str, Any]) -> None:
             raise ConfigError(
                 f"algorithm.advantage_args: advantage estimator {advantage!r} has no hyperparameter {key!r}; "
                 f"it accepts {', '.join(own) or 'none'}{also}"
+            )
+    for key, choices in hyperparameter_choices(advantage).items():
+        if key in args and args[key] not in choices:
+            raise ConfigError(
+                f"algorithm.advantage_args.{key}: {args[key]!r} is not one of "
+                f"{', '.join(map(str, choices))} (advantage estimator {advantage!r})"
             )
 
 

@@ -157,8 +157,8 @@ class AlgorithmConfig(Section):
     )
     norm_by_std: bool = Field(
         True,
-        description="divide group advantages by the group's reward std (GRPO); false = Dr. GRPO's mean-only "
-        "(TRL: scale_rewards)",
+        description="divide group advantages by the group's reward std (GRPO; advantage_args "
+        "{std_over: batch}: the batch's std); false = Dr. GRPO's mean-only (TRL: scale_rewards)",
     )
     eps: float = Field(
         1e-6, description="added to the std before dividing, so an all-equal group does not divide by zero"
