@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from transformers import AutoTokenizer
@@ -22,10 +24,11 @@ from hone.data.splits import load_recipe_data
 from hone.envs import make_env, release_envs
 from hone.envs.base import PlayingEnvironment
 from hone.models import resolve_model
+from hone.rewards import RewardScorer, reward_failed
 from hone.rewards.resolve import load_reward
 from hone.rollout.prompts import render_prompt
 from hone.run.lifecycle import SetupError
-from hone.types import Sample
+from hone.types import Rollout, Sample
 
 SHOWN = 2  # prompts printed
 _T = TypeVar("_T")
@@ -43,9 +46,13 @@ def dry_run(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
 def _dry_run(cfg: HoneConfig, say: Callable[[str], None]) -> None:
     factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
     task, train, held_out = load_recipe_data(cfg, factory)
-    load_reward(cfg.reward, task)  # imports the reward function and runs its factory: a bad path fails here
+    scorer = load_reward(  # imports each reward function and runs its factory: a bad path fails here
+        cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps
+    )
     model_path = resolve_model(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if factory is None and cfg.rollout.agent is None and train:
+        probe_rewards(scorer, train[0], tokenizer, skip=_remote_rewards(cfg))
     say(f"data      {len(train)} training prompts, {len(held_out)} held out for eval")
     say(f"model     {cfg.model.path} (tokenizer from {model_path})")
     say(f"reward    {_reward_names(cfg)}")
@@ -60,6 +67,37 @@ def _dry_run(cfg: HoneConfig, say: Callable[[str], None]) -> None:
     finally:
         release_envs()
     say("\ndry run: recipe, data, reward and tokenizer are fine; nothing was trained or written")
+
+
+def probe_rewards(scorer: RewardScorer, sample: Sample, tokenizer: Any, skip: set[str]) -> None:
+    """Call each reward once on the first training prompt, with its reference answer (or an empty string)
+    as the response, so a reward that cannot run on the data (a TRL function asking for a column the rows
+    lack, a signature that fits neither contract's call) fails here in one line, not at step 0. A reward
+    may give any score: only an error counts. `skip`: rewards that call a service (a judge)."""
+    text = str(sample.answer) if sample.answer is not None else ""
+    ids = tokenizer.encode(text, add_special_tokens=False) or [tokenizer.eos_token_id or 0]
+    for component in scorer.components:
+        if component.name in skip:
+            continue
+        probe = Rollout(sample.id, 0, [0, *ids], 1, [1] * len(ids), [0.0] * len(ids), response_text=text)
+        one = RewardScorer([replace(component, correctness=False)], timeout_s=scorer.timeout_s)
+        scoring_log = logging.getLogger("hone.rewards.scoring")
+        level = scoring_log.level
+        scoring_log.setLevel(logging.CRITICAL)  # the failure is this function's one line, not a traceback
+        try:
+            one.score([probe], {sample.id: sample})
+        finally:
+            scoring_log.setLevel(level)
+        if reward_failed(probe) and one.last_error is not None:
+            error = one.last_error
+            raise SetupError(
+                f"reward {component.name!r} failed on training prompt 1 (id {sample.id}) with its reference "
+                f"answer as the response: {type(error).__name__}: {error}"
+            )
+
+
+def _remote_rewards(cfg: HoneConfig) -> set[str]:
+    return {name for name, c in cfg.reward.resolved().items() if c.fn == "judge"}
 
 
 def _show_episode_start(env: object, sample: Sample, say: Callable[[str], None]) -> None:

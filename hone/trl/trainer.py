@@ -122,7 +122,8 @@ class GRPOTrainer:
             from hone.trl.environments import environment_section
 
             env, env_rewards = environment_section(self.environment_factory)
-        rows = len(self.train_dataset) if hasattr(self.train_dataset, "__len__") else None
+        dataset = self.train_dataset
+        rows = len(dataset) if hasattr(dataset, "__len__") and not isinstance(dataset, str) else None
         translation = translate(self._values(), trl_defaults(), train_rows=rows, env_rewards=env_rewards)
         tree = translation.tree
         if self.environment_factory is not None:
