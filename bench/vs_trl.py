@@ -16,6 +16,10 @@ framework's bf16 mode (Hone: `trainer.autocast: bfloat16` and a bf16 copy of the
 `rollout.dtype: bfloat16`; TRL: `bf16=True`, accelerate's autocast); the trained weights and the
 optimizer stay fp32 either way.
 
+A third arm, `hone-trl`, is Hone with the same reward written TRL's way (`fn(completions, answer,
+**kwargs)`, one call per batch: `reward.contract` trl), so the TRL contract's own cost is measured beside
+the native arm in the same rounds.
+
 Per framework: median/min/max step time after the warm-up steps, the generation share of the step,
 new tokens/s, peak RSS of its process (and peak GPU memory), and the mean reward over the timed steps;
 then TRL/Hone ratios. Writes `bench/results/vs_trl_<dtype>[_cuda].json`.
@@ -137,6 +141,24 @@ def hone_crc_reward(rollout: Any, sample: Any) -> float:
     return crc_reward(rollout.response_text)
 
 
+# The `hone-trl` arm: Hone with the same rewards written TRL's way (one call per batch, TRL's keyword
+# arguments), as a TRL user brings them, to measure what the contract's adapter costs.
+REQUIRE_EVALUATED = False  # the task's math-reward setting, set by the child
+
+
+def trl_math_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    from hone.verifiers.math import math_reward
+
+    return [
+        math_reward(c, a, require_evaluated=REQUIRE_EVALUATED)
+        for c, a in zip(completions, answer, strict=True)
+    ]
+
+
+def trl_crc_reward(completions: list[str], **_: Any) -> list[float]:
+    return [crc_reward(c) for c in completions]
+
+
 def random_model_dir(name: str) -> Path:
     """Build (once, cached in the temp dir) the random model `name` with SmolLM2's tokenizer.
 
@@ -222,7 +244,9 @@ def settings(w: Workload, dtype: str) -> dict[str, dict[str, Any]]:
     return {"hone": hone, "trl": trl}
 
 
-def hone_config(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> list[str]:
+def hone_config(
+    w: Workload, run_dir: str, dtype: str, device: str = "cpu", trl_rewards: bool = False
+) -> list[str]:
     overrides: dict[str, Any] = {
         "run.dir": run_dir,
         "run.name": "hone",
@@ -243,7 +267,7 @@ def hone_config(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> l
         "rollout.n": w.n,
         "rollout.temperature": w.temperature,
         "rollout.max_new_tokens": w.max_new_tokens,
-        "reward.fn": "math" if w.reward == "math" else "vs_trl:hone_crc_reward",
+        "reward.fn": _reward_fn(w, trl_rewards),
         "algorithm.advantage": "grpo",
         "algorithm.policy_loss": "ppo",
         "algorithm.old_log_probs": "sampler",
@@ -265,6 +289,12 @@ def hone_config(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> l
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
 
 
+def _reward_fn(w: Workload, trl_rewards: bool) -> str:
+    if trl_rewards:
+        return "vs_trl:trl_math_reward" if w.reward == "math" else "vs_trl:trl_crc_reward"
+    return "math" if w.reward == "math" else "vs_trl:hone_crc_reward"
+
+
 def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") -> list[dict[str, str]]:
     """The prompts Hone's run draws, in its order (its `PromptStream`), with their answers."""
     from hone.config import load_config
@@ -274,7 +304,8 @@ def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") 
     cfg = load_config(None, hone_config(w, run_dir, dtype, device))
     task, train, _ = load_data(cfg.data, eval_size=cfg.eval.size, seed=cfg.run.seed)
     stream = PromptStream(train, w.prompts_per_step, SEED)
-    require = bool(task.reward_args.get("require_evaluated", False)) if task is not None else False
+    # The task's own setting of Hone's math reward (arithmetic: an unevaluated "12+7" is not an answer).
+    require = bool(task.reward_args.get("math", {}).get("require_evaluated", False)) if task else False
     return [
         {"prompt": s.prompt, "answer": str(s.answer), "require_evaluated": require}
         for step in range(w.steps)
@@ -282,15 +313,22 @@ def ordered_prompts(w: Workload, run_dir: str, dtype: str, device: str = "cpu") 
     ]
 
 
-def run_hone(w: Workload, dtype: str, work: Path, device: str) -> dict[str, Any]:
+def run_hone(w: Workload, dtype: str, work: Path, device: str, trl_rewards: bool = False) -> dict[str, Any]:
     import torch
 
     from hone.config import load_config
+    from hone.data.splits import load_task
     from hone.rl import loop
 
     if not on_gpu(device):
         torch.set_num_threads(THREADS)
-    result = loop.train(load_config(None, hone_config(w, str(work), dtype, device)))
+    cfg = load_config(None, hone_config(w, str(work), dtype, device, trl_rewards))
+    task = load_task(cfg.data)
+    global REQUIRE_EVALUATED
+    REQUIRE_EVALUATED = (
+        bool(task.reward_args.get("math", {}).get("require_evaluated", False)) if task else False
+    )
+    result = loop.train(cfg)
     rows = [json.loads(x) for x in (Path(result.run_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/step_s" in r]
     return {
@@ -408,7 +446,10 @@ def run_trl(w: Workload, dtype: str, work: Path, device: str) -> dict[str, Any]:
 
 def child(framework: str, workload: str, dtype: str, device: str, work: Path) -> None:
     w = WORKLOADS[workload]
-    result = (run_hone if framework == "hone" else run_trl)(w, dtype, work, device)
+    if framework == "trl":
+        result = run_trl(w, dtype, work, device)
+    else:
+        result = run_hone(w, dtype, work, device, trl_rewards=framework == "hone-trl")
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if on_gpu(device):
         import torch
@@ -518,9 +559,10 @@ def main() -> None:
         side = settings(w, ns.dtype)
         for key in side["hone"]:
             print(f"  {key:>26}  hone: {side['hone'][key]:<52} trl: {side['trl'][key]}")
-        runs: dict[str, list[dict[str, Any]]] = {"hone": [], "trl": []}
+        runs: dict[str, list[dict[str, Any]]] = {"hone": [], "hone-trl": [], "trl": []}
+        arms = list(runs)
         for round_ in range(ns.rounds):
-            order = ["hone", "trl"] if round_ % 2 == 0 else ["trl", "hone"]
+            order = arms[round_ % 3 :] + arms[: round_ % 3]  # each arm first, middle and last in turn
             for framework in order:
                 with tempfile.TemporaryDirectory() as tmp:
                     work = Path(tmp)
@@ -564,6 +606,12 @@ def main() -> None:
         print(
             f"  TRL/Hone step time {t['median_s'] / h['median_s']:.2f}x; "
             f"RSS Hone/TRL {h['peak_rss_mb']:.0f}/{t['peak_rss_mb']:.0f} MB"
+        )
+        a = table["hone-trl"]
+        print(
+            f"  Hone with TRL-style rewards / native: step time {a['median_s'] / h['median_s']:.3f}x, "
+            f"reward {a['reward']:.3f} / {h['reward']:.3f}; "
+            f"TRL/Hone-with-TRL-rewards {t['median_s'] / a['median_s']:.2f}x"
         )
         if on_gpu(ns.device):
             g = results[name]["gpu"]

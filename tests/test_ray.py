@@ -164,6 +164,34 @@ def test_a_trl_reward_on_a_reward_worker_reads_the_step_and_its_logged_columns_c
     _assert_no_ray_processes_soon()
 
 
+@RAY_CLUSTER
+def test_a_programs_own_reward_object_reaches_the_reward_worker(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """`hone.trl.GRPOTrainer`'s case: a reward that only the driver's program has (a closure, registered as
+    `script:<name>`) is pickled to the Ray actors with their arguments and scores there as locally."""
+    from hone.plugins import register_script_object
+
+    weight = 0.5
+
+    def closure_reward(completion_ids: list[list[int]], **kwargs: object) -> list[float]:
+        return [weight * (sum(ids) % 3) for ids in completion_ids]
+
+    spec = register_script_object("closure_reward", closure_reward)
+    reward = {"reward.fn": spec, "reward.contract": "trl"}
+    local = _run(tmp_path, micro_model_dir, "local", **reward)
+    run = _run(
+        tmp_path,
+        micro_model_dir,
+        "ray",
+        **{"cluster.backend": "ray", "cluster.samplers.num_cpus": 1, "cluster.reward_workers.count": 1},
+        **reward,
+    )
+    key = "rewards/closure_reward/mean"
+    assert [r[key] for r in _rows(run)] == [r[key] for r in _rows(local)]
+    _assert_no_ray_processes_soon()
+
+
 def test_shares_merge_into_one_step_in_prompt_order() -> None:
     def rollout(group: int) -> Rollout:
         return Rollout(
@@ -442,7 +470,7 @@ def test_a_sampler_actor_builds_its_producer_as_the_driver_does_and_samples_the_
     from hone.rl.producer import Producer, ProducerSettings
 
     cfg = load_config(None, tiny_overrides(tmp_path, micro_model_dir, "actor", **TOKEN_REWARD))
-    actor = SamplerActor(cfg.model_dump(mode="json"), os.getcwd(), torch.get_num_threads(), [])
+    actor = SamplerActor(cfg.model_dump(mode="json"), os.getcwd(), torch.get_num_threads(), {}, [])
     parts = build_components(cfg)
     try:
         assert type(actor.producer.parts) is type(parts.producer)

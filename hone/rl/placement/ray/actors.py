@@ -19,6 +19,7 @@ import torch
 
 from hone.config import HoneConfig
 from hone.data.splits import load_task
+from hone.plugins import adopt_script_objects
 from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward
 from hone.rl.components import build_producer_parts
@@ -34,8 +35,10 @@ log = logging.getLogger("hone")
 CALL_TIMEOUT_S = 3600.0
 
 
-def enter(cwd: str, threads: int) -> None:
-    """An actor's start: the driver's directory (when this node has it) and its torch threads."""
+def enter(cwd: str, threads: int, objects: dict[str, Any]) -> None:
+    """An actor's start: the driver's directory (when this node has it), its torch threads, and the objects
+    the driver's program registered (`script:<name>` rewards and environments, which Ray pickled here)."""
+    adopt_script_objects(objects)
     if os.path.isdir(cwd):
         os.chdir(cwd)
     torch.set_num_threads(threads)
@@ -49,8 +52,8 @@ def enter(cwd: str, threads: int) -> None:
 class RewardActor:
     """A reward worker: the run's reward built from the recipe, scoring what sampler actors send it."""
 
-    def __init__(self, cfg: dict[str, Any], cwd: str, threads: int) -> None:
-        enter(cwd, threads)
+    def __init__(self, cfg: dict[str, Any], cwd: str, threads: int, objects: dict[str, Any]) -> None:
+        enter(cwd, threads, objects)
         config = HoneConfig.model_validate(cfg)
         self.scorer = load_reward(  # the task only: no training set
             config.reward,
@@ -130,8 +133,10 @@ class SamplerActor:
     actor's calls one at a time, in order, so a `load` lands between shares: every share is sampled with
     one version, and every share submitted after a publish with that version or a newer one."""
 
-    def __init__(self, cfg: dict[str, Any], cwd: str, threads: int, reward_workers: list[Any]) -> None:
-        enter(cwd, threads)
+    def __init__(
+        self, cfg: dict[str, Any], cwd: str, threads: int, objects: dict[str, Any], reward_workers: list[Any]
+    ) -> None:
+        enter(cwd, threads, objects)
         config = HoneConfig.model_validate(cfg)
         self.cfg = config
 

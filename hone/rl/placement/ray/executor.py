@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from hone.config import ClusterConfig, HoneConfig
+from hone.plugins import script_objects
 from hone.rl.components import PlacementParts
 from hone.rl.placement.ray.actors import CALL_TIMEOUT_S, RewardActor, SamplerActor
 from hone.rl.placement.ray.cluster import await_restart, bundle, place, remove
@@ -142,6 +143,7 @@ class RayExecutor:
         self._actors: list[Any] = []
         self._reward_workers: list[Any] = []
         samplers, scoring, cwd = cluster.samplers, cluster.reward_workers, os.getcwd()
+        objects = script_objects()  # a program's own rewards and environments (hone.trl), pickled by Ray
         try:
             if scoring.count:
                 self._reward_workers, group = place(
@@ -153,6 +155,7 @@ class RayExecutor:
                     recipe,
                     cwd,
                     _threads(scoring.num_cpus),
+                    objects,
                 )
                 self._groups.append(group)
             self._actors, group = place(
@@ -164,6 +167,7 @@ class RayExecutor:
                 recipe,
                 cwd,
                 _threads(samplers.num_cpus),
+                objects,
                 self._reward_workers,
             )
             self._groups.append(group)
