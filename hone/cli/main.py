@@ -338,9 +338,13 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         resumed = getattr(ns, "resume", None)
         # (a control run's environment makes its own observations)
         if ns.command in ("train", "sft", "eval", "pairs") and not resumed and cfg.control is None:
-            check_data_files(
-                cfg.data, has_env=cfg.env.name is not None, answer_needed_by=answer_needed_by_recipe(cfg)
-            )
+            reads = True
+            if cfg.env.name is not None:  # imported only for an environment run (transformers comes with it)
+                from hone.envs import env_reads_answer
+
+                reads = env_reads_answer(cfg.env.name, cfg.env.args)
+            needs = answer_needed_by_recipe(cfg, env_reads_answer=reads)
+            check_data_files(cfg.data, has_env=cfg.env.name is not None, answer_needed_by=needs)
     except (ConfigError, HoneDataError) as e:
         return _error(e)
     if cfg.control is None:  # a control run loads no transformers
