@@ -160,6 +160,10 @@ class Rollout:
     token_versions: list[int] = field(default_factory=list)
     vision: VisionInputs | None = None  # the prompt's images (shared by a group's rollouts, never copied)
     extra: dict[str, Any] = field(default_factory=dict)  # TRL rewards' `log_extra` columns (samples.jsonl)
+    # The episode's `Environment.reward_state()` (a TRL environment's instance), which TRL-contract rewards
+    # get as `environments=`: set when its episode ends, dropped once it is scored, so it neither travels
+    # with a scored rollout (to the learner, a replay buffer) nor outlives the step.
+    env_state: Any = field(default=None, repr=False, compare=False)
 
     @property
     def response_ids(self) -> list[int]:

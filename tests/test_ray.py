@@ -189,6 +189,39 @@ def test_a_programs_own_reward_object_reaches_the_reward_worker(
     )
     key = "rewards/closure_reward/mean"
     assert [r[key] for r in _rows(run)] == [r[key] for r in _rows(local)]
+
+
+@RAY_CLUSTER
+def test_a_trl_environment_on_a_reward_worker_is_scored_on_its_pickled_instances_as_locally(
+    tmp_path: Path, micro_model_dir: Path
+) -> None:
+    """Issue 49: a TRL environment's instances travel with their rollouts to the reward worker, where its
+    get_reward and a TRL reward reading `environments=` score them as a local run does; an instance that
+    does not pickle stops the run in one line that names it and the way out."""
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Go to {i % 5 + 1}."}], "target": i % 5 + 1}
+        for i in range(40)
+    ]
+    data = tmp_path / "counter.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {
+        "data.task": "null",
+        "data.source": data,
+        "env.name": "tests.trl_envs_for_tests:CounterEnv",
+        "env.max_turns": 2,
+        "reward.fn": "tests.trl_envs_for_tests:target_reward",
+    }
+    on_ray = {"cluster.backend": "ray", "cluster.samplers.num_cpus": 1, "cluster.reward_workers.count": 1}
+    local = _run(tmp_path, micro_model_dir, "local", **env)
+    run = _run(tmp_path, micro_model_dir, "ray", **on_ray, **env)
+    for key in ("rewards/CounterEnv/mean", "rewards/target_reward/mean", "reward/mean"):
+        assert [r[key] for r in _rows(run)] == [r[key] for r in _rows(local)]
+    locked = {**env, "env.name": "tests.trl_envs_for_tests:LockedCounterEnv", "cluster.producer_retries": 0}
+    with pytest.raises(Exception) as e:
+        _run(tmp_path, micro_model_dir, "locked", **on_ray, **locked)
+    assert "\n" not in str(e.value)
+    assert "LockedCounterEnv does not pickle (cannot pickle '_thread.lock' object)" in str(e.value)
+    assert "cluster.reward_workers.count: 0" in str(e.value)
     _assert_no_ray_processes_soon()
 
 

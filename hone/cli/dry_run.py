@@ -20,12 +20,11 @@ from typing import Any, TypeVar
 from transformers import AutoTokenizer
 
 from hone.config import HoneConfig
-from hone.data.splits import load_recipe_data
-from hone.envs import make_env, release_envs
+from hone.envs import release_envs
 from hone.envs.base import PlayingEnvironment
 from hone.models import resolve_model
 from hone.rewards import RewardScorer, reward_failed
-from hone.rewards.resolve import load_reward
+from hone.rl.components import recipe_data, recipe_env, recipe_reward
 from hone.rollout.prompts import render_prompt
 from hone.run.lifecycle import SetupError
 from hone.types import Rollout, Sample
@@ -44,18 +43,18 @@ def dry_run(cfg: HoneConfig, say: Callable[[str], None] = print) -> None:
 
 
 def _dry_run(cfg: HoneConfig, say: Callable[[str], None]) -> None:
-    factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
-    task, train, held_out = load_recipe_data(cfg, factory)
-    scorer = load_reward(  # imports each reward function and runs its factory: a bad path fails here
-        cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps
-    )
+    factory = recipe_env(cfg)
+    task, train, held_out = recipe_data(cfg, factory)
+    scorer = recipe_reward(
+        cfg, task, factory
+    )  # imports each reward and runs its factory: a bad path fails here
     model_path = resolve_model(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if factory is None and cfg.rollout.agent is None and train:
         probe_rewards(scorer, train[0], tokenizer, skip=_remote_rewards(cfg))
     say(f"data      {len(train)} training prompts, {len(held_out)} held out for eval")
     say(f"model     {cfg.model.path} (tokenizer from {model_path})")
-    say(f"reward    {_reward_names(cfg)}")
+    say(f"reward    {_reward_names(cfg, scorer)}")
     try:
         for i, sample in enumerate(train[:SHOWN]):
             say(f"\n--- training prompt {i + 1} of {len(train)} (id {sample.id}) ---")
@@ -125,9 +124,13 @@ async def _awaited(value: object) -> object:
     return await value  # type: ignore[misc]
 
 
-def _reward_names(cfg: HoneConfig) -> str:
+def _reward_names(cfg: HoneConfig, scorer: RewardScorer) -> str:
     parts = cfg.reward.resolved()
-    return ", ".join(f"{name} ({c.fn}, weight {c.weight:g})" for name, c in parts.items())
+    return ", ".join(
+        f"{c.name} ({parts[c.name].fn if c.name in parts else 'the TRL environment get_reward'}, "
+        f"weight {c.weight:g})"
+        for c in scorer.components
+    )
 
 
 def _fail_as_setup(fn: Callable[[], _T]) -> _T:
@@ -222,10 +225,10 @@ def _show_pair(cfg: HoneConfig, pair: Any, tokenizer: Any, say: Callable[[str], 
 
 def _eval_data_and_reward(cfg: HoneConfig) -> tuple[Any, list[Sample]]:
     """The task and held-out samples the eval reads, and its reward loaded (a bad path fails here)."""
-    factory = make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    factory = recipe_env(cfg)
     try:
-        task, _, held_out = load_recipe_data(cfg, factory)
+        task, _, held_out = recipe_data(cfg, factory)
     finally:
         release_envs()
-    load_reward(cfg.reward, task)
+    recipe_reward(cfg, task, factory)
     return task, held_out

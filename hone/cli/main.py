@@ -58,7 +58,7 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
         return load_config(saved, overrides, relative_to=Path.cwd())
     if getattr(ns, "trl_config", None):
         if recipe is not None:
-            raise ConfigError(f"--trl-config {ns.trl_config} is the recipe: drop {recipe!r}, or drop --trl-config")
+            raise ConfigError(f"--trl-config {ns.trl_config} is the recipe: drop {recipe!r} or --trl-config")
         return _trl_config(ns.trl_config, overrides)
     if recipe is None and ns.command in ("dpo", "rm"):  # the default recipe trains no preferences
         recipe = ns.command
@@ -356,9 +356,13 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         resumed = getattr(ns, "resume", None)
         # (a control run's environment makes its own observations)
         if ns.command in ("train", "sft", "eval", "pairs") and not resumed and cfg.control is None:
-            check_data_files(
-                cfg.data, has_env=cfg.env.name is not None, answer_needed_by=answer_needed_by_recipe(cfg)
-            )
+            reads = True
+            if cfg.env.name is not None:  # imported only for an environment run (transformers comes with it)
+                from hone.envs import env_reads_answer
+
+                reads = env_reads_answer(cfg.env.name, cfg.env.args)
+            needs = answer_needed_by_recipe(cfg, env_reads_answer=reads)
+            check_data_files(cfg.data, has_env=cfg.env.name is not None, answer_needed_by=needs)
     except (ConfigError, HoneDataError) as e:
         return _error(e)
     if cfg.control is None:  # a control run loads no transformers

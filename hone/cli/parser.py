@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--trl-config",
                 metavar="FILE",
-                help="a `trl grpo --config` file (TRL's GRPOConfig keys) instead of a recipe: its Hone recipe "
+                help="a `trl grpo --config` file (TRL GRPOConfig keys) instead of a recipe: its Hone recipe "
                 "is printed, then run (config: only printed); overrides still apply",
             )
         if name == "train":

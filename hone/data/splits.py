@@ -86,17 +86,18 @@ def load_data(
 
 
 def load_recipe_data(
-    cfg: HoneConfig, make_env: EnvFactory | None
+    cfg: HoneConfig, make_env: EnvFactory | None, *, env_reads_answer: bool = True
 ) -> tuple[Task | None, list[Sample], list[Sample]]:
     """`load_data` as a recipe asks: its data section, eval size, seed and environment, and a reference
-    answer required only when something in it reads one (`answer_needed_by_recipe`)."""
+    answer required only when something in it reads one (`answer_needed_by_recipe`; `env_reads_answer`:
+    whether its environment does, `hone.envs.env_reads_answer`)."""
     return load_data(
         cfg.data,
         eval_size=cfg.eval.size,
         seed=cfg.run.seed,
         make_env=make_env,
         env_args=cfg.env.args,
-        answer_needed_by=answer_needed_by_recipe(cfg),
+        answer_needed_by=answer_needed_by_recipe(cfg, env_reads_answer=env_reads_answer),
     )
 
 
@@ -221,18 +222,19 @@ def _dataset_fields(data: DataConfig, answer_needed_by: str | None = None) -> di
     )
 
 
-def answer_needed_by_recipe(cfg: HoneConfig) -> str | None:
+def answer_needed_by_recipe(cfg: HoneConfig, *, env_reads_answer: bool = True) -> str | None:
     """What in the recipe reads a dataset row's reference answer (`data.answer_field`), named as the recipe
     names it ("reward.fn math", "reward.components.acc (fn math)", "env.name retry"); None when nothing
     does, so TRL's prompt-only rows load. The `math` verifier compares against the answer unless its
     `answer_field` arg points it at another column; an environment may check it (Hone's games do), so
-    one is kept as needing it. Rewards that take no answer (format, length, overlong, code's tests column,
-    judge's optional reference, reward_model, a `pkg.mod:fn` plugin) need none."""
+    one is kept as needing it unless `env_reads_answer` says it does not (a TRL environment reads the
+    row's columns: `hone.envs.env_reads_answer`). Rewards that take no answer (format, length, overlong,
+    code's tests column, judge's optional reference, reward_model, a `pkg.mod:fn` plugin) need none."""
     components = cfg.reward.components
     for name, c in cfg.reward.resolved().items():
         if c.fn == "math" and not c.args.get("answer_field"):
             return f"reward.components.{name} (fn math)" if components else "reward.fn math"
-    if cfg.env.name is not None:
+    if cfg.env.name is not None and env_reads_answer:
         return f"env.name {cfg.env.name}"
     return None
 

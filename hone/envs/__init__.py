@@ -8,7 +8,9 @@ in the Hermes `<tool_call>` format, run concurrently with timeouts). Built-in en
 MCP-style OpenEnv server's tools (`hone.envs.openenv_tools`), and `mcp`, a Model Context Protocol
 server's tools (`hone.envs.mcp_tools`). A recipe names one of them, any class by dotted path
 (`mypkg.envs:UnitsEnv`), or a verifiers environment (`verifiers:<id>`, see `hone.envs.verifiers_env`);
-`make_env` builds the per-rollout factory.
+`make_env` builds the per-rollout factory. A class written for TRL's `GRPOTrainer(environment_factory=...)`
+(`reset(**row)`, its public methods as tools, an optional `get_reward`) is named the same way and runs
+unchanged, wrapped by `hone.envs.trl_env`; `trl` routes each row among several by its `environment` column.
 
 A tool environment of your own (this block is run by the test suite):
 
@@ -59,6 +61,7 @@ from hone.envs.base import (
     Message,
     PlayingEnvironment,
     StepResult,
+    env_reads_answer,
     make_env,
     register_env,
     release_envs,
@@ -80,6 +83,7 @@ from hone.envs.tools import (
     search_tool,
     sql_tool,
 )
+from hone.envs.trl_env import TrlEnv  # registers `trl`; wraps TRL environment classes (`make_env`)
 
 __all__ = [
     "ENVIRONMENTS",
@@ -101,9 +105,11 @@ __all__ = [
     "ToolCallParser",
     "ToolEnv",
     "ToolError",
+    "TrlEnv",
     "ZoomDigit",
     "calculator",
     "calculator_tool",
+    "env_reads_answer",
     "get_parser",
     "make_env",
     "python_tool",

@@ -53,8 +53,13 @@ class Environment(ABC):
     `demonstration`, so a recipe needs no dataset and SFT a warm start."""
 
     max_turns: int = 8
-    # JSON schemas for `tokenizer.apply_chat_template(tools=...)`; None when the model has no tools.
+    # JSON schemas for `tokenizer.apply_chat_template(tools=...)`; None when the model has no tools. Read
+    # after `reset`: an environment may choose its tools there (a TRL multi-environment row).
     tools: list[dict] | None = None
+    # Whether the environment checks responses against a dataset row's reference answer (`Sample.answer`):
+    # then a dataset row without one is refused when the data loads. A TRL environment reads the row's
+    # columns itself and needs none.
+    reads_answer: ClassVar[bool] = True
 
     @abstractmethod
     def reset(self, sample: Sample) -> list[Message] | Awaitable[list[Message]]:
@@ -72,6 +77,12 @@ class Environment(ABC):
         raise NotImplementedError(
             f"environment {cls.__name__} does not generate its own samples; give the recipe a dataset"
         )
+
+    def reward_state(self) -> Any:
+        """What TRL-contract reward functions get for this episode in `environments=` (TRL's per-completion
+        environment instance), taken when the episode ends and kept with its rollout until it is scored.
+        None (the default): the run passes no `environments`."""
+        return None
 
     def close(self) -> Awaitable[None] | None:
         """Release what this episode holds (e.g. a server session). The rollout loop calls it once when
@@ -214,11 +225,17 @@ ENV_FAMILIES: Registry[str] = Registry("environment family")
 ENV_FAMILIES.add("verifiers:", "hone.envs.verifiers_env:verifiers_env")  # a verifiers environment, by its id
 
 
-def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
+def make_env(
+    spec: str, args: dict[str, Any] | None = None, *, answer_field: str = "answer"
+) -> Callable[[], Environment]:
     """A zero-argument factory for the environment `spec` (a registered name, `pkg.mod:Class` /
     `pkg.mod.Class`, or `verifiers:<id>`, a verifiers environment: `hone.envs.verifiers_env`) built with
     `args`. One instance is built here, so a bad name or bad arguments fail when the recipe is set up,
     with a `ValueError` naming the environment, not in the first rollout.
+
+    A class (or factory) that builds no `Environment` but an object with a callable `reset` is a TRL
+    environment (`GRPOTrainer(environment_factory=...)`): it is wrapped (`hone.envs.trl_env`), and its
+    `reset` gets a dataset row's reference answer back under `answer_field` (`data.answer_field`).
 
     `args` are shared by every instance: environments must treat them as read-only.
     """
@@ -233,9 +250,36 @@ def make_env(spec: str, args: dict[str, Any] | None = None) -> Callable[[], Envi
         probe = cls(**args)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"environment {spec!r}: cannot construct with args {args}: {exc}") from exc
-    if not isinstance(probe, Environment):
-        raise ValueError(f"environment {spec!r} built a {type(probe).__name__}, not an Environment")
+    from hone.envs.trl_env import TrlEnv, trl_env_factory  # it builds on this module
+
+    if isinstance(probe, TrlEnv) or not isinstance(probe, Environment):
+        return trl_env_factory(spec, cls, args, probe, answer_field)
     return functools.partial(cls, **args)
+
+
+def env_class(spec: str | None, args: dict[str, Any] | None = None) -> type | None:
+    """The class of what `spec` builds, read without building one where it names a class (a factory
+    function is called once with `args`); None where that cannot be told (no spec, a family, a bad spec or
+    arguments: the run reports those itself, in one line)."""
+    if spec is None or any(spec.startswith(prefix) for prefix in ENV_FAMILIES):
+        return None
+    try:
+        target = resolve_env(spec)
+        return target if isinstance(target, type) else type(target(**(args or {})))
+    except Exception:
+        return None
+
+
+def env_reads_answer(spec: str | None, args: dict[str, Any] | None = None) -> bool:
+    """Whether the environment `spec` names checks responses against a row's reference answer
+    (`Environment.reads_answer`); a TRL environment class (a callable `reset`, no Hone `Environment`)
+    reads the row's columns itself. True where `env_class` cannot tell."""
+    cls = env_class(spec, args)
+    if cls is None:
+        return True
+    if issubclass(cls, Environment):
+        return cls.reads_answer
+    return not callable(getattr(cls, "reset", None))
 
 
 def resolve_env(spec: str) -> Callable[..., Environment]:

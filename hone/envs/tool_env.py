@@ -80,7 +80,7 @@ class ToolEnv(Environment):
         kept, dropped = calls[:allowed], calls[allowed:]
         if self.calls_left is not None:
             self.calls_left -= len(kept)
-        outcomes = await asyncio.gather(*(self._run(call) for call in kept))
+        outcomes = await self._run_all(kept)
         messages = [_tool_message(name, text) for name, text, _ in outcomes]
         kinds = [kind for _, _, kind in outcomes]
         if dropped:
@@ -96,7 +96,11 @@ class ToolEnv(Environment):
         }
         return StepResult(messages, reward=0.0, done=False, info=info)
 
-    async def _run(self, call: ToolCall | ToolCallError) -> tuple[str, str, str]:
+    async def _run_all(self, calls: list[ToolCall | ToolCallError]) -> list[tuple[str, Any, str]]:
+        """Every call of a turn, concurrently; the outcomes in the order the calls were written."""
+        return list(await asyncio.gather(*(self._run(call) for call in calls)))
+
+    async def _run(self, call: ToolCall | ToolCallError) -> tuple[str, Any, str]:
         """(tool name, observation text, "ok" | "error" | "timeout") for one parsed call."""
         if isinstance(call, ToolCallError):
             return "error", f"Error: {call.message}", "error"
@@ -129,7 +133,7 @@ async def _call(tool: Tool, arguments: dict[str, Any]) -> str:
         raise ToolError(f"{tool.name}: {type(exc).__name__}: {exc}") from exc
 
 
-def _tool_message(name: str, content: str) -> Message:
+def _tool_message(name: str, content: Any) -> Message:
     return {"role": "tool", "name": name, "content": content}
 
 

@@ -5,6 +5,7 @@ path fails in seconds with one line, before any model loads."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,27 +26,52 @@ log = logging.getLogger("hone")
 
 
 def load_reward(
-    reward: RewardConfig, task: Task | None, *, answer_field: str = "answer", max_steps: int = 0
+    reward: RewardConfig,
+    task: Task | None,
+    *,
+    answer_field: str = "answer",
+    max_steps: int = 0,
+    env_rewards: Sequence[tuple[str, Callable[..., Any]]] = (),
 ) -> RewardScorer:
     """Build every reward component (factories run now, so a bad arg or path fails before training).
     `task` is the run's task (`data.task`), which the `task` reward scores with and whose defaults a
     built-in reward's args start from. A `pkg.mod:fn` reward with TRL's contract (`contract_of`) is
     wrapped to be called as TRL calls it; it gets the reference answer as column `answer_field`
-    (`data.answer_field`) and `max_steps` (`run.steps`) in its `trainer_state`."""
+    (`data.answer_field`) and `max_steps` (`run.steps`) in its `trainer_state`.
+
+    `env_rewards` are the environment's own reward sources (`(name, TRL-contract function)`: a TRL
+    environment's `get_reward`, `hone.envs.trl_env.trl_env_rewards`), added as TRL adds them: a component
+    each, weight 1, beside the configured ones; with no reward configured (no `fn`, no `components`) they
+    are the reward."""
     if reward.sandbox_concurrency is not None:
         set_sandbox_concurrency(reward.sandbox_concurrency)
     else:  # as many as the reward calls in flight: a call's timeout must not run out waiting for a slot
         set_sandbox_concurrency(reward.max_concurrency)
-    correctness = reward_correctness_component(reward)
+    # An environment's reward alone is the reward when none is configured (TRL's reward_funcs are optional).
+    configured = {} if env_rewards and reward.fn is None and not reward.components else reward.resolved()
+    correctness = scoring.correctness_component(
+        [*configured, *(name for name, _ in env_rewards)],
+        [name for name, c in configured.items() if c.correctness],
+        [name for name, c in configured.items() if c.fn in VERIFIER_REWARDS],
+    )
     if correctness is None:
         log.warning(
             "no reward component grades correctness (a verifier, or one with correctness: true): "
             "eval/accuracy counts responses whose total reward is full marks"
         )
     components = []
-    for name, c in reward.resolved().items():
+    for name, c in configured.items():
         fn = with_contract(name, c.fn, reward_fn(name, c.fn, c.args, task), c.contract, answer_field)
         components.append(RewardComponent(name, fn, c.weight, c.timeout_s, correctness=name == correctness))
+    for name, fn in env_rewards:
+        if name in configured:
+            raise ValueError(
+                f"reward component {name!r} has the name of the TRL environment {name}, whose get_reward is "
+                "a component of that name: rename it"
+            )
+        log.info("reward %s: the TRL environment's get_reward (weight 1, TRL contract)", name)
+        fn = TrlReward(name, fn, answer_column=answer_field)
+        components.append(RewardComponent(name, fn, correctness=name == correctness))
     scorer = RewardScorer(components, timeout_s=reward.timeout_s, max_concurrency=reward.max_concurrency)
     scorer.trainer_state.max_steps = max_steps
     return scorer

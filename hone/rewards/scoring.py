@@ -264,6 +264,8 @@ class RewardScorer:
         if rollouts:
             scored = [r for r in rollouts if not r.metrics.get(UNSCORABLE)] if unscorable else rollouts
             metrics["reward/mean"] = sum(r.reward for r in scored) / len(scored) if scored else math.nan
+        for rollout in rollouts:  # scored: its environment's instance is let go (`Rollout.env_state`)
+            rollout.env_state = None
         return metrics
 
 

@@ -2,10 +2,10 @@
 once per batch, returning one `float | None` per completion (TRL 1.16 `GRPOTrainer._calculate_rewards`).
 
 Which contract a `pkg.mod:fn` reward has is read from its signature (`contract_of`): a first parameter
-named `completions` or `prompts`, or `**kwargs` with no room for Hone's positional `(rollout, sample)`,
-is TRL's; `reward.contract` forces either. A TRL function becomes a batched component (`TrlReward`, one
-call over the step's rollouts, under the component's timeout) whose keyword arguments are built as TRL
-builds them:
+named `completions`, `prompts` or `environments`, or `**kwargs` with no room for Hone's positional
+`(rollout, sample)`, is TRL's; `reward.contract` forces either. A TRL function becomes a batched
+component (`TrlReward`, one call over the step's rollouts, under the component's timeout) whose keyword
+arguments are built as TRL builds them:
 
 - `prompts`: the sample's prompt text, or its message list for a conversational sample (`Sample.messages`);
 - `completions`: the response text, or `[{"role": "assistant", "content": text}]` for a conversational one;
@@ -16,7 +16,9 @@ builds them:
 - `trainer_state`: a `TrainerState` (`global_step`: the RL step, 0-based, as TRL's before its update;
   `max_steps`: `run.steps`);
 - `log_metric(name, value)`: a scalar for the step's metrics.jsonl (values logged twice are averaged);
-- `log_extra(column, values)`: one value per completion for samples.jsonl (each record's `extra`).
+- `log_extra(column, values)`: one value per completion for samples.jsonl (each record's `extra`);
+- `environments`: in an environment run whose environment gives one (`Environment.reward_state`, a TRL
+  environment's instance: `hone.envs.trl_env`), each completion's, as its episode left it; else not passed.
 
 A None is "this function does not apply": the completion's reward is the weighted sum over the functions
 that returned a value, and one that every function returned None for is unscorable (the scorer flags it,
@@ -36,8 +38,16 @@ from hone.aio import run_coroutine
 from hone.types import Rollout, Sample
 
 Contract = Literal["hone", "trl"]
-TRL_FIRST = ("completions", "prompts")
-RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
+TRL_FIRST = ("completions", "prompts", "environments")
+RESERVED = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_metric",
+    "log_extra",
+    "environments",
+)
 TRL_LINE = (
     "TRL contract (called once per batch with prompts, completions, completion_ids and the dataset's columns)"
 )
@@ -97,8 +107,8 @@ def contract_of(fn: Any, where: str, forced: str = "auto") -> Contract:
         return "trl"
     raise ValueError(
         f"{where}: signature {sig} fits neither Hone's contract fn(rollout, sample) nor TRL's "
-        "fn(prompts, completions, completion_ids, **kwargs) (a first parameter named completions or "
-        "prompts, or **kwargs); set reward.contract to force one"
+        "fn(prompts, completions, completion_ids, **kwargs) (a first parameter named completions, "
+        "prompts or environments, or **kwargs); set reward.contract to force one"
     )
 
 
@@ -173,6 +183,9 @@ class TrlReward:
         kwargs["trainer_state"] = self.state
         kwargs["log_metric"] = log_metric
         kwargs["log_extra"] = log_extra
+        states = [r.env_state for r in rollouts]
+        if any(state is not None for state in states):  # TRL passes them only with an environment_factory
+            kwargs["environments"] = states
         return kwargs, out
 
     def _checked(self, values: Any, n: int, out: LoggedScores) -> LoggedScores:

@@ -18,9 +18,10 @@ from transformers.processing_utils import ProcessorMixin
 from hone.config import HoneConfig
 from hone.data import Task
 from hone.data.splits import load_recipe_data
-from hone.envs import Environment, release_envs
+from hone.envs import Environment, env_reads_answer, release_envs
 from hone.envs import make_env as _make_env
 from hone.envs.parsers import get_parser
+from hone.envs.trl_env import trl_env_rewards
 from hone.models import resolve_model
 from hone.rewards import RewardScorer
 from hone.rewards.resolve import load_reward, reward_correctness_component
@@ -158,15 +159,15 @@ class RunComponents:
 def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunComponents:
     """The run's parts. `reuse_model`: nothing trains the policy (`hone eval`, `hone pairs`), so the sampler
     samples over the policy's own model instead of a copy (`build_sampler`): one copy of the weights."""
-    make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
+    make_env = recipe_env(cfg)
     agent_spec = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
     if agent_spec is not None:
         try:  # a bad name fails before the model loads
             get_parser(cfg.rollout.agent_tool_parser)
         except ValueError as e:
             raise ValueError(f"rollout.agent_tool_parser: {e}") from None
-    task, train_samples, eval_samples = load_recipe_data(cfg, make_env)
-    reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
+    task, train_samples, eval_samples = recipe_data(cfg, make_env)
+    reward = recipe_reward(cfg, task, make_env)
     eval_accuracy = reports_accuracy(cfg, eval_samples)
     if not eval_accuracy:  # once per run: said where the run's parts are built, not at every eval
         log.info(
@@ -217,6 +218,36 @@ def build_components(cfg: HoneConfig, *, reuse_model: bool = False) -> RunCompon
         episodes=episodes,
         agent=agent,
         eval_accuracy=eval_accuracy,
+    )
+
+
+def recipe_env(cfg: HoneConfig) -> Callable[[], Environment] | None:
+    """The recipe's environment factory (`env.name`, `env.args`), None for single-turn prompts; a TRL
+    environment's `reset` gets a row's reference answer back under `data.answer_field`."""
+    if cfg.env.name is None:
+        return None
+    return _make_env(cfg.env.name, cfg.env.args, answer_field=cfg.data.answer_field)
+
+
+def recipe_data(
+    cfg: HoneConfig, make_env: Callable[[], Environment] | None
+) -> tuple[Task | None, list[Sample], list[Sample]]:
+    """The run's task and splits; a row's reference answer is required only where something reads it
+    (a TRL environment reads the row's columns instead)."""
+    return load_recipe_data(cfg, make_env, env_reads_answer=env_reads_answer(cfg.env.name, cfg.env.args))
+
+
+def recipe_reward(
+    cfg: HoneConfig, task: Task | None, make_env: Callable[[], Environment] | None
+) -> RewardScorer:
+    """The `reward` section's scorer, with the environment's own reward sources (a TRL environment's
+    `get_reward`) beside its components."""
+    return load_reward(
+        cfg.reward,
+        task,
+        answer_field=cfg.data.answer_field,
+        max_steps=cfg.run.steps,
+        env_rewards=trl_env_rewards(make_env),
     )
 
 
@@ -286,9 +317,9 @@ def build_producer_parts(
     it: scored by reward workers), the policy's model loaded once and taken by the sampler (`reuse_model`:
     no optimizer, nothing trains it), and the environments. No eval split, no weight channel: weights come
     with each `load`."""
-    make_env = _make_env(cfg.env.name, cfg.env.args) if cfg.env.name else None
-    task, train_samples, _ = load_recipe_data(cfg, make_env)
-    reward = load_reward(cfg.reward, task, answer_field=cfg.data.answer_field, max_steps=cfg.run.steps)
+    make_env = recipe_env(cfg)
+    task, train_samples, _ = recipe_data(cfg, make_env)
+    reward = recipe_reward(cfg, task, make_env)
     if remote_reward is not None:
         reward = remote_reward(reward)
     model_path = resolve_model(cfg.model.path)

@@ -20,6 +20,7 @@ import torch
 from hone.config import HoneConfig
 from hone.data import Task, load_samples
 from hone.data.splits import answer_needed_by_recipe, validation_samples
+from hone.envs import env_reads_answer
 from hone.rewards import RewardFn, RewardScorer
 from hone.rl.components import RunComponents
 from hone.rl.evaluate import evaluate
@@ -59,7 +60,9 @@ def sft_data(cfg: HoneConfig, parts: RunComponents) -> SFTData:
         val_size=cfg.sft.val_size,
         make_env=None if episodes is None else episodes.make_env,
         env_args=cfg.env.args,
-        answer_needed_by=answer_needed_by_recipe(cfg),
+        answer_needed_by=answer_needed_by_recipe(
+            cfg, env_reads_answer=env_reads_answer(cfg.env.name, cfg.env.args)
+        ),
     )
     if episodes is None or cfg.sft.data is not None:
         return SFTData(pairs=sft_pairs(cfg, parts.task), val=val)

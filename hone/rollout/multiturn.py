@@ -242,6 +242,7 @@ async def env_episode(
         episode.start(_sample_messages(sample))
         episode.fail(start.error)
         return episode.result()
+    episode.tools = env.tools  # read after reset: a TRL multi-environment row chooses its tools there
     episode.start(start)
     while (text := await episode.sample_turn()) is not None:
         result = await _attempt(env.step, text)
@@ -309,7 +310,11 @@ class Episodes:
 
         async def job(i: int, s: Sample, env: Environment) -> EpisodeResult:
             try:
-                return await env_episode(model, s, i, env, params, self.limits, render)
+                result = await env_episode(model, s, i, env, params, self.limits, render)
+                state = env.reward_state()  # for TRL rewards' `environments=`, until the rollout is scored
+                for rollout in result.rollouts:
+                    rollout.env_state = state
+                return result
             finally:  # the episode's session or connection, however it ended
                 await _attempt(env.close)
 

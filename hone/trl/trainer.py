@@ -127,7 +127,7 @@ class GRPOTrainer:
         translation = translate(self._values(), trl_defaults(), train_rows=rows, env_rewards=env_rewards)
         tree = translation.tree
         if self.environment_factory is not None:
-            tree["env"] = env
+            tree.setdefault("env", {}).update(env)  # beside max_tool_calling_iterations' env.max_turns
         if self.eval_dataset is not None:
             if isinstance(self.eval_dataset, dict):
                 raise ConfigError("eval_dataset: a dict of eval datasets (Hone evaluates one held-out set)")

@@ -106,7 +106,9 @@ class DataConfig(Section):
 
 class EnvConfig(Section):
     name: str | None = Field(
-        None, description="multi-turn environment: a registered name or 'pkg.mod:Class'; null = single-turn"
+        None,
+        description="multi-turn environment: a registered name or 'pkg.mod:Class' (a Hone environment, or a "
+        "TRL environment_factory class); null = single-turn",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
     max_turns: int | None = Field(None, ge=1, description="assistant turns per episode; null = the env's own")

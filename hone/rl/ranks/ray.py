@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hone.config import HoneConfig
+from hone.plugins import script_objects
 from hone.rl.placement.ray.actors import enter
 from hone.rl.placement.ray.cluster import RayClusterError, bundle, place, remove
 from hone.rl.ranks.launch import free_port
@@ -31,8 +32,8 @@ from hone.training.distributed import Ranks
 class LearnerRankActor:
     """One learner rank other than 0, on a Ray worker."""
 
-    def __init__(self, cwd: str, threads: int) -> None:
-        enter(cwd, threads)
+    def __init__(self, cwd: str, threads: int, objects: dict[str, Any]) -> None:
+        enter(cwd, threads, objects)
 
     def __repr__(self) -> str:  # Ray prefixes the lines it forwards to the driver with this
         return "learner"
@@ -71,6 +72,7 @@ def learner_group(cfg: HoneConfig) -> Iterator[Ranks]:
         cfg.cluster.start_timeout_s,
         os.getcwd(),
         threads,
+        script_objects(),  # a program's own objects its recipe names (hone.trl), as the samplers get them
         restarts=0,
     )
     rendezvous = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"

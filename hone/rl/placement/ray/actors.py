@@ -19,10 +19,10 @@ import torch
 
 from hone.config import HoneConfig
 from hone.data.splits import load_task
+from hone.envs.trl_env import is_trl_env
 from hone.plugins import adopt_script_objects
 from hone.rewards import RewardScorer
-from hone.rewards.resolve import load_reward
-from hone.rl.components import build_producer_parts
+from hone.rl.components import build_producer_parts, recipe_env, recipe_reward
 from hone.rl.placement.ray.cluster import RayClusterError, await_restart
 from hone.rl.placement.source import produce_with_retries
 from hone.rl.producer import Producer, ProducerSettings, PromptBatch, ScoredGroups
@@ -55,12 +55,11 @@ class RewardActor:
     def __init__(self, cfg: dict[str, Any], cwd: str, threads: int, objects: dict[str, Any]) -> None:
         enter(cwd, threads, objects)
         config = HoneConfig.model_validate(cfg)
-        self.scorer = load_reward(  # the task only: no training set
-            config.reward,
-            load_task(config.data),
-            answer_field=config.data.answer_field,
-            max_steps=config.run.steps,
-        )
+        # The task only (no training set), and the environment's own reward sources (a TRL environment's
+        # get_reward, called here on the instances that travel with the rollouts).
+        # Only a TRL environment is built here: another may start a server (its reward is the rollout's).
+        trl = is_trl_env(config.env.name, config.env.args)
+        self.scorer = recipe_reward(config, load_task(config.data), recipe_env(config) if trl else None)
 
     def __repr__(self) -> str:  # Ray prefixes the lines it forwards to the driver with this
         return "reward-worker"
@@ -96,7 +95,17 @@ class RemoteRewards:
 
         def send(k: int, chunk: list[Rollout]) -> Any:
             samples = {r.sample_id: samples_by_id[r.sample_id] for r in chunk}
-            return self.workers[k].score.remote(chunk, samples, self.trainer_state.global_step)
+            try:
+                return self.workers[k].score.remote(chunk, samples, self.trainer_state.global_step)
+            except TypeError as e:  # Ray pickles the arguments here: an environment's instance may not pickle
+                why = _unpicklable(chunk)
+                if why is None:
+                    raise
+                raise TypeError(
+                    f"the TRL environment instances travel with their rollouts to the reward workers (for "
+                    f"get_reward and environments=), and {why}; set cluster.reward_workers.count: 0 to score "
+                    "them in the sampler actor that played them"
+                ) from e
 
         refs = {k: send(k, chunk) for k, chunk in chunks}  # all in flight at once
         metrics: dict[str, float] = {"faults/actor_restarts": 0.0}
@@ -120,10 +129,27 @@ class RemoteRewards:
                 mine.reward, mine.reward_parts = theirs.reward, theirs.reward_parts
                 mine.metrics.update(theirs.metrics)
                 mine.extra.update(theirs.extra)  # a TRL reward's `log_extra` columns
+                mine.env_state = None  # scored, as a local scorer leaves it (`Rollout.env_state`)
             for key, value in part.items():  # counts add up, means are weighted by the chunk's size
                 share = 1.0 if key in ("reward/errors", "reward/timeouts") else len(chunk) / len(rollouts)
                 metrics[key] = metrics.get(key, 0.0) + value * share
         return metrics
+
+
+def _unpicklable(rollouts: list[Rollout]) -> str | None:
+    """Why the first environment instance among `rollouts` that Ray cannot pickle does not pickle, in one
+    line (Ray's own message lists the whole argument); None when every one pickles."""
+    from ray import cloudpickle
+
+    for rollout in rollouts:
+        if rollout.env_state is None:
+            continue
+        try:
+            cloudpickle.dumps(rollout.env_state)
+        except Exception as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            return f"{type(rollout.env_state).__name__} does not pickle ({reason})"
+    return None
 
 
 class SamplerActor:
