@@ -331,3 +331,69 @@ def test_the_dry_run_calls_each_reward_once_on_a_real_row(
     assert not (tmp_path / "runs").exists()
     good = write_config(tmp_path, reward_funcs=["think_format_reward"], reward_weights=[1.0])
     assert main(["train", "--trl-config", str(good), "--dry-run"]) == 0
+
+
+ENV_SCRIPT = '''
+from datasets import Dataset
+from hone.trl import GRPOConfig, GRPOTrainer
+
+dataset = Dataset.from_list(
+    [{"prompt": [{"role": "user", "content": f"Go to {i % 4 + 1}."}], "target": i % 4 + 1} for i in range(12)]
+)
+
+
+class CounterEnv:
+    def reset(self, target, **kwargs):
+        self.counter, self.target = 0, target
+        return f" Reach {target}."
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.counter += step
+        return self.counter
+
+    def get_reward(self) -> float:
+        return -abs(self.target - self.counter)
+
+
+def visited(environments, **kwargs):
+    return [float(env.counter > 0) for env in environments]
+
+
+args = GRPOConfig(
+    output_dir="runs/counter",
+    max_steps=2,
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=8,
+    max_tool_calling_iterations=1,
+    bf16=False,
+    gradient_checkpointing=False,
+)
+trainer = GRPOTrainer(
+    model="tiny", reward_funcs=visited, args=args, train_dataset=dataset, environment_factory=CounterEnv
+)
+trainer.train()
+'''
+
+
+@pytest.mark.integration
+def test_a_trl_script_with_an_environment_factory_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's `environment_factory`: the script's own class (`script:CounterEnv`), its `get_reward` a reward
+    beside the script's function reading `environments=`; `max_tool_calling_iterations` bounds the turns."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HONE_CACHE", str(tmp_path / "cache"))
+    scope: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(ENV_SCRIPT, "train_env.py", "exec"), scope)
+    trainer = scope["trainer"]
+    assert trainer.recipe["env"] == {"name": "script:CounterEnv", "max_turns": 2}
+    rows = [r for r in trainer.state.log_history if "rewards/CounterEnv/mean" in r]
+    assert len(rows) == 2 and all("rewards/visited/mean" in r for r in rows)
+    assert all(r["rewards/CounterEnv/mean"] <= 0 for r in rows)
