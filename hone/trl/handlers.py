@@ -288,6 +288,13 @@ TRL_REWARDS = {  # `trl grpo --reward_funcs` names (trl/scripts/grpo.py)
 }
 
 
+def model(v: Any, a: TrlArgs, t: Translation) -> None:
+    if not v:
+        t.refused.append("model_name_or_path: none given (the model to train: a hub name or a folder)")
+    else:
+        t.set("model.path", str(v))
+
+
 def reward_spec(entry: str) -> tuple[str, dict[str, Any]] | None:
     """A `reward_funcs` entry as a Hone spec and factory args: a TRL name, `pkg.mod:fn` (or `script:name`,
     an object a program registered), or TRL's dotted `pkg.mod.fn`; None for anything else."""

@@ -1,12 +1,13 @@
 """TRL's `GRPOConfig` (and the `trl grpo` script's model, dataset and reward arguments) as a Hone recipe.
 
-`translate(values, given)` reads every field of a TRL config: `values` holds each field's value (TRL's
-default where the user set none) and `given` the names the user set. A field that changes training is
-mapped to the Hone keys that do its job, with TRL's value even when it is TRL's default (a script that
-leaves `learning_rate` alone trains at TRL's 1e-6, not Hone's 1e-4). A field Hone has no use for (where
-logs go, data-loader workers) is noted when set. A field that would change training in a way Hone cannot
-reproduce is refused, by name and with the reason, when the user set it: never silently ignored. A field
-this table does not know is refused when set too, so a TRL release's new option cannot slip past.
+`translate(values, defaults)` reads every field of a TRL config: `values` holds the fields the user set
+(a value other than TRL's default counts as set) and `defaults` TRL's own for every field. A field that
+changes training is mapped to the Hone keys that do its job, with TRL's value even when it is TRL's
+default (a script that leaves `learning_rate` alone trains at TRL's 1e-6, not Hone's 1e-4). A field
+Hone has no use for (where logs go, data-loader workers) is noted when set. A field that would change
+training in a way Hone cannot reproduce is refused, by name and with the reason, when the user set it:
+never silently ignored. A field this table does not know is refused when set too, so a TRL release's
+new option cannot slip past.
 
 TRL counts optimizer steps (`max_steps`, `save_steps`, `warmup_steps`), Hone counts RL steps (one
 generated batch each): one generation serves `steps_per_generation * num_iterations /
@@ -63,7 +64,7 @@ HANDLERS: dict[str, Handler | str] = {
     "reward_model_name_or_path": _CONSUMED,
     "reward_weights": _CONSUMED,
     # the model
-    "model_name_or_path": _to("model.path"),
+    "model_name_or_path": h.model,
     "dtype": h.dtype,
     "use_peft": h.peft,
     "lora_r": _CONSUMED,
