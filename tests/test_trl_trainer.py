@@ -397,3 +397,14 @@ def test_a_trl_script_with_an_environment_factory_trains(
     rows = [r for r in trainer.state.log_history if "rewards/CounterEnv/mean" in r]
     assert len(rows) == 2 and all("rewards/visited/mean" in r for r in rows)
     assert all(r["rewards/CounterEnv/mean"] <= 0 for r in rows)
+
+
+def test_a_reward_models_name_is_a_reward_model_component_first_as_trl_orders_them() -> None:
+    """TRL's string form of `reward_funcs` (a sequence-classification model) is Hone's `reward_model`
+    reward; `trl grpo` puts the model before the functions, and the weights follow that order."""
+    tree = hone_keys(reward_model_name_or_path="org/tiny-rm", reward_weights=[0.3, 1.0])
+    components = tree["reward"]["components"]
+    assert list(components) == ["tiny-rm", "accuracy_reward"]
+    assert components["tiny-rm"] == {"fn": "reward_model", "args": {"path": "org/tiny-rm"}, "weight": 0.3}
+    with pytest.raises(ConfigError, match=r"reward_weights=\[0.3\] \(1 weights for 2 reward functions\)"):
+        hone_keys(reward_model_name_or_path="org/tiny-rm", reward_weights=[0.3])
