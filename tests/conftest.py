@@ -120,10 +120,10 @@ TIERS: dict[str, str] = {
     "test_trainer.py": "integration",
     "test_trainer_offpolicy.py": "integration",
     "test_trl_advantages.py": "unit",
-    "test_trl_trainer.py": "unit",  # the runs are marked integration
     "test_trl_datasets.py": "integration",  # one tiny-model run on a prompt-only dataset
     "test_trl_env.py": "unit",  # its episode and its tiny-model run: marked integration
     "test_trl_rewards.py": "integration",  # one short run with a TRL-contract reward
+    "test_trl_trainer.py": "unit",  # the runs are marked integration
     "test_verifiers_env.py": "integration",
     "test_verifiers_heldout.py": "integration",
     "test_verify_weights.py": "integration",

@@ -1,4 +1,4 @@
-"""A TRL script on Hone (issue 49): `GRPOConfig`'s fields translated by one table (`hone.trl.mapping`),
+"""A TRL script on Hone (issue 49): `GRPOConfig`'s fields translated by one table (`hone.config.trl.mapping`),
 `hone train/config --trl-config FILE`, and `from hone.trl import GRPOConfig, GRPOTrainer` running a
 script written for TRL."""
 
@@ -13,11 +13,11 @@ import pytest
 from hone.cli import main
 from hone.config import ConfigError
 from hone.config.load import validate_recipe
-from hone.trl.mapping import translate
+from hone.config.trl.mapping import translate
 
 trl = pytest.importorskip("trl")
 
-from hone.trl.config_file import trl_defaults  # noqa: E402  (needs TRL)
+from hone.cli.trl_config import trl_defaults  # noqa: E402  (needs TRL)
 
 SCRIPT = {"model_name_or_path": "tiny", "dataset_name": "train.jsonl", "reward_funcs": ["accuracy_reward"]}
 

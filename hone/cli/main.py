@@ -59,7 +59,9 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
     if getattr(ns, "trl_config", None):
         if recipe is not None:
             raise ConfigError(f"--trl-config {ns.trl_config} is the recipe: drop {recipe!r} or --trl-config")
-        return _trl_config(ns.trl_config, overrides)
+        from hone.cli.trl_config import trl_recipe_config
+
+        return trl_recipe_config(ns.trl_config, overrides)
     if recipe is None and ns.command in ("dpo", "rm"):  # the default recipe trains no preferences
         recipe = ns.command
     if ns.command == "eval":  # --run, or a model inside a run directory: the run's own config.yaml
@@ -67,20 +69,6 @@ def _config(ns: argparse.Namespace) -> HoneConfig:
 
         return eval_config(recipe, overrides, run=ns.run, step=ns.step, model=ns.model)
     return load_config(recipe, overrides)
-
-
-def _trl_config(path: str, overrides: list[str]) -> HoneConfig:
-    """The recipe a TRL config file asks for, printed (what a Hone recipe of it would say), then loaded."""
-    import tempfile
-
-    from hone.trl.config_file import read_trl_config, recipe_yaml
-
-    text = recipe_yaml(read_trl_config(path), path)
-    print(text, end="", flush=True)
-    with tempfile.TemporaryDirectory(prefix="hone-trl-") as folder:
-        recipe = Path(folder) / f"{Path(path).stem}.hone.yaml"
-        recipe.write_text(text)
-        return load_config(recipe, overrides, relative_to=Path.cwd())
 
 
 def _show_config(ns: argparse.Namespace, cfg: HoneConfig) -> int:

@@ -250,10 +250,10 @@ def make_env(
         probe = cls(**args)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"environment {spec!r}: cannot construct with args {args}: {exc}") from exc
-    from hone.envs.trl_env import TrlEnv, trl_env_factory  # it builds on this module
-
-    if isinstance(probe, TrlEnv) or not isinstance(probe, Environment):
-        return trl_env_factory(spec, cls, args, probe, answer_field)
+    if getattr(probe, "wraps_trl_environments", False) or not isinstance(probe, Environment):
+        # By name, not an import: `hone.envs.trl_env` builds on this module.
+        build = load_object("hone.envs.trl_env:trl_env_factory", what=f"environment {spec!r}")
+        return build(spec, cls, args, probe, answer_field)
     return functools.partial(cls, **args)
 
 

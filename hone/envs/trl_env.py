@@ -39,7 +39,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from hone.envs.base import Environment, Message, StepResult, env_class, register_env, resolve_env
 from hone.envs.parsers import ToolCall, ToolCallError, ToolCallParser
@@ -102,6 +102,8 @@ class TrlEnv(ToolEnv):
     `environment` column. `answer_column` is the name the row's reference answer came under
     (`data.answer_field`; `make_env` sets it). `reset` and the tools run as TRL runs them (see the
     module)."""
+
+    wraps_trl_environments: ClassVar[bool] = True  # how `make_env` knows it (it cannot import this module)
 
     reads_answer = False  # `reset` reads the row's columns; no answer column is required
 

@@ -1,8 +1,8 @@
 """TRL code on Hone, unchanged: `from hone.trl import GRPOConfig, GRPOTrainer` in place of `from trl import
 ...` runs a TRL GRPO script on Hone's loop (`hone.trl.trainer`), and `hone train --trl-config grpo.yaml`
-runs a `trl grpo` config file (`hone.trl.config_file`); both translate TRL's fields by one table
-(`hone.trl.mapping`). TRL itself is imported only by what needs its classes (the trainer, a config file's
-defaults), not by the translation."""
+runs a `trl grpo` config file (`hone.cli.trl_config`); both translate TRL's fields by one table
+(`hone.config.trl.mapping`). TRL itself is imported only by what needs its classes (the trainer, a
+config file's defaults), not by the translation."""
 
 from __future__ import annotations
 

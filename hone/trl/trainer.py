@@ -3,7 +3,7 @@ with one line changed (`from hone.trl import GRPOConfig, GRPOTrainer`).
 
 `GRPOConfig` is TRL's own class (every field, default and check of TRL's), except that on a machine
 without a GPU it sets `use_cpu` as TRL asks instead of refusing. `GRPOTrainer(...).train()` translates the
-config (`hone.trl.mapping`: every field that changes training mapped, or refused by name), hands the
+config (`hone.config.trl.mapping`: every field that changes training mapped, or refused by name), hands the
 script's objects to the run (reward functions and environment classes as `script:<name>`, datasets saved
 with `save_to_disk` under `~/.cache/hone/trl`, a model object saved with `save_pretrained`), writes the
 recipe to `<output_dir>.hone.yaml` and runs `hone train` on it in this process.
@@ -27,10 +27,10 @@ from typing import Any
 import trl
 import yaml
 
+from hone.cli.trl_config import class_defaults, recipe_yaml, trl_defaults
 from hone.config import ConfigError
+from hone.config.trl.mapping import translate
 from hone.plugins import register_script_object
-from hone.trl.config_file import class_defaults, recipe_yaml, trl_defaults
-from hone.trl.mapping import translate
 
 log = logging.getLogger("hone")
 
@@ -349,6 +349,6 @@ def _callback_spec(callback: Any, trainer: GRPOTrainer) -> str:
 
 
 def _translation(tree: dict[str, Any], notes: list[str]) -> Any:
-    from hone.trl.args import Translation
+    from hone.config.trl.args import Translation
 
     return Translation(tree=yaml.safe_load(yaml.safe_dump(tree)), notes=notes)

@@ -1,12 +1,12 @@
-"""The handlers of TRL fields that need more than one Hone key (`hone.trl.mapping.HANDLERS` names them):
-each reads the field's value and its neighbours and writes Hone keys, notes or refusals."""
+"""The handlers of TRL fields that need more than one Hone key (`mapping.HANDLERS` names them): each
+reads the field's value and its neighbours and writes Hone keys, notes or refusals."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from hone.trl.args import Translation, TrlArgs
+from hone.config.trl.args import Translation, TrlArgs
 
 # --- the batch shape ----------------------------------------------------------------------------------
 

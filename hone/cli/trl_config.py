@@ -1,9 +1,10 @@
-"""A `trl grpo --config grpo.yaml` file as a Hone recipe: `hone train --trl-config grpo.yaml`.
+"""A `trl grpo --config grpo.yaml` file as a Hone recipe: `hone train --trl-config grpo.yaml` (and
+`hone config --trl-config`, which only prints it).
 
 The file's flat keys are fields of the four classes TRL's `grpo` script parses it into (its
-`GRPOScriptArguments`, `GRPOConfig`, `ModelConfig`, `DatasetMixtureConfig`); their defaults are read from
-TRL itself, so the translation (`hone.trl.mapping`) sees what `trl grpo` would run. A key none of them has
-is refused with the closest field names.
+`GRPOScriptArguments`, `GRPOConfig`, `ModelConfig`, `DatasetMixtureConfig`); their defaults are read
+from TRL itself, so the translation (`hone.config.trl.mapping`) sees what `trl grpo` would run. A key
+none of them has is refused with the closest field names.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from hone.config import ConfigError
-from hone.trl.mapping import Translation, translate
+from hone.config import ConfigError, HoneConfig, load_config
+from hone.config.trl.mapping import Translation, translate
 
 RECIPE_HEADER = "# The Hone recipe of a TRL config"
 
@@ -98,3 +99,16 @@ def recipe_yaml(translation: Translation, source: str) -> str:
     lines += [f"# note: {note}" for note in translation.notes]
     body = yaml.safe_dump(translation.tree, sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + "\n" + body
+
+
+def trl_recipe_config(path: str, overrides: list[str]) -> HoneConfig:
+    """The recipe a TRL config file asks for, printed (what a Hone recipe of it would say), then loaded
+    with `overrides` as any recipe is."""
+    import tempfile
+
+    text = recipe_yaml(read_trl_config(path), path)
+    print(text, end="", flush=True)
+    with tempfile.TemporaryDirectory(prefix="hone-trl-") as folder:
+        recipe = Path(folder) / f"{Path(path).stem}.hone.yaml"
+        recipe.write_text(text)
+        return load_config(recipe, overrides, relative_to=Path.cwd())

@@ -13,7 +13,7 @@ TRL counts optimizer steps (`max_steps`, `save_steps`, `warmup_steps`), Hone cou
 generated batch each): one generation serves `steps_per_generation * num_iterations /
 gradient_accumulation_steps` optimizer steps, and step counts are divided by that.
 
-Leaf module: no TRL import (`hone.trl.trainer` and `hone.trl.config_file` read TRL's classes).
+Leaf module: no TRL import (`hone.trl.trainer` and `hone.cli.trl_config` read TRL's classes).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import hone.config.trl.handlers as h
 from hone.config import ConfigError
-from hone.trl import handlers as h
-from hone.trl.args import Translation, TrlArgs
+from hone.config.trl.args import Translation, TrlArgs
 
 Handler = Callable[[Any, TrlArgs, Translation], None]
 
