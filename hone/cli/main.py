@@ -8,6 +8,7 @@ hone pairs [RECIPE] [overrides]                (preference pairs labelled by the
 hone dpo [RECIPE] [overrides]                  (no recipe: dpo; DPO on dpo.data, model in runs/<name>/model)
 hone rm [RECIPE] [overrides]                   (no recipe: rm; reward model on rm.data, runs/<name>/model)
 hone collect RECIPE --policy P --episodes N --dataset-id ID --out ROOT   (a Minari dataset, offline RL)
+hone serve tinker [--host H] [--port P] [RECIPE] [overrides]   (the Tinker REST API; model.* are its defaults)
 """
 
 from __future__ import annotations
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         "eval": _eval,
         "pairs": _pairs,
         "collect": _collect,
+        "serve": _serve,
         "dpo": _on_ranks(_dpo),
         "rm": _on_ranks(_rm),
     }
@@ -401,6 +403,24 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
             if not os.environ.get("HONE_ERROR_FILE") or os.environ.get("HONE_DEBUG"):
                 raise
             return _rank_error(e, Path(cfg.run.dir) / cfg.run.name)
+
+
+def _serve(ns: argparse.Namespace, cfg: HoneConfig) -> int:
+    """`hone serve tinker`: the Tinker REST API until Ctrl-C or SIGTERM; `model.path` is the base model it
+    loads at start and lists (any base model Hone can load is served), `model.dtype`/`model.device` apply
+    to every base model, `run.seed` seeds new LoRA adapters."""
+    from hone.tinker.server import serve
+
+    run_dir = Path(ns.run_dir) if ns.run_dir else Path(cfg.run.dir) / "tinker"
+    return serve(
+        run_dir,
+        base_models=[cfg.model.path],
+        host=ns.host,
+        port=ns.port,
+        dtype=cfg.model.dtype,
+        device=cfg.model.device,
+        seed=cfg.run.seed,
+    )
 
 
 def _error(e: Exception) -> int:
