@@ -409,8 +409,10 @@ def _serve(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     """`hone serve tinker`: the Tinker REST API until Ctrl-C or SIGTERM; `model.path` is the base model it
     loads at start and lists (any base model Hone can load is served), `model.dtype`/`model.device` apply
     to every base model, `run.seed` seeds new LoRA adapters."""
+    from hone.run.lifecycle import start_process
     from hone.tinker.server import serve
 
+    start_process(cfg.run)  # `run.threads`, and the busy-machine advice
     run_dir = Path(ns.run_dir) if ns.run_dir else Path(cfg.run.dir) / "tinker"
     return serve(
         run_dir,

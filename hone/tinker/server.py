@@ -121,13 +121,14 @@ def serve(
         seed=seed,
         preload=True,
     )
-    server.start()
-    print(
-        f"hone: Tinker API on {server.url} (base model {', '.join(base_models)}; checkpoints in {run_dir})\n"
-        f"hone: connect with tinker.ServiceClient(base_url={server.url!r}, api_key='tml-local')",
-        flush=True,
-    )
-    try:
+    try:  # from here on a signal stops the server, wherever it lands (even before the lines are out)
+        server.start()
+        models = ", ".join(base_models)
+        print(
+            f"hone: Tinker API on {server.url} (base model {models}; checkpoints in {run_dir})\n"
+            f"hone: connect with tinker.ServiceClient(base_url={server.url!r}, api_key='tml-local')",
+            flush=True,
+        )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
