@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from hone.cli.parser import flags_as_settings
 from hone.cli.parser import parser as _parser
+from hone.cli.serve import serve_tinker
 from hone.config import ConfigError, HoneConfig, load_config
 from hone.data.errors import HoneDataError
 from hone.data.splits import answer_needed_by_recipe, check_data_files
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         "eval": _eval,
         "pairs": _pairs,
         "collect": _collect,
-        "serve": _serve,
+        "serve": serve_tinker,
         "dpo": _on_ranks(_dpo),
         "rm": _on_ranks(_rm),
     }
@@ -403,26 +404,6 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
             if not os.environ.get("HONE_ERROR_FILE") or os.environ.get("HONE_DEBUG"):
                 raise
             return _rank_error(e, Path(cfg.run.dir) / cfg.run.name)
-
-
-def _serve(ns: argparse.Namespace, cfg: HoneConfig) -> int:
-    """`hone serve tinker`: the Tinker REST API until Ctrl-C or SIGTERM; `model.path` is the base model it
-    loads at start and lists (any base model Hone can load is served), `model.dtype`/`model.device` apply
-    to every base model, `run.seed` seeds new LoRA adapters."""
-    from hone.run.lifecycle import start_process
-    from hone.tinker.server import serve
-
-    start_process(cfg.run)  # `run.threads`, and the busy-machine advice
-    run_dir = Path(ns.run_dir) if ns.run_dir else Path(cfg.run.dir) / "tinker"
-    return serve(
-        run_dir,
-        base_models=[cfg.model.path],
-        host=ns.host,
-        port=ns.port,
-        dtype=cfg.model.dtype,
-        device=cfg.model.device,
-        seed=cfg.run.seed,
-    )
 
 
 def _error(e: Exception) -> int:
