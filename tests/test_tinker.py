@@ -136,6 +136,20 @@ def test_save_state_load_round_trip(service: tinker.ServiceClient) -> None:
     assert train(resumed, data, steps=2) == train(client, data, steps=2)
 
 
+def test_checkpoint_loads_after_a_server_restart(server: TinkerServer, service: tinker.ServiceClient) -> None:
+    client = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    tokenizer = client.get_tokenizer()
+    data = [sft_datum(tokenizer, p, c) for p, c in PAIRS]
+    train(client, data, steps=2)
+    path = client.save_state("before-restart").result().path
+    loss = mean_nll(client.forward(data, "cross_entropy").result(), data)
+    with TinkerServer(server.run_dir, base_models=["tiny"], port=0, device="cpu") as restarted:
+        other = tinker.ServiceClient(base_url=restarted.url, api_key=API_KEY)
+        resumed = other.create_training_client_from_state_with_optimizer(path).result()
+        assert mean_nll(resumed.forward(data, "cross_entropy").result(), data) == loss
+        other.close("success").result()
+
+
 def test_clients_keep_their_own_adapters(service: tinker.ServiceClient) -> None:
     first = service.create_lora_training_client(base_model="tiny", rank=4).result()
     second = service.create_lora_training_client(base_model="tiny", rank=8, train_unembed=False).result()
