@@ -53,8 +53,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rl": _LM,  # language-model RL: the driver, placement and learner ranks
     "preference": _LM | {"rl"},  # hone pairs / dpo / rm
     "control": _BELOW_RUN | {"run"},  # gymnasium envs, policy networks and their loops; never rl
-    "cli": _LM | {"rl", "preference", "control"},
-    "trl": _LM | {"rl", "preference", "control", "cli"},  # TRL's GRPOTrainer on Hone: the top, like cli
+    "tinker": _LM,  # hone serve tinker: the Tinker API on the training, rollout and run parts
+    "cli": _LM | {"rl", "preference", "control", "tinker"},
+    "trl": _LM | {"rl", "preference", "control", "tinker", "cli"},  # TRL's GRPOTrainer on Hone: the top
     "__init__": _LM | {"rl", "preference", "control", "cli"},  # hone/__init__.py: the top, like cli
 }
 # Known departures, each with why it stays; `test_known_exceptions_are_still_needed` drops stale ones.

@@ -8,6 +8,7 @@ hone pairs [RECIPE] [overrides]                (preference pairs labelled by the
 hone dpo [RECIPE] [overrides]                  (no recipe: dpo; DPO on dpo.data, model in runs/<name>/model)
 hone rm [RECIPE] [overrides]                   (no recipe: rm; reward model on rm.data, runs/<name>/model)
 hone collect RECIPE --policy P --episodes N --dataset-id ID --out ROOT   (a Minari dataset, offline RL)
+hone serve tinker [--host H] [--port P] [RECIPE] [overrides]   (the Tinker REST API; model.* are its defaults)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from hone.cli.parser import flags_as_settings
 from hone.cli.parser import parser as _parser
+from hone.cli.serve import serve_tinker
 from hone.config import ConfigError, HoneConfig, load_config
 from hone.data.errors import HoneDataError
 from hone.data.splits import answer_needed_by_recipe, check_data_files
@@ -368,6 +370,7 @@ def main(argv: list[str] | None = None, *, setup: Setup | None = None) -> int:
         "eval": _eval,
         "pairs": _pairs,
         "collect": _collect,
+        "serve": serve_tinker,
         "dpo": _on_ranks(_dpo),
         "rm": _on_ranks(_rm),
     }

@@ -41,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
         ("rm", "train a reward model on preference pairs"),
         ("config", "print the resolved config as YAML, each key described"),
         ("collect", "play policies in a control recipe's environment, record a Minari dataset (offline RL)"),
+        ("serve", "serve an API on Hone's parts: `hone serve tinker`, the Tinker REST API (tinker SDK)"),
     ]:
         sub = commands.add_parser(
             name,
@@ -48,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog=f"recipes: {', '.join(list_recipes())}\n\n{KEYS_HELP}",
         )
+        if name == "serve":
+            sub.add_argument("target", choices=["tinker"], help="the API to serve")
         sub.add_argument(
             "args", nargs="*", metavar="RECIPE|key=value", help="recipe name/path, then overrides"
         )
@@ -83,6 +86,8 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "collect":
             _collect_options(sub)
+        if name == "serve":
+            _serve_options(sub)
         if name == "config":
             sub.add_argument(
                 "--markdown", action="store_true", help="every key as a Markdown reference (the docs' page)"
@@ -154,3 +159,14 @@ def _collect_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--epsilon", type=float, default=0.0, help="probability of a uniformly random action")
     sub.add_argument("--ref-min-score", type=float, help="a random policy's return (D4RL normalisation)")
     sub.add_argument("--ref-max-score", type=float, help="an expert policy's return (D4RL normalisation)")
+
+
+def _serve_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sub.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: a free one)")
+    sub.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where checkpoints (tinker:// paths) are kept; default run.dir/tinker. A restarted server "
+        "given the same directory loads the checkpoints saved before",
+    )
