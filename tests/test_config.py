@@ -213,3 +213,21 @@ def test_placement_keys_once_in_trainer_are_read_from_there_once_with_one_line(
         load_config(recipe)
     with pytest.raises(ConfigError, match=r"cluster: producers=2 needs mode: async"):
         load_config(None, ["trainer.producers=2"])
+
+
+@pytest.mark.parametrize(
+    ("recipe", "says"),
+    [
+        (
+            "nosuch.yaml",
+            "recipe not found: nosuch.yaml (no such file, nor a packaged recipe; hone train --help",
+        ),
+        ("cartpol", "(no packaged recipe of that name; closest: cartpole-ppo; hone train --help lists"),
+        ("trainer.lr", "trainer.lr looks like a setting; settings are section.key=value words"),
+    ],
+)
+def test_a_recipe_not_found_names_the_closest_and_where_the_list_is(recipe: str, says: str) -> None:
+    """Issue 51: not a ~470-character line of every packaged recipe, but the near names and the command."""
+    with pytest.raises(ConfigError) as e:
+        load_config(recipe)
+    assert says in str(e.value) and len(str(e.value)) < 200

@@ -12,10 +12,11 @@ def serve_tinker(ns: argparse.Namespace, cfg: HoneConfig) -> int:
     """The Tinker REST API until Ctrl-C or SIGTERM. `model.path` is the base model it loads at start and
     lists (any base model Hone can load is served), `model.dtype`/`model.device` apply to every base model,
     `run.seed` seeds new LoRA adapters, `run.threads` sets torch's threads."""
-    from hone.run.lifecycle import start_process
+    from hone.run.lifecycle import advise_if_busy, start_process
     from hone.tinker.server import serve
 
-    start_process(cfg.run)  # `run.threads`, and the advice for a busy machine
+    start_process(cfg.run)  # `run.threads`
+    advise_if_busy()
     run_dir = Path(ns.run_dir) if ns.run_dir else Path(cfg.run.dir) / "tinker"
     return serve(
         run_dir,

@@ -10,6 +10,7 @@ records where its data really was. The current directory and the recipe's folder
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
@@ -68,7 +69,23 @@ def find_recipe(name_or_path: str | None) -> Path:
     packaged = RECIPES_DIR / f"{name_or_path}.yaml"
     if packaged.is_file():
         return packaged
-    raise ConfigError(f"recipe not found: {name_or_path} (packaged recipes: {', '.join(list_recipes())})")
+    section, dot, _ = name_or_path.partition(".")
+    if dot and section in HoneConfig.model_fields and not path.suffix.startswith(".y"):
+        raise ConfigError(
+            f"recipe not found: {name_or_path} looks like a setting; settings are section.key=value words "
+            f"after the recipe (hone train [RECIPE] {name_or_path}=VALUE)"
+        )
+    where = "no such file, nor a packaged recipe" if path.suffix else "no packaged recipe of that name"
+    raise ConfigError(f"recipe not found: {name_or_path} ({where}{_closest(path.stem)}; {RECIPES_LISTED})")
+
+
+RECIPES_LISTED = "hone train --help lists the packaged recipes"
+
+
+def _closest(name: str) -> str:
+    """`, closest: a, b` when some packaged recipe names are near `name` (at most three)."""
+    close = difflib.get_close_matches(name, list_recipes(), n=3, cutoff=0.5)
+    return f"; closest: {', '.join(close)}" if close else ""
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -186,7 +203,10 @@ def _read_recipe(path: Path, text: str) -> dict[str, Any]:
         problem = getattr(e, "problem", None) or e.__class__.__name__
         raise ConfigError(f"{where}: not valid YAML: {problem}") from None
     if tree is None:  # almost surely a mistake (a truncated copy, the wrong file), not "all defaults"
-        raise ConfigError(f"{path}: empty recipe; start from a packaged one ({', '.join(list_recipes())})")
+        raise ConfigError(
+            f"{path}: empty recipe; start from a packaged one: hone config default > {path.name} "
+            f"({RECIPES_LISTED})"
+        )
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of sections")
     optional = {name for name, field in HoneConfig.model_fields.items() if field.default is None}

@@ -36,15 +36,20 @@ class RunInterrupted(Exception):
 
 def start_process(run: RunConfig, threads: int | None = None) -> float:
     """The process's torch threads (`threads`, else `run.threads`) and global seed; returns the run's start
-    time. Warns once when the machine is already busy (`busy_machine_advice`)."""
+    time. The advice for a busy machine waits for the run to start (`advise_if_busy`): a recipe refused
+    before then stays one line."""
     threads = threads or run.threads
     if threads:
         torch.set_num_threads(threads)
+    torch.manual_seed(run.seed)
+    return time.perf_counter()
+
+
+def advise_if_busy() -> None:
+    """Log `busy_machine_advice` once, as a run starts writing (or a server starts serving)."""
     advice = busy_machine_advice(os.getloadavg()[0], os.cpu_count() or 1, os.environ)
     if advice:
         log.warning(advice)
-    torch.manual_seed(run.seed)
-    return time.perf_counter()
 
 
 def busy_machine_advice(load: float, cores: int, env: Mapping[str, str]) -> str | None:

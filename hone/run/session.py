@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from hone.run.lifecycle import (
     RunInterrupted,
     SetupError,
+    advise_if_busy,
     deadline,
     open_run_dir,
     open_run_log,
@@ -72,7 +73,9 @@ class RunSession:
         self.deadline = deadline(run, self.started)
 
     def open_log(self, cfg: HoneConfig, resume_step: int | None = None) -> MetricsLogger:
-        """metrics.jsonl (TensorBoard, W&B) and config.yaml: the first writes into the run directory."""
+        """metrics.jsonl (TensorBoard, W&B) and config.yaml: the first writes into the run directory, where
+        the run has started (the advice for a busy machine is given here, not before a refusal)."""
+        advise_if_busy()
         return open_run_log(cfg, self.dir, resume_step=resume_step)
 
     def restore(self, parts: dict[str, Part]) -> dict[str, Any]:
