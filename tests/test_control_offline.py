@@ -434,3 +434,42 @@ def test_the_offline_family_dry_runs_keeps_its_budget_and_resumes_after_sigterm(
     )
     assert main(["train", "--resume", str(run)]) == 0
     assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_collect_onto_an_existing_dataset_id_is_refused_before_recording(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51: it used to record every episode (78 s for 5,000) and refuse only when writing."""
+    from hone.control import collect as collect_module
+
+    def must_not_record(*args: object, **kwargs: object) -> None:
+        raise AssertionError("recorded episodes for a dataset id that exists")
+
+    monkeypatch.setattr(collect_module, "record", must_not_record)
+    argv = ["collect", "pendulum-iql", "--policy", "random", "--episodes", "5000", "--dataset-id", DATASET]
+    assert main([*argv, "--out", str(root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and f"--dataset-id {DATASET}" in err and "exists" in err
+
+
+def test_a_truncated_episode_file_is_one_line_naming_the_dataset(root: Path, tmp_path: Path) -> None:
+    """Issue 51: Minari reads episodes lazily, and a cut-off file was a 39-line traceback."""
+    import shutil
+
+    import gymnasium as gym
+
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    damaged = sorted((copy / DATASET / "data").rglob("*.arrow"))[0]
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    env = gym.make("Pendulum-v1")
+    with pytest.raises(ControlEnvError) as e:
+        load_offline(
+            f"minari:{DATASET}",
+            root=str(copy),
+            observation_space=env.observation_space,
+            action_space=env.action_space,
+        )
+    line = str(e.value)
+    assert line.startswith(f"data.source minari:{DATASET}: ") and "unreadable episode" in line
+    assert "\n" not in line

@@ -118,7 +118,7 @@ def check_collect(control: ControlConfig | None, ref_min: float | None, ref_max:
 
 def collect(control: ControlConfig | None, options: Any, seed: int) -> str:
     """`hone collect`: record `options.episodes` episodes and write the dataset; returns the summary."""
-    from hone.control.datasets import write_dataset
+    from hone.control.datasets import check_new_dataset, write_dataset
     from hone.control.envs import make_eval_env
 
     check_collect(control, options.ref_min_score, options.ref_max_score)
@@ -130,6 +130,7 @@ def collect(control: ControlConfig | None, options: Any, seed: int) -> str:
         raise ControlEnvError(
             f"--noise {options.noise}, --epsilon {options.epsilon}: need noise >= 0 and epsilon in [0, 1]"
         )
+    check_new_dataset(options.dataset_id, Path(options.out).expanduser())  # before minutes of recording
     env = make_eval_env(control)
     try:
         behaviours = [load_behaviour(source, env) for source in options.policy]

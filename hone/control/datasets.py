@@ -126,8 +126,11 @@ def load_offline(
     high = np.asarray(action_space.high, np.float32).reshape(-1)
     kept: list[Any] = []
     held: list[Any] = []
-    for episode in data.iterate_episodes():
-        (held if _held_out(int(episode.id), holdout) else kept).append(episode)
+    try:  # episodes are read here, file by file: a truncated or damaged one fails now, in one line
+        for episode in data.iterate_episodes():
+            (held if _held_out(int(episode.id), holdout) else kept).append(episode)
+    except Exception as e:
+        raise ControlEnvError(f"{where}: {folder} has an unreadable episode: {_short(e)}") from None
     if not kept:  # a tiny dataset: everything trains
         kept, held = held, []
     meta = data.storage.metadata
@@ -221,6 +224,17 @@ def _root_env(root: Path) -> Iterator[None]:
             os.environ["MINARI_DATASETS_PATH"] = before
 
 
+def check_new_dataset(name: str, root: Path) -> Path:
+    """The folder dataset `name` would be written to under `root`; one line when it exists (checked before
+    any episode is recorded, and again before writing)."""
+    folder = root / name
+    if folder.exists():
+        raise ControlEnvError(
+            f"--dataset-id {name}: {folder} exists; choose another id or version (-v1), or delete it"
+        )
+    return folder
+
+
 def write_dataset(
     name: str,
     episodes: list[Episode],
@@ -237,9 +251,7 @@ def write_dataset(
     replace an existing dataset. Returns its folder."""
     where = f"--dataset-id {name}"
     minari = minari_module(where)
-    folder = root / name
-    if folder.exists():
-        raise ControlEnvError(f"{where}: {folder} exists; choose another id or version (-v1), or delete it")
+    folder = check_new_dataset(name, root)
     if not episodes:
         raise ControlEnvError(f"{where}: no episodes to write")
     from minari.data_collector.episode_buffer import EpisodeBuffer
