@@ -170,3 +170,15 @@ def test_an_interrupted_run_says_where_and_resumes_to_the_unbroken_runs_weights(
     whole, resumed = _saved(tmp_path / "whole", 4), _saved(tmp_path / "cut", 4)
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
     assert _rows(tmp_path / "whole") == _rows(tmp_path / "cut")
+
+
+def test_resume_with_another_envs_shapes_names_the_settings_not_a_state_dict_dump(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51: `--resume` with `control.env` of another shape was torch's 393-character state_dict dump."""
+    assert main(["train", *_args(tmp_path, "c", "ppo", 2)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "c"), "control.env=Acrobot-v1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "copying a param" not in err
+    assert "actor.0.weight is [64, 4], this run's is [64, 6]" in err and "control.env" in err

@@ -54,6 +54,9 @@ log = logging.getLogger("hone")
 ENVS_FILE, TEAM_FILE, OBS_FILE, REPLAY_FILE = "envs.pkl", "team.json", "obs.pt", "replay.npz"
 RESEED = 1000  # a resumed run whose envs were not saved resets them with run.seed + RESEED × step
 
+# The settings that shape a control run's saved tensors (named when a resume's do not fit).
+CONTROL_SHAPES = "control.env, control.hidden_sizes, control.encoder"
+
 
 @dataclass
 class LoopState:

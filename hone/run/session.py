@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -50,6 +51,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hone")
 
+# torch's `load_state_dict` error for a tensor of another shape: the first one's name and both shapes.
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from checkpoint, "
+    r"the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
 SUMMARY_FILE = "summary.json"  # written when a run ends; its presence marks the directory as a finished run
 
 
@@ -65,9 +71,11 @@ class RunSession:
         ranks: Ranks = ONE_RANK,
         threads: int | None = None,
         command: str = "train",
+        shaped_by: str = "model.path, model.lora",
     ) -> None:
         self.run = run
         self.command = command  # the `hone` command that resumes the run (train, sft, dpo, rm)
+        self.shaped_by = shaped_by  # the settings that shape the saved tensors, named when they do not fit
         self.started = start_process(run, threads=threads)
         self.dir, self.checkpointer, self.latest = open_run_dir(run, resume, ranks, command)
         self.deadline = deadline(run, self.started)
@@ -91,6 +99,14 @@ class RunSession:
         try:
             return self.checkpointer.load(self.latest, parts)
         except Exception as e:
+            mismatch = _SIZE_MISMATCH.search(str(e))
+            if mismatch is not None:  # torch's dump of every mismatched tensor says nothing of the cause
+                name, saved, now = mismatch.groups()
+                raise SetupError(
+                    f"cannot resume from {self.latest}: its {name} is {saved}, this run's is {now}; a "
+                    f"setting that shapes the model differs from the saved run's ({self.shaped_by}): "
+                    "resume with the run's own, or start a new run"
+                ) from None
             detail = " ".join(str(e).split())[:300]
             raise SetupError(f"cannot resume from {self.latest}: {type(e).__name__}: {detail}") from None
 

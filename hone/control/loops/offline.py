@@ -40,7 +40,7 @@ from hone.config import ControlConfig, HoneConfig
 from hone.control.algos.offline import OfflineLearner
 from hone.control.algos.registry import ControlAlgorithm
 from hone.control.algos.sac_td3 import check_action_space
-from hone.control.checkpoint import PolicyFolder
+from hone.control.checkpoint import CONTROL_SHAPES, PolicyFolder
 from hone.control.datasets import OfflineDataset, Transitions, load_offline
 from hone.control.envs import ControlEnvError, close_envs, make_eval_env, make_vector_env
 from hone.control.evaluate import ControlResult, episode_metrics, evaluate, unit_action
@@ -77,7 +77,7 @@ def train_offline(
             "(write one with `hone collect`)"
         )
     offline = control.offline
-    session = RunSession(cfg.run, resume=resume, threads=cfg.run.threads or 1)
+    session = RunSession(cfg.run, resume=resume, threads=cfg.run.threads or 1, shaped_by=CONTROL_SHAPES)
     env = make_eval_env(control)
     observation_space, action_space = env.observation_space, env.action_space
     env.close()

@@ -23,7 +23,7 @@ import numpy as np
 from hone.config import ControlConfig, HoneConfig
 from hone.control.algos.registry import ControlAlgorithm
 from hone.control.algos.sac_td3 import OffPolicyLearner, check_action_space
-from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
+from hone.control.checkpoint import CONTROL_SHAPES, LoopState, checkpoint_parts, reseed_if_lost
 from hone.control.envs import close_envs, make_vector_env
 from hone.control.evaluate import ControlResult, episode_metrics, evaluate
 from hone.control.policy_io import save_policy
@@ -43,7 +43,9 @@ def train_offpolicy(
     control = cfg.control
     assert control is not None and algorithm.learner is not None
     seed = cfg.run.seed
-    session = RunSession(cfg.run, resume=resume, threads=cfg.run.threads or 1)  # small MLPs: one thread
+    session = RunSession(  # small MLPs: one thread
+        cfg.run, resume=resume, threads=cfg.run.threads or 1, shaped_by=CONTROL_SHAPES
+    )
     envs = make_vector_env(control, seed)
     state = LoopState(envs, None, rng=np.random.default_rng(seed))  # warm-up actions, TD3's noise
     try:

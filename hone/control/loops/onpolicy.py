@@ -27,7 +27,7 @@ import numpy as np
 from hone.config import ControlConfig, HoneConfig
 from hone.control.algos.ppo import collect, optimizer_stepper, train_on
 from hone.control.algos.registry import ControlAlgorithm
-from hone.control.checkpoint import LoopState, checkpoint_parts, reseed_if_lost
+from hone.control.checkpoint import CONTROL_SHAPES, LoopState, checkpoint_parts, reseed_if_lost
 from hone.control.encoders import make_policy
 from hone.control.envs import close_envs, make_vector_env
 from hone.control.evaluate import ControlResult, action_bounds, as_tensor, episode_metrics, evaluate
@@ -95,7 +95,9 @@ def train_onpolicy(
     control = cfg.control
     assert control is not None
     seed = cfg.run.seed
-    session = RunSession(cfg.run, resume=resume, threads=cfg.run.threads or 1)  # small MLPs: one thread
+    session = RunSession(  # small MLPs: one thread
+        cfg.run, resume=resume, threads=cfg.run.threads or 1, shaped_by=CONTROL_SHAPES
+    )
     np.random.seed(seed)
     arena = Arena.make(control, seed)
     state = LoopState(arena.envs, None)
