@@ -268,3 +268,30 @@ def test_the_sdks_own_request_timeout_is_a_timeout_not_a_lost_server() -> None:
     assert not _is_request_timeout(MCPError(code=-32603, message="internal error"))
     assert not _is_request_timeout(ConnectionError("closed"))
     assert _SDK_TIMEOUT_GRACE_S > 0
+
+
+@needs_calculator
+def test_the_packaged_recipes_server_is_found_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51: `hone train agent-mcp-calculator` away from the clone's root looked for `.venv-mcp` in the
+    current folder; a packaged recipe works from any folder."""
+    from hone.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert main(["train", "agent-mcp-calculator", "--dry-run"]) == 0
+    finally:
+        release_envs()
+    assert "tools the policy can call: calculator" in capsys.readouterr().out  # the server's, renamed
+
+
+def test_a_missing_server_is_one_short_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = {"command": [".venv-mcp/bin/no-such-server"], "samples": "tool_arithmetic", "timeout_s": 10}
+    with pytest.raises(ValueError) as e:
+        make_env("mcp", args)
+    line = str(e.value)
+    assert "make setup-mcp" in line and "samples" not in line and "\n" not in line and len(line) < 200

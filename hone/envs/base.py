@@ -248,8 +248,12 @@ def make_env(
         cls = resolve_env(spec)
     try:
         probe = cls(**args)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"environment {spec!r}: cannot construct with args {args}: {exc}") from exc
+    except TypeError as exc:  # a wrong or missing argument: the message names it
+        raise ValueError(
+            f"environment {spec!r}: cannot construct with env.args {sorted(args)}: {exc}"
+        ) from exc
+    except ValueError as exc:  # the environment's own check, which names the env.args key
+        raise ValueError(f"environment {spec!r}: {exc}") from exc
     if getattr(probe, "wraps_trl_environments", False) or not isinstance(probe, Environment):
         # By name, not an import: `hone.envs.trl_env` builds on this module.
         build = load_object("hone.envs.trl_env:trl_env_factory", what=f"environment {spec!r}")

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Awaitable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from hone.envs.base import LendsSamples, Message, StepResult, register_env, register_release
@@ -224,6 +225,23 @@ _CONNECTIONS: dict[str, _Connection] = {}
 _LOCK = threading.Lock()
 
 
+# Where a Hone clone keeps the servers its packaged recipes name (`make setup-mcp`: `.venv-mcp/bin/`).
+_CLONE = Path(__file__).resolve().parents[2]
+
+
+def _executable(program: str) -> str:
+    """`program` as a path to run: on PATH, or a path from the current folder, or else (for a packaged
+    recipe's `.venv-mcp/...`, run from any folder) from the Hone clone's root. A one-line `ValueError`
+    naming the fix when it is none of them."""
+    if shutil.which(program) is not None:
+        return program
+    in_clone = _CLONE / program
+    if not Path(program).is_absolute() and shutil.which(str(in_clone)) is not None:
+        return str(in_clone)
+    hint = " (the packaged recipes' server: make setup-mcp in a Hone clone)" if ".venv-mcp" in program else ""
+    raise ValueError(f"env.args.command: {program!r} is not an executable (a path, or a name on PATH){hint}")
+
+
 def _connection(
     command: list[str] | None, url: str | None, env: dict[str, str], timeout_s: float
 ) -> _Connection:
@@ -292,10 +310,8 @@ class MCPEnv(LendsSamples, ToolEnv):
         argv = command.split() if isinstance(command, str) else [str(a) for a in command or []]
         if command is not None and not argv:
             raise ValueError("env.args.command is empty")
-        if argv and shutil.which(argv[0]) is None:
-            raise ValueError(
-                f"env.args.command: {argv[0]!r} is not an executable (a path, or a name on PATH)"
-            )
+        if argv:
+            argv[0] = _executable(argv[0])
         if timeout_s <= 0:
             raise ValueError(f"env.args.timeout_s must be > 0, got {timeout_s}")
         self._lend(samples, samples_args)
