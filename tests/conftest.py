@@ -117,6 +117,7 @@ TIERS: dict[str, str] = {
     "test_structure.py": "unit",
     "test_tiers.py": "unit",
     "test_tinker.py": "system",  # `hone serve tinker` (a thread, and a subprocess) driven by the tinker SDK
+    "test_tinker_losses.py": "unit",  # the served losses on hand-computed values
     "test_tracking.py": "unit",
     "test_trainer.py": "integration",
     "test_trainer_offpolicy.py": "integration",
