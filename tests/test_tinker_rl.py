@@ -1,5 +1,5 @@
 """RL on `hone serve tinker`: a loop in tinker-cookbook's style, written against the `tinker` SDK alone (its
-async API).
+async API), and the gap between the log-probs `sample` returns and those `forward` computes.
 
 The server runs in this process (threads), the SDK's client over real HTTP, as in tests/test_tinker.py.
 """
@@ -126,3 +126,27 @@ def test_rl_loop_raises_the_reward(server: TinkerServer) -> None:
     assert np.mean(means[-2:]) > 2 * np.mean(means[:2]) + 0.1, means
     assert gap < 1e-4, gap  # the sampler's log-probs are the trainer's, to fp32 rounding
 
+
+def test_sample_and_forward_logprobs_agree(server: TinkerServer) -> None:
+    """The log-probs `sample` returns (temperature 1) against those `forward` computes for the same tokens,
+    on a LoRA moved off zero, over prompts of several lengths and 48 sampled tokens each."""
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    client = service.create_lora_training_client(base_model="tiny", rank=8).result()
+    tokenizer = client.get_tokenizer()
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["x", "hello:", "a longer prompt here"]]
+    # One step on some text, so the adapter is not zero (B starts at zero: that would be the base model).
+    text = types.ModelInput.from_ints(prompts[2][:-1])
+    warm = types.Datum(model_input=text, loss_fn_inputs={"target_tokens": prompts[2][1:]})
+    client.forward_backward([warm], "cross_entropy").result()
+    client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    sampler = client.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=48, temperature=1.0, stop=[], seed=7)
+    data, n_prompt = [], []
+    for prompt in prompts:
+        for seq in sampler.sample(types.ModelInput.from_ints(prompt), 4, params).result().sequences:
+            data.append(rl_datum(prompt, seq, 0.0))
+            n_prompt.append(len(prompt) - 1)
+    gap = logprob_gap(data, client.forward(data, "cross_entropy").result(), n_prompt)
+    service.close("success").result()
+    print(f"max |sample - forward| log-prob over {48 * len(data)} tokens: {gap:.2e}")
+    assert 0.0 <= gap < 1e-4, gap
