@@ -136,6 +136,40 @@ def test_save_state_load_round_trip(service: tinker.ServiceClient) -> None:
     assert train(resumed, data, steps=2) == train(client, data, steps=2)
 
 
+def test_training_runs_and_checkpoints_are_listed(
+    server: TinkerServer, service: tinker.ServiceClient
+) -> None:
+    client = service.create_lora_training_client(base_model="tiny", rank=4, train_mlp=False).result()
+    state = client.save_state("listed").result().path
+    sampler = client.save_weights_for_sampler("listed-sampler").result().path
+    rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
+    run = rest.get_training_run(client.model_id).result()
+    assert (run.training_run_id, run.base_model, run.lora_rank) == (client.model_id, "tiny", 4)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state
+    assert run.last_sampler_checkpoint is not None and run.last_sampler_checkpoint.tinker_path == sampler
+    assert rest.get_training_run_by_tinker_path(sampler).result().training_run_id == client.model_id
+    listed = rest.list_checkpoints(client.model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("weights/listed", "training", state),
+        ("sampler_weights/listed-sampler", "sampler", sampler),
+    ]
+    assert all(c.size_bytes and c.size_bytes > 0 for c in listed)
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.lora_rank, info.train_mlp, info.train_attn) == ("tiny", 4, False, True)
+    runs = rest.list_training_runs(limit=100).result()
+    assert client.model_id in [r.training_run_id for r in runs.training_runs]
+    assert runs.cursor.total_count == len(runs.training_runs)
+    first = rest.list_user_checkpoints(limit=1).result()  # newest first, across runs
+    assert [c.tinker_path for c in first.checkpoints] == [sampler] and first.cursor is not None
+    # A deleted checkpoint is gone from the listing and from loads; an unknown run is refused (a 400).
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert [c.tinker_path for c in rest.list_checkpoints(client.model_id).result().checkpoints] == [sampler]
+    with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
+        service.create_training_client_from_state(state).result()
+    with pytest.raises(tinker.BadRequestError, match="no training run 'nope'"):
+        rest.get_training_run("nope").result()
+
+
 def test_checkpoint_loads_after_a_server_restart(server: TinkerServer, service: tinker.ServiceClient) -> None:
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()
     tokenizer = client.get_tokenizer()
