@@ -117,6 +117,9 @@ TIERS: dict[str, str] = {
     "test_structure.py": "unit",
     "test_tiers.py": "unit",
     "test_tinker.py": "system",  # `hone serve tinker` (a thread, and a subprocess) driven by the tinker SDK
+    "test_tinker_cookbook.py": "system",  # tinker-cookbook's RL loop on `hone serve tinker` (threads)
+    "test_tinker_losses.py": "unit",  # the served losses on hand-computed values
+    "test_tinker_rl.py": "system",  # an RL loop on `hone serve tinker` (threads), driven by the tinker SDK
     "test_tracking.py": "unit",
     "test_trainer.py": "integration",
     "test_trainer_offpolicy.py": "integration",

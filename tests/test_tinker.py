@@ -136,6 +136,40 @@ def test_save_state_load_round_trip(service: tinker.ServiceClient) -> None:
     assert train(resumed, data, steps=2) == train(client, data, steps=2)
 
 
+def test_training_runs_and_checkpoints_are_listed(
+    server: TinkerServer, service: tinker.ServiceClient
+) -> None:
+    client = service.create_lora_training_client(base_model="tiny", rank=4, train_mlp=False).result()
+    state = client.save_state("listed").result().path
+    sampler = client.save_weights_for_sampler("listed-sampler").result().path
+    rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
+    run = rest.get_training_run(client.model_id).result()
+    assert (run.training_run_id, run.base_model, run.lora_rank) == (client.model_id, "tiny", 4)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state
+    assert run.last_sampler_checkpoint is not None and run.last_sampler_checkpoint.tinker_path == sampler
+    assert rest.get_training_run_by_tinker_path(sampler).result().training_run_id == client.model_id
+    listed = rest.list_checkpoints(client.model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("weights/listed", "training", state),
+        ("sampler_weights/listed-sampler", "sampler", sampler),
+    ]
+    assert all(c.size_bytes and c.size_bytes > 0 for c in listed)
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.lora_rank, info.train_mlp, info.train_attn) == ("tiny", 4, False, True)
+    runs = rest.list_training_runs(limit=100).result()
+    assert client.model_id in [r.training_run_id for r in runs.training_runs]
+    assert runs.cursor.total_count == len(runs.training_runs)
+    first = rest.list_user_checkpoints(limit=1).result()  # newest first, across runs
+    assert [c.tinker_path for c in first.checkpoints] == [sampler] and first.cursor is not None
+    # A deleted checkpoint is gone from the listing and from loads; an unknown run is refused (a 400).
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert [c.tinker_path for c in rest.list_checkpoints(client.model_id).result().checkpoints] == [sampler]
+    with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
+        service.create_training_client_from_state(state).result()
+    with pytest.raises(tinker.BadRequestError, match="no training run 'nope'"):
+        rest.get_training_run("nope").result()
+
+
 def test_checkpoint_loads_after_a_server_restart(server: TinkerServer, service: tinker.ServiceClient) -> None:
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()
     tokenizer = client.get_tokenizer()
@@ -180,11 +214,55 @@ def test_sampling_params_and_prompt_logprobs(service: tinker.ServiceClient) -> N
     assert stopped.tokens == one[: one.index(stop_id) + 1] and stopped.stop_reason == "stop"
 
 
+def test_rl_losses_through_the_sdk(service: tinker.ServiceClient) -> None:
+    """Each RL loss on data whose sampler log-probs are the model's own (ratio 1): ppo, gspo and
+    importance_sampling all reduce to -sum(A), cispo to -sum(A log p), dro (no penalty at ratio 1) too."""
+    client = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    tokenizer = client.get_tokenizer()
+    plain = [sft_datum(tokenizer, p, c) for p, c in PAIRS[:2]]
+    own = [o["logprobs"].to_numpy() for o in client.forward(plain, "cross_entropy").result().loss_fn_outputs]
+    data, advantages = [], []
+    for datum, lp in zip(plain, own, strict=True):
+        weights = datum.loss_fn_inputs["weights"].to_numpy()
+        adv = weights * np.linspace(-1.0, 2.0, len(weights))
+        data.append(
+            types.Datum(
+                model_input=datum.model_input,
+                loss_fn_inputs={
+                    "target_tokens": datum.loss_fn_inputs["target_tokens"],
+                    "logprobs": lp,
+                    "advantages": adv.astype(np.float32),
+                    "sequence_ratio_mask": weights,
+                },
+            )
+        )
+        advantages.append(adv)
+    minus_a = -sum(float(a.sum()) for a in advantages)
+    minus_a_lp = -sum(float((a * lp).sum()) for a, lp in zip(advantages, own, strict=True))
+    expected = {"importance_sampling": minus_a, "ppo": minus_a, "gspo": minus_a, "cispo": minus_a_lp}
+    for loss, value in expected.items():
+        out = client.forward(data, loss).result()  # type: ignore[arg-type]
+        assert out.metrics["loss:sum"] == pytest.approx(value, rel=1e-5), loss
+        elementwise = sum(float(o["elementwise_loss"].to_numpy().sum()) for o in out.loss_fn_outputs)
+        assert elementwise == pytest.approx(value, rel=1e-5), loss
+    dro = client.forward(data, "dro", loss_fn_config={"beta": 0.5}).result()
+    assert dro.metrics["loss:sum"] == pytest.approx(minus_a_lp, rel=1e-5)
+    # A tighter PPO clip reaches the loss once the policy has moved (ratios no longer 1).
+    client.forward_backward(data, "ppo").result()
+    client.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    wide = client.forward(data, "ppo").result().metrics["loss:sum"]
+    tight_config = {"clip_low_threshold": 0.999, "clip_high_threshold": 1.001}
+    tight = client.forward(data, "ppo", loss_fn_config=tight_config).result().metrics["loss:sum"]
+    assert tight != pytest.approx(wide, rel=1e-4)
+
+
 def test_unserved_loss_is_one_line(service: tinker.ServiceClient) -> None:
     client = service.create_lora_training_client(base_model="tiny", rank=4).result()
     tokenizer = client.get_tokenizer()
     data = [sft_datum(tokenizer, "a", "b")]
-    with pytest.raises(tinker.RequestFailedError, match="loss_fn 'dro' is not served"):
+    with pytest.raises(tinker.RequestFailedError, match="loss_fn 'stable_reinforce' is not served"):
+        client.forward_backward(data, "stable_reinforce").result()
+    with pytest.raises(tinker.RequestFailedError, match=r"dro needs loss_fn_config\['beta'\]"):
         client.forward_backward(data, "dro").result()
 
 

@@ -32,13 +32,40 @@ def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch
     return torch.where(mask.bool(), log_probs - old_log_probs, torch.zeros_like(log_probs))
 
 
-def _clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+Bound = float | torch.Tensor
+
+
+def _clip(ratio: torch.Tensor, low: Bound, high: Bound) -> torch.Tensor:
+    """`ratio` clamped to [low, high]: `clamp` takes two numbers or two tensors, not one of each."""
+    if isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor):
+        lo = torch.as_tensor(low, dtype=ratio.dtype, device=ratio.device)
+        return ratio.clamp(lo, torch.as_tensor(high, dtype=ratio.dtype, device=ratio.device))
+    return ratio.clamp(low, high)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, low: Bound, high: Bound
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token max(-A r, -A clip(r, 1-clip_low, 1+clip_high)) and where the clipped branch won."""
+    """Per-token max(-A r, -A clip(r, low, high)) (PPO's clipped surrogate, negated) and where the clipped
+    branch won. The bounds are on the ratio itself (PPO's 1-εl, 1+εh); both floats, or both tensors
+    broadcasting against `ratio` (per-token bounds, as the Tinker server takes them)."""
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = -advantages * _clip(ratio, low, high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def cispo_per_token(
+    log_probs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, low: Bound, high: Bound
+) -> torch.Tensor:
+    """Per-token CISPO loss -sg(clip(r, low, high)) · A · log π (bounds on the ratio, as above)."""
+    return -_clip(ratio, low, high).detach() * advantages * log_probs
+
+
+def sequence_token_log_ratio(log_probs: torch.Tensor, seq_log_ratio: torch.Tensor) -> torch.Tensor:
+    """GSPO-token's per-token log-ratio: the sequence's log-ratio as its value, each token's own log-prob's
+    gradient (sg[s] · π(y_t) / sg[π(y_t)] in log space). `seq_log_ratio` has one entry per sequence
+    (`log_probs` without its last axis)."""
+    return seq_log_ratio.detach().unsqueeze(-1) + log_probs - log_probs.detach()
 
 
 def _approx_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -77,7 +104,8 @@ def ppo_loss(
     clip_low = 0.2 if clip_low is None else clip_low
     clip_high = 0.2 if clip_high is None else clip_high
     log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
-    per_token, clipped = _clipped_surrogate(torch.exp(log_ratio), advantages, clip_low, clip_high)
+    ratio = torch.exp(log_ratio)
+    per_token, clipped = clipped_surrogate(ratio, advantages, 1.0 - clip_low, 1.0 + clip_high)
     metrics: dict[str, torch.Tensor] = {}
     if dual_clip is not None:
         if dual_clip <= 1.0:
@@ -126,9 +154,11 @@ def gspo_loss(
     clip_high = 4e-4 if clip_high is None else clip_high
     log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
     seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1)
-    token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + log_probs - log_probs.detach()
+    token_log_ratio = sequence_token_log_ratio(log_probs, seq_log_ratio)
     token_log_ratio = torch.where(response_mask.bool(), token_log_ratio, torch.zeros_like(token_log_ratio))
-    per_token, clipped = _clipped_surrogate(torch.exp(token_log_ratio), advantages, clip_low, clip_high)
+    per_token, clipped = clipped_surrogate(
+        torch.exp(token_log_ratio), advantages, 1.0 - clip_low, 1.0 + clip_high
+    )
     loss = aggregate_loss(
         _weighted(per_token, token_weights),
         response_mask,
@@ -169,8 +199,7 @@ def cispo_loss(
     clip_high = 0.28 if clip_high is None else clip_high
     log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
     ratio = torch.exp(log_ratio)
-    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
-    per_token = -weight * advantages * log_probs
+    per_token = cispo_per_token(log_probs, ratio, advantages, 1.0 - clip_low, 1.0 + clip_high)
     loss = aggregate_loss(
         _weighted(per_token, token_weights),
         response_mask,

@@ -20,6 +20,7 @@ from tinker import types
 
 from hone.tinker.engine import Engine, LoraSpec
 from hone.tinker.futures import Futures, Payload
+from hone.tinker.runs import RunRoutes
 from hone.tinker.sampling import SamplerWeights, Sampling
 from hone.tinker.store import Store, read_adapter, read_meta, read_optimizer
 from hone.tinker.wire import PROTO, WireError, forward_backward_output, read_forward_backward
@@ -86,6 +87,7 @@ class TinkerAPI:
             web.post(f"{p}/create_sampling_session", self.create_sampling_session),
             web.get(f"{p}/samplers/{{sampler_id}}", self.get_sampler),
             web.post(f"{p}/asample", self.asample),
+            *RunRoutes(self.store).routes(p),
             web.route("*", "/{tail:.*}", self.unknown),
         ]
 
@@ -159,7 +161,7 @@ class TinkerAPI:
 
         def work() -> Payload:
             self.engine.create(model_id, body.base_model, spec)
-            self.store.write_run(model_id, body.base_model, spec)
+            self.store.write_run(model_id, body.base_model, spec, body.user_metadata)
             return Payload({"model_id": model_id, "type": "create_model"})
 
         return self._future("create_model", work, model_id)

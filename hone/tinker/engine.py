@@ -226,7 +226,7 @@ class Engine:
         """Run the batch through the client's model; unless `forward_only`, add the gradient of the summed
         loss to its adapter's gradients (they accumulate until `optim_step`)."""
         trainee = self.trainee(model_id)
-        loss_fn = get_loss(loss_name)
+        loss_fn = get_loss(loss_name, config)
         if not data:
             raise WireError("forward_backward: no data")
         base = trainee.base
@@ -261,7 +261,7 @@ class Engine:
                     for k, v in datum.inputs.items()
                     if k != "target_tokens"
                 }
-                elementwise = loss_fn(logprobs[i, :n], inputs, config)
+                elementwise = loss_fn(logprobs[i, :n], inputs)
                 total = total + elementwise.sum()
                 outputs.append(
                     {

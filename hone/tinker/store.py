@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from peft import LoraConfig
 
 Kind = Literal["weights", "sampler_weights"]
+KINDS: tuple[Kind, ...] = ("weights", "sampler_weights")
 ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 META_FILE = "checkpoint.json"
@@ -42,7 +43,9 @@ class Store:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
-    def write_run(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+    def write_run(
+        self, model_id: str, base_model: str, lora: LoraSpec, user_metadata: dict[str, Any] | None = None
+    ) -> None:
         """Record a training client (for listing runs, and to know its base model after a restart)."""
         folder = self.root / model_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -51,6 +54,7 @@ class Store:
             "base_model": base_model,
             "lora": lora.to_json(),
             "created": time.time(),
+            "user_metadata": user_metadata,
         }
         (folder / RUN_FILE).write_text(json.dumps(record, indent=2))
 
@@ -97,6 +101,38 @@ class Store:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return f"tinker://{model_id}/{kind}/{name}"
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every training run's record (`write_run`), newest first, each with `updated`: the time of its
+        newest checkpoint, or its creation if it has none."""
+        records = [self.run(path.parent.name) for path in self.root.glob(f"*/{RUN_FILE}")]
+        return sorted(records, key=lambda r: (-r["created"], r["model_id"]))
+
+    def run(self, model_id: str) -> dict[str, Any]:
+        """One training run's record (as `runs` gives it), or a one-line error."""
+        path = self.root / model_id / RUN_FILE
+        if "/" in model_id or model_id.startswith(".") or not path.is_file():
+            raise WireError(f"no training run {model_id!r} in this server's run directory {self.root}")
+        record: dict[str, Any] = json.loads(path.read_text())
+        times = [c["time"] for c in self.checkpoints(model_id)]
+        return {**record, "updated": max([record["created"], *times])}
+
+    def checkpoints(self, model_id: str) -> list[dict[str, Any]]:
+        """The run's checkpoints, oldest first: each checkpoint.json's record plus `name`, `tinker_path` and
+        `size_bytes` (its files together). Half-written ones (temporary names) are not listed."""
+        found = []
+        for kind in KINDS:
+            for meta in (self.root / model_id / kind).glob(f"[!.]*/{META_FILE}"):
+                record = json.loads(meta.read_text())
+                name = meta.parent.name
+                size = sum(f.stat().st_size for f in meta.parent.iterdir() if f.is_file())
+                path = f"tinker://{model_id}/{kind}/{name}"
+                found.append({**record, "name": name, "tinker_path": path, "size_bytes": size})
+        return sorted(found, key=lambda c: (c["time"], c["tinker_path"]))
+
+    def delete(self, tinker_path: str) -> None:
+        """Remove a checkpoint (a one-line error if it is not there)."""
+        shutil.rmtree(self.locate(tinker_path))
 
     def locate(self, tinker_path: str) -> Path:
         """The directory of an existing checkpoint, or a one-line error naming the path."""
