@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: setup setup-smollm2 setup-vllm setup-mcp setup-agents-sdk test test-ray test-vllm test-agents-sdk demo docs lint bench clean
+.PHONY: setup setup-smollm2 setup-vllm setup-mcp setup-tinker-cookbook setup-agents-sdk test test-ray test-vllm test-agents-sdk demo docs lint bench clean
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -31,7 +31,17 @@ setup-smollm2: setup
 
 setup-mcp: .venv-mcp/.installed
 
-test: setup setup-mcp
+# tinker-cookbook 0.6.1 for tests/test_tinker_cookbook.py (its RL loop against `hone serve tinker`): it asks
+# for tml-renderers>=0.4.1, which PyPI here does not hold and which only Thinking Machines' own models use,
+# so it goes in --no-deps with the dependencies its RL loop imports (docs/how-to/tinker.md).
+.venv/.cookbook-installed: .venv/.installed
+	$(PY) -m pip install -q --no-deps "tinker-cookbook==0.6.1"
+	$(PY) -m pip install -q "blobfile==3.3.0" "chz==0.4.0" "pyrage==1.4.0" "termcolor==3.3.0"
+	touch $@
+
+setup-tinker-cookbook: .venv/.cookbook-installed
+
+test: setup setup-mcp setup-tinker-cookbook
 	$(PY) -m ruff check hone tests bench
 	$(PY) -m mypy hone
 	$(PY) -m pytest $(PYTEST_ARGS)
