@@ -129,13 +129,15 @@ def test_without_eval_source_a_hashed_tenth_is_held_out(
     cfg = load_config(None, ["data.task=null", f"data.source={rows}", "data.eval_size=1000"])
     train, held = split_source(cfg.data)
     assert len(held) == 40  # 10% of 400 rows (below data.eval_size)
+    assert len({s.prompt for s in held}) == 40  # each problem held out once (issue 51: not twice)
     assert not {s.prompt for s in held} & {s.prompt for s in train}
-    assert len(train) + len({s.prompt for s in held}) * 2 == 400  # each held problem took its twin along
+    assert len(train) == 400 - 2 * 40  # each held problem's twin is left out of both sides
     assert split_source(cfg.data)[1] == held  # the same split every time, for every seed
     with caplog.at_level(logging.INFO, logger="hone"):
         _, train_again, eval_set = load_data(cfg.data, eval_size=8, seed=3)
     assert eval_set == held[:8] and train_again == train
     assert "data.eval_source not set: holding out 40 of the 400 rows" in caplog.text
+    assert "; 40 more rows repeat a held-out problem and are left out of both; training on 320" in caplog.text
     cfg.data.eval_size = 5
     assert len(split_source(cfg.data)[1]) == 5
 

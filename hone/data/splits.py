@@ -65,17 +65,7 @@ def load_data(
         return task, train, held_out_samples(data, task, n_eval)
     assert data.source is not None
     if data.eval_source is None:
-        train, held = split_source(data, answer_needed_by=needs)
-        log.info(
-            "data.eval_source not set: holding out %d of the %d rows of %s for eval (the rows with the "
-            "smallest hash of prompt and answer: at most %d%%, at most data.eval_size %d); training on %d",
-            len(held),
-            len(train) + len(held),
-            data.source,
-            round(100 * HOLD_OUT_SHARE),
-            data.eval_size,
-            len(train),
-        )
+        train, held = split_source(data, answer_needed_by=needs, say=True)
         return None, train, held[:n_eval]
     train = load_samples(data.source, split="train", **_dataset_fields(data, needs))
     return (
@@ -102,13 +92,13 @@ def load_recipe_data(
 
 
 def split_source(
-    data: DataConfig, *, answer_needed_by: str | None = None
+    data: DataConfig, *, answer_needed_by: str | None = None, say: bool = False
 ) -> tuple[list[Sample], list[Sample]]:
-    """`data.source` split in two when there is no `data.eval_source`: the held-out rows (at most
-    `data.eval_size`, at most `HOLD_OUT_SHARE` of them), ordered by a hash of the problem, and the rest in
-    file order. A hash, not a shuffle: the split is the same for every seed and run, and the same row always
-    falls on the same side. A training row that repeats a held-out problem is dropped, so eval never scores a
-    problem the run trained on."""
+    """`data.source` split in two when there is no `data.eval_source`: the held-out problems (at most
+    `data.eval_size`, at most `HOLD_OUT_SHARE` of the rows), ordered by a hash of the problem, each once,
+    and the rest in file order. A hash, not a shuffle: the split is the same for every seed and run, and the
+    same row always falls on the same side. A row that repeats a held-out problem is dropped, so eval never
+    scores a problem the run trained on, nor one problem twice. `say`: log the split, drops counted."""
     assert data.source is not None
     rows = load_samples(data.source, split="train", **_dataset_fields(data, answer_needed_by))
     n_held = min(data.eval_size, int(len(rows) * HOLD_OUT_SHARE))
@@ -117,11 +107,31 @@ def split_source(
             f"{data.source}: {len(rows)} rows are too few to hold out {round(100 * HOLD_OUT_SHARE)}% for "
             "eval; set data.eval_source to a held-out file"
         )
-    digests = [hashlib.sha256(json.dumps(problem_key(s)).encode()).hexdigest() for s in rows]
-    order = sorted(range(len(rows)), key=lambda i: (digests[i], i))
-    held = [rows[i] for i in order[:n_held]]
-    held_keys = {problem_key(s) for s in held}
-    return [s for s in rows if problem_key(s) not in held_keys], held
+    keys = [problem_key(s) for s in rows]
+    digests = [hashlib.sha256(json.dumps(key).encode()).hexdigest() for key in keys]
+    held: list[Sample] = []
+    held_keys: set[tuple[str | None, ...]] = set()
+    for i in sorted(range(len(rows)), key=lambda i: (digests[i], i)):
+        if len(held) == n_held:
+            break
+        if keys[i] not in held_keys:
+            held.append(rows[i])
+            held_keys.add(keys[i])
+    train = [s for s, key in zip(rows, keys, strict=True) if key not in held_keys]
+    if say:
+        repeats = len(rows) - len(train) - len(held)
+        log.info(
+            "data.eval_source not set: holding out %d of the %d rows of %s for eval (the problems with the "
+            "smallest hash of prompt and answer: at most %d%%, at most data.eval_size %d)%s; training on %d",
+            len(held),
+            len(rows),
+            data.source,
+            round(100 * HOLD_OUT_SHARE),
+            data.eval_size,
+            f"; {repeats} more rows repeat a held-out problem and are left out of both" if repeats else "",
+            len(train),
+        )
+    return train, held
 
 
 def load_task(data: DataConfig) -> Task | None:
