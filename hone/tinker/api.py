@@ -22,7 +22,7 @@ from hone.tinker.engine import Engine, LoraSpec
 from hone.tinker.futures import Futures, Payload
 from hone.tinker.runs import RunRoutes
 from hone.tinker.sampling import SamplerWeights, Sampling
-from hone.tinker.store import Store, read_adapter, read_meta, read_optimizer
+from hone.tinker.store import Kind, Store, read_adapter, read_meta, read_optimizer
 from hone.tinker.wire import PROTO, WireError, forward_backward_output, read_forward_backward
 
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -216,21 +216,26 @@ class TinkerAPI:
 
         def work() -> Payload:
             adapter, optimizer = self.engine.state(body.model_id)
-            path = self.store.save(
-                body.model_id,
-                "weights",
-                name,
-                adapter=adapter,
-                config=trainee.base.peft_config(trainee.adapter),
-                base_model=trainee.base.name,
-                lora=trainee.lora,
-                optimizer=optimizer,
-                overwrite=body.overwrite,
-                user_metadata=body.user_metadata,
-            )
+            path = self._save(
+                trainee, body.model_id, "weights", name, adapter,
+                optimizer=optimizer, overwrite=body.overwrite, user_metadata=body.user_metadata,
+            )  # fmt: skip
             return Payload({"path": path, "type": "save_weights"})
 
         return self._future("save_weights", work, body.model_id)
+
+    def _save(self, trainee: Any, model_id: str, kind: Kind, name: str, adapter: Any, **extra: Any) -> str:
+        """A training client's adapter (and what `extra` adds) saved as `tinker://<model_id>/<kind>/<name>`."""
+        return self.store.save(
+            model_id,
+            kind,
+            name,
+            adapter=adapter,
+            config=trainee.base.peft_config(trainee.adapter),
+            base_model=trainee.base.name,
+            lora=trainee.lora,
+            **extra,
+        )
 
     async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
         body = await read(request, types.SaveWeightsForSamplerRequest)
@@ -247,17 +252,10 @@ class TinkerAPI:
                     sampler_id, trainee.base.name, trainee.lora, adapter
                 )
                 return Payload({"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
-            path = self.store.save(
-                body.model_id,
-                "sampler_weights",
-                body.path,
-                adapter=adapter,
-                config=trainee.base.peft_config(trainee.adapter),
-                base_model=trainee.base.name,
-                lora=trainee.lora,
-                overwrite=True,
-                user_metadata=body.user_metadata,
-            )
+            path = self._save(
+                trainee, body.model_id, "sampler_weights", body.path, adapter,
+                overwrite=True, user_metadata=body.user_metadata,
+            )  # fmt: skip
             return Payload({"path": path, "type": "save_weights_for_sampler"})
 
         return self._future("save_weights_for_sampler", work, body.model_id)

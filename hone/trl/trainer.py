@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import trl
-import yaml
 
 from hone.cli.trl_config import class_defaults, recipe_yaml, trl_defaults
 from hone.config import ConfigError
+from hone.config.trl.args import Translation
 from hone.config.trl.mapping import translate
 from hone.plugins import register_script_object
 
@@ -95,7 +95,8 @@ class GRPOTrainer:
         self.callbacks = list(callbacks or [])
         self.state = _State()
         self.run_dir: Path | None = None
-        self.recipe = self._recipe()  # every refusal happens here, at construction, as TRL's checks do
+        self.translation = self._translate()  # every refusal happens here, at construction, as TRL's do
+        self.recipe = self.translation.tree
 
     # --- translation -------------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ class GRPOTrainer:
             values.update(_lora_fields(self.peft_config))
         return values
 
-    def _recipe(self) -> dict[str, Any]:
+    def _translate(self) -> Translation:
         env_rewards = False
         if self.environment_factory is not None:
             from hone.trl.environments import environment_section
@@ -134,8 +135,7 @@ class GRPOTrainer:
             tree.setdefault("data", {})["eval_source"] = _saved_dataset(self.eval_dataset, "eval_dataset")
         if self.callbacks:
             tree.setdefault("run", {})["callbacks"] = [_callback_spec(cb, self) for cb in self.callbacks]
-        self.notes = translation.notes
-        return tree
+        return translation
 
     def _model_path(self) -> str:
         model, tokenizer = self.model_arg, self.processing_class
@@ -178,7 +178,7 @@ class GRPOTrainer:
 
         path = self.recipe_file()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(recipe_yaml(_translation(self.recipe, self.notes), "GRPOTrainer"))
+        path.write_text(recipe_yaml(self.translation, "GRPOTrainer"))
         run = self.recipe.get("run", {})
         self.run_dir = Path(run.get("dir", "runs")) / str(run.get("name", "demo"))
         if resume_from_checkpoint:
@@ -346,9 +346,3 @@ def _callback_spec(callback: Any, trainer: GRPOTrainer) -> str:
                 method(trainer.args, state, None, **extra)
 
     return register_script_object(f"callback_{type(callback).__name__}_{id(callback)}", after_step)
-
-
-def _translation(tree: dict[str, Any], notes: list[str]) -> Any:
-    from hone.config.trl.args import Translation
-
-    return Translation(tree=yaml.safe_load(yaml.safe_dump(tree)), notes=notes)
