@@ -45,6 +45,20 @@ def register_script_object(name: str, obj: Any) -> str:
     return SCRIPT_PREFIX + name
 
 
+def spec_for(obj: Any, name: str) -> str:
+    """How a recipe names `obj`: `pkg.mod:attr` when importing that gives back this very object (so a Ray
+    actor or a resumed run finds it by name), else `script:<name>`, registered as this program's own (a
+    `__main__` function, a lambda, a `partial`, a callable instance)."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if module and module != "__main__" and qualname and "." not in qualname and "<" not in qualname:
+        try:
+            if getattr(importlib.import_module(module), qualname) is obj:
+                return f"{module}:{qualname}"
+        except Exception:  # not importable by its name: this program's object
+            pass
+    return register_script_object(name, obj)
+
+
 def script_objects() -> dict[str, Any]:
     """The registered objects, for a Ray actor's start (`adopt_script_objects` there)."""
     return dict(_SCRIPT_OBJECTS)

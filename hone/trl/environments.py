@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from hone.config import ConfigError
-from hone.plugins import register_script_object
+from hone.plugins import spec_for
 
 
 def environment_section(factory: Any) -> tuple[dict[str, Any], bool]:
@@ -22,15 +22,7 @@ def environment_section(factory: Any) -> tuple[dict[str, Any], bool]:
             raise ConfigError(f"environment_factory{'' if name is None else f'[{name!r}]'}: not callable")
         cls = make if inspect.isclass(make) else type(make())  # TRL builds one to read its methods, too
         scores = scores or callable(getattr(cls, "get_reward", None))
-        specs[str(name)] = _spec(make, f"env_{name or 'default'}")
+        specs[str(name)] = spec_for(make, getattr(make, "__name__", None) or f"env_{name or 'default'}")
     if not isinstance(factory, dict):
         return {"name": specs["None"]}, scores
     return {"name": "trl", "args": {"environments": specs}}, scores
-
-
-def _spec(make: Any, fallback: str) -> str:
-    module = getattr(make, "__module__", None)
-    qualname = getattr(make, "__qualname__", "")
-    if module and module != "__main__" and qualname and "<" not in qualname and inspect.isclass(make):
-        return f"{module}:{qualname}"
-    return register_script_object(getattr(make, "__name__", None) or fallback, make)

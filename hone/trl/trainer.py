@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ from hone.cli.trl_config import class_defaults, recipe_yaml, trl_defaults
 from hone.config import ConfigError
 from hone.config.trl.args import Translation
 from hone.config.trl.mapping import translate
-from hone.plugins import register_script_object
+from hone.plugins import register_script_object, spec_for
 
 log = logging.getLogger("hone")
 
@@ -296,10 +295,7 @@ def _reward_spec(fn: Any) -> str:
     if hasattr(fn, "save_pretrained"):
         raise ConfigError("reward_funcs: a reward model object; pass its name or folder (a string) instead")
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", type(fn).__name__)
-    module = getattr(fn, "__module__", None)
-    if module and module != "__main__" and inspect.isfunction(fn) and "<" not in fn.__qualname__:
-        return f"{module}:{fn.__qualname__}"
-    return register_script_object(str(name), fn)
+    return spec_for(fn, str(name))
 
 
 def _lora_fields(peft_config: Any) -> dict[str, Any]:
